@@ -1,0 +1,5 @@
+//! The kvcore command-line tool.
+
+fn main() {
+    println!("kvcore");
+}

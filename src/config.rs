@@ -1,0 +1,80 @@
+//! Engine configuration. Every capacity is reserved when the engine is built,
+//! so a running engine never grows its tables (TigerStyle static allocation).
+
+use crate::error::ConfigError;
+
+/// Qwen2-VL / Qwen3-VL image placeholder token (`<|image_pad|>`).
+pub const QWEN_IMAGE_PAD_TOKEN: u32 = 151_655;
+
+/// Configuration of one engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Tokens per KV block. Any value in `1..=1024`; 16, 32 and 64 are usual.
+    pub block_size_tokens: u32,
+    /// Number of KV blocks on the device (GPU pages).
+    pub blocks_device: u32,
+    /// Number of KV blocks in the pinned host tier; 0 turns the tier off.
+    pub blocks_host: u32,
+    /// Whether finished requests leave their blocks matchable (prefix reuse).
+    /// Off: blocks are never indexed and no events are produced.
+    pub block_reuse: bool,
+    /// Whether KV-cache events are produced at all.
+    pub kv_events: bool,
+    /// The model's image placeholder token id, written at image positions in
+    /// block keys and on the wire.
+    pub image_placeholder_token_id: u32,
+    /// Most requests alive at once.
+    pub requests_max: u32,
+    /// Most tokens in one request (prompt plus generated).
+    pub tokens_per_request_max: u32,
+    /// Most image items alive at once, over all requests.
+    pub mm_items_max: u32,
+    /// Most image items in one request.
+    pub mm_items_per_request_max: u32,
+    /// Most runs per image item (text may split an item).
+    pub runs_per_item_max: u32,
+    /// Capacity of the digest-to-UUID routing-hint table.
+    pub routing_hints_max: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size_tokens: 32,
+            blocks_device: 4096,
+            blocks_host: 0,
+            block_reuse: true,
+            kv_events: true,
+            image_placeholder_token_id: QWEN_IMAGE_PAD_TOKEN,
+            requests_max: 1024,
+            tokens_per_request_max: 131_072,
+            mm_items_max: 4096,
+            mm_items_per_request_max: 64,
+            runs_per_item_max: 64,
+            routing_hints_max: 4096,
+        }
+    }
+}
+
+/// Longest UUID, in UTF-8 bytes, that is kept as a routing hint. Longer ones
+/// are ignored (and counted), as in the seed pull request.
+pub const UUID_HINT_BYTES_MAX: usize = 256;
+
+impl EngineConfig {
+    /// Checks every field; the engine refuses to start on an invalid config.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let check = |ok: bool, what: &'static str| if ok { Ok(()) } else { Err(ConfigError(what)) };
+        check((1..=1024).contains(&self.block_size_tokens), "block_size_tokens must be in 1..=1024")?;
+        check(self.blocks_device >= 1, "blocks_device must be at least 1")?;
+        check(self.blocks_device <= 1 << 24, "blocks_device must be at most 2^24")?;
+        check(self.blocks_host <= 1 << 24, "blocks_host must be at most 2^24")?;
+        check(self.requests_max >= 1, "requests_max must be at least 1")?;
+        check(self.tokens_per_request_max >= 1, "tokens_per_request_max must be at least 1")?;
+        check(
+            self.mm_items_per_request_max <= self.mm_items_max,
+            "mm_items_per_request_max must not exceed mm_items_max",
+        )?;
+        check(self.runs_per_item_max >= 1, "runs_per_item_max must be at least 1")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! The engine: the world that owns every table and resource.
+//!
+//! Methods here are thin: each validates ids, then calls one system with
+//! exactly the data it needs. A serving loop calls them in this order each
+//! step:
+//!
+//! 1. `add_request` / `grow` for the requests the scheduler runs this step
+//!    (allocations; may queue tier copies);
+//! 2. `step` (performs or hands out the queued copies, closes the event batch);
+//! 3. the forward pass, outside kvcore;
+//! 4. `commit` with the tokens the pass computed; `finish` / `cancel` for
+//!    requests that ended.
+
+use crate::config::EngineConfig;
+use crate::error::{AdmitError, ConfigError, RequestError};
+use crate::events::{EventBatch, EventQueue, KvEvent};
+use crate::ids::RequestId;
+use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
+use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
+use crate::tables::{MmItems, Requests};
+
+pub use crate::systems::admit::{Admission, MmContent, MmItemSpec, RequestSpec};
+
+/// A read-only view of a request's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// Tokens in the request (prompt and generated).
+    pub tokens: u32,
+    /// Tokens in the prompt.
+    pub prompt_len: u32,
+    /// Tokens reported as computed (cached ones included).
+    pub tokens_computed: u32,
+    /// Prompt tokens matched in the cache at admission.
+    pub tokens_cached: u32,
+    /// Blocks held.
+    pub blocks: u32,
+}
+
+/// One KV-cache engine: requests, blocks, items, and the events they produce.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    requests: Requests,
+    items: MmItems,
+    cache: KvCache,
+    hints: RoutingHints,
+    events: EventQueue,
+    counters: Counters,
+    step_index: u64,
+}
+
+impl Engine {
+    /// Builds an engine, reserving every table's capacity now.
+    pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            requests: Requests::with_capacity(config.requests_max as usize),
+            items: MmItems::with_capacity(config.mm_items_max as usize),
+            cache: KvCache::new(config.block_size_tokens, config.blocks_device, config.blocks_host),
+            hints: RoutingHints::with_capacity(config.routing_hints_max as usize),
+            events: EventQueue::new(config.kv_events && config.block_reuse),
+            counters: Counters::default(),
+            step_index: 0,
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Validates and admits a request: matches its longest cached prefix and
+    /// allocates the rest of its prompt. On error nothing changed.
+    pub fn add_request(&mut self, spec: &RequestSpec<'_>) -> Result<Admission, AdmitError> {
+        let valid = match admit::validate_request(spec, &self.config) {
+            Ok(v) => v,
+            Err(e) => {
+                self.counters.requests_rejected += 1;
+                return Err(e);
+            }
+        };
+        let admission = admit::admit_request(
+            valid,
+            &self.config,
+            &mut self.requests,
+            &mut self.items,
+            &mut self.cache,
+            &mut self.events,
+            &mut self.counters,
+        )?;
+        admit::record_routing_hints(&self.requests, &self.items, admission.id, &mut self.hints, &mut self.counters);
+        Ok(admission)
+    }
+
+    /// Appends generated tokens and allocates the blocks they need.
+    pub fn grow(&mut self, id: RequestId, tokens: &[u32]) -> Result<(), RequestError> {
+        allocate::grow_request(
+            &mut self.requests,
+            id,
+            tokens,
+            &self.config,
+            &mut self.cache,
+            &mut self.events,
+            &mut self.counters,
+        )
+    }
+
+    /// Reports that the request's first `tokens_computed` tokens have their KV
+    /// written (chunked prefill reports a prompt over several calls).
+    pub fn commit(&mut self, id: RequestId, tokens_computed: u64) -> Result<(), RequestError> {
+        commit::commit_computed(
+            &mut self.requests,
+            id,
+            tokens_computed,
+            &self.config,
+            &mut self.cache,
+            &mut self.events,
+        )
+    }
+
+    /// Ends a request normally, releasing its blocks (cached ones stay matchable).
+    pub fn finish(&mut self, id: RequestId) -> Result<(), RequestError> {
+        release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache)
+    }
+
+    /// Ends a request early. Blocks it fully computed stay cached; the rest are freed.
+    pub fn cancel(&mut self, id: RequestId) -> Result<(), RequestError> {
+        release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache)
+    }
+
+    /// Evicts up to `n` unreferenced cached device blocks; returns how many.
+    pub fn evict(&mut self, n: usize) -> usize {
+        evict::evict_device_blocks(&mut self.cache, n, &mut self.events, &mut self.counters)
+    }
+
+    /// Resets the prefix cache (`AllBlocksCleared`).
+    pub fn clear(&mut self) {
+        clear::clear_cache(&mut self.cache, &mut self.events);
+    }
+
+    /// Closes the step: returns the block copies to perform before the next
+    /// forward pass and makes the step's events drainable.
+    pub fn step(&mut self) -> Vec<BlockCopy> {
+        let (copies, _) =
+            systems::run_step(self.step_index, &mut self.cache, &mut self.hints, &mut self.events, &mut self.counters);
+        self.step_index += 1;
+        #[cfg(any(debug_assertions, kvc_paranoid))]
+        self.check_invariants();
+        copies
+    }
+
+    /// The index of the next step to close.
+    pub fn step_index(&self) -> u64 {
+        self.step_index
+    }
+
+    /// Takes the closed batches of events, oldest first.
+    pub fn drain_batches(&mut self) -> Vec<EventBatch> {
+        self.events.drain()
+    }
+
+    /// Takes the closed events, oldest first.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.events.drain_events()
+    }
+
+    /// The full cache state as events (see [`snapshot::snapshot_events`]).
+    pub fn snapshot(&mut self) -> Vec<KvEvent> {
+        snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters)
+    }
+
+    /// The request's UUID list: `None` when it was given none, a copy otherwise.
+    pub fn request_uuids(&self, id: RequestId) -> Result<Option<Vec<Option<String>>>, RequestError> {
+        Ok(self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?.uuids.clone())
+    }
+
+    /// A request's token and block counts.
+    pub fn request_info(&self, id: RequestId) -> Result<RequestInfo, RequestError> {
+        let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
+        Ok(RequestInfo {
+            tokens: r.tokens.len() as u32,
+            prompt_len: r.prompt_len,
+            tokens_computed: r.tokens_computed,
+            tokens_cached: r.tokens_cached,
+            blocks: r.blocks.len() as u32,
+        })
+    }
+
+    /// Device pages of a request's blocks, in order (its block table).
+    pub fn block_table(&self, id: RequestId) -> Result<Vec<u32>, RequestError> {
+        let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
+        Ok(r.blocks.iter().map(|b| self.cache.blocks.rows[*b].page).collect())
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Requests alive.
+    pub fn requests_live(&self) -> usize {
+        self.requests.rows.len()
+    }
+
+    /// Free device pages.
+    pub fn blocks_free_device(&self) -> usize {
+        self.cache.pool.free_device.len()
+    }
+
+    /// Cached (indexed) blocks per tier: (device, host).
+    pub fn blocks_cached(&self) -> (usize, usize) {
+        let host = self.cache.pool.lru_host.len();
+        (self.cache.index.map.len() - host, host)
+    }
+
+    /// Whether `key` is cached, and in which tier.
+    pub fn cached_medium(&self, key: &crate::keys::BlockKey) -> Option<crate::tables::Medium> {
+        self.cache.index.map.get(key).map(|b| self.cache.blocks.rows[*b].medium)
+    }
+
+    /// Read access to the block side (for tests, benches and the GPU system).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Checks every invariant across tables and resources; panics naming the
+    /// one broken.
+    ///
+    /// 1. Each block's reference count equals the number of live requests
+    ///    holding it.
+    /// 2. The block side's own invariants ([`KvCache::check_invariants`]).
+    /// 3. The request table's invariants.
+    /// 4. Every item row belongs to a live request that lists it.
+    /// 5. The routing-hint table's invariants.
+    pub fn check_invariants(&self) {
+        let mut refs: ahash::AHashMap<crate::ids::BlockId, u32> = ahash::AHashMap::new();
+        for r in self.requests.rows.values() {
+            for b in &r.blocks {
+                *refs.entry(*b).or_default() += 1;
+            }
+        }
+        for (id, b) in &self.cache.blocks.rows {
+            assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
+        }
+        self.cache.check_invariants();
+        self.requests.check_invariants(self.config.block_size_tokens);
+        for (id, item) in &self.items.rows {
+            let owner = self.requests.rows.get(item.request).expect("invariant 4: item owner is live");
+            assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
+        }
+        self.hints.check_invariants();
+    }
+}

@@ -1,0 +1,107 @@
+//! KV-cache events: typed values first, wire bytes later.
+//!
+//! Systems push typed events into the step's [`EventQueue`]; at the end of the
+//! step the batch is closed (routing hints resolved, sequence numbers fixed)
+//! and becomes drainable. The typed events carry everything the wire needs, so
+//! the codec is a pure function of them.
+
+mod queue;
+
+pub use queue::{EventBatch, EventQueue};
+
+use std::sync::Arc;
+
+use crate::keys::{BlockKey, ImageDigest};
+pub use crate::tables::Medium;
+
+/// An image item referred to by a [`BlockStored`] event, listed once per event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventImage {
+    /// The content digest (cache identity).
+    pub digest: ImageDigest,
+    /// The caller's UUID when the routing-hint table knows one unambiguously.
+    /// Filled when the step's batch is closed.
+    pub uuid: Option<Arc<str>>,
+}
+
+/// One run of an image inside one block of a [`BlockStored`] event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventImageRun {
+    /// Index into the event's `images`.
+    pub image: u32,
+    /// Offset of the run's first token within the item.
+    pub item_offset: u32,
+    /// Offset of the run's first token within the block.
+    pub block_offset: u32,
+    /// Tokens in the run.
+    pub len: u32,
+}
+
+/// Blocks became cached (advertised) in one tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockStored {
+    /// Monotonic per engine.
+    pub event_seq: u64,
+    /// Full keys of the stored blocks, a parent chain in order.
+    pub keys: Vec<BlockKey>,
+    /// Key of the first block's parent; `None` for the start of a chain.
+    pub parent: Option<BlockKey>,
+    /// Token ids of all blocks, `block_size` per block, with the image
+    /// placeholder id at image positions.
+    pub token_ids: Vec<u32>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// LoRA id of the chain.
+    pub lora_id: Option<u32>,
+    /// LoRA name of the chain.
+    pub lora_name: Option<Arc<str>>,
+    /// Cache salt of the chain.
+    pub cache_salt: Option<Arc<str>>,
+    /// The tier.
+    pub medium: Medium,
+    /// Image items present in the event, each once.
+    pub images: Vec<EventImage>,
+    /// Per block, its image runs. Empty when no block holds an image;
+    /// otherwise exactly one entry per block.
+    pub block_images: Vec<Vec<EventImageRun>>,
+}
+
+/// Blocks stopped being cached in one tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockRemoved {
+    /// Monotonic per engine.
+    pub event_seq: u64,
+    /// Keys of the removed blocks.
+    pub keys: Vec<BlockKey>,
+    /// The tier.
+    pub medium: Medium,
+}
+
+/// Every cached block was dropped (prefix cache reset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllBlocksCleared {
+    /// Monotonic per engine.
+    pub event_seq: u64,
+}
+
+/// A KV-cache event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// See [`BlockStored`].
+    BlockStored(BlockStored),
+    /// See [`BlockRemoved`].
+    BlockRemoved(BlockRemoved),
+    /// See [`AllBlocksCleared`].
+    AllBlocksCleared(AllBlocksCleared),
+}
+
+impl KvEvent {
+    /// The event's sequence number.
+    pub fn event_seq(&self) -> u64 {
+        match self {
+            KvEvent::BlockStored(e) => e.event_seq,
+            KvEvent::BlockRemoved(e) => e.event_seq,
+            KvEvent::AllBlocksCleared(e) => e.event_seq,
+        }
+    }
+}

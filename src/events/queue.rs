@@ -1,0 +1,122 @@
+//! The per-step event queue.
+
+use std::collections::VecDeque;
+
+use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium};
+use crate::keys::BlockKey;
+use crate::resources::{Counters, RoutingHints};
+
+/// The events of one closed step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EventBatch {
+    /// The step that produced them.
+    pub step_index: u64,
+    /// The events, in the order they happened.
+    pub events: Vec<KvEvent>,
+}
+
+/// Events of the open step, and closed batches not yet drained.
+#[derive(Debug, Default)]
+pub struct EventQueue {
+    enabled: bool,
+    next_event_seq: u64,
+    open: Vec<KvEvent>,
+    closed: VecDeque<EventBatch>,
+}
+
+impl EventQueue {
+    /// A queue; when `enabled` is false every push is a no-op.
+    pub fn new(enabled: bool) -> Self {
+        Self { enabled, ..Default::default() }
+    }
+
+    /// Whether events are produced at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let s = self.next_event_seq;
+        self.next_event_seq += 1;
+        s
+    }
+
+    /// Appends a stored event; its `event_seq` is assigned here.
+    pub fn push_stored(&mut self, mut e: BlockStored) {
+        if !self.enabled || e.keys.is_empty() {
+            return;
+        }
+        e.event_seq = self.next_seq();
+        self.open.push(KvEvent::BlockStored(e));
+    }
+
+    /// Records a removal, merged into the previous event when that is a
+    /// removal in the same tier (one event per burst of evictions).
+    pub fn push_removed(&mut self, key: BlockKey, medium: Medium) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(KvEvent::BlockRemoved(last)) = self.open.last_mut()
+            && last.medium == medium
+        {
+            last.keys.push(key);
+            return;
+        }
+        let event_seq = self.next_seq();
+        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys: vec![key], medium }));
+    }
+
+    /// Records a cache reset.
+    pub fn push_cleared(&mut self) {
+        if !self.enabled {
+            return;
+        }
+        let event_seq = self.next_seq();
+        self.open.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq }));
+    }
+
+    /// Events of the open step so far.
+    pub fn open_events(&self) -> &[KvEvent] {
+        &self.open
+    }
+
+    /// Closes the open step: resolves UUID hints of its image items and moves
+    /// its events to the drainable batches. Returns the closed batch, or
+    /// `None` when the step produced no event (no empty batch is kept).
+    pub fn close_step(
+        &mut self,
+        step_index: u64,
+        hints: &mut RoutingHints,
+        counters: &mut Counters,
+    ) -> Option<&EventBatch> {
+        if self.open.is_empty() {
+            return None;
+        }
+        let mut events = std::mem::take(&mut self.open);
+        for e in &mut events {
+            if let KvEvent::BlockStored(s) = e {
+                for image in &mut s.images {
+                    image.uuid = hints.lookup(&image.digest, counters);
+                }
+            }
+        }
+        counters.events_emitted += events.len() as u64;
+        self.closed.push_back(EventBatch { step_index, events });
+        self.closed.back()
+    }
+
+    /// Takes every closed batch, oldest first.
+    pub fn drain(&mut self) -> Vec<EventBatch> {
+        self.closed.drain(..).collect()
+    }
+
+    /// Takes every closed event, flattened, oldest first.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.closed.drain(..).flat_map(|b| b.events).collect()
+    }
+
+    /// Closed batches waiting to be drained.
+    pub fn closed_len(&self) -> usize {
+        self.closed.len()
+    }
+}

@@ -1,0 +1,216 @@
+//! Content identities: image digests, block keys, wire hashes and `mm_hash`.
+//!
+//! Everything here goes onto the wire or into a cache key, so every function is
+//! a documented, stable algorithm (docs/hashing.md holds the byte recipe and
+//! test vectors). Nothing here uses `ahash`, whose output changes between
+//! processes.
+//!
+//! | identity | algorithm | where it is used |
+//! |---|---|---|
+//! | [`ImageDigest`] | BLAKE3-256 of the item's content bytes | cache identity of an image |
+//! | [`BlockKey`] | SHA-256 chain over parent, tokens, image runs | prefix index, block identity |
+//! | [`WireHash`] | first 8 bytes of the key, big-endian, as `i64` | `block_hashes` on the wire |
+//! | `mm_hash` | Dynamo's identifier rule (64-hex prefix or XXH3-64) | `block_mm_infos` on the wire |
+
+use sha2::{Digest as _, Sha256};
+
+/// BLAKE3-256 digest of an image item's content bytes: the image's cache identity.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct ImageDigest(pub [u8; 32]);
+
+impl ImageDigest {
+    /// Digest of content bytes with the `blake3` crate (the CPU path; the GPU
+    /// path in `gpu` is bit-identical).
+    pub fn of_content(bytes: &[u8]) -> Self {
+        Self(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// The digest as 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from_digit((b >> 4) as u32, 16).expect("nibble < 16"));
+            s.push(char::from_digit((b & 15) as u32, 16).expect("nibble < 16"));
+        }
+        s
+    }
+}
+
+/// A block's 32-byte cryptographic key: the SHA-256 chain in docs/hashing.md.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct BlockKey(pub [u8; 32]);
+
+/// The 64-bit block hash that goes on the wire: the first 8 bytes of the
+/// [`BlockKey`], big-endian, as a signed integer (TensorRT-LLM's
+/// `v2_sha256_64`, which subscribers decode as i64).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct WireHash(pub i64);
+
+impl BlockKey {
+    /// This key's wire hash.
+    pub fn wire_hash(&self) -> WireHash {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        WireHash(i64::from_be_bytes(first))
+    }
+}
+
+/// The name under which the key algorithm is advertised (in `model_info`).
+pub const BLOCK_KEY_ALGORITHM: &str = "kvcore-sha256-v1";
+
+/// Domain tag that starts every root key.
+const ROOT_TAG: &[u8; 16] = b"kvcore/root/v1\0\0";
+
+/// The scope of a request's chain: what makes two equal token sequences
+/// belong to different caches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KeyScope {
+    /// Block size in tokens.
+    pub block_size_tokens: u32,
+    /// LoRA adapter id, when the request runs under one.
+    pub lora_id: Option<u32>,
+    /// Cache salt: requests with different salts never share blocks.
+    pub cache_salt: Option<Vec<u8>>,
+}
+
+/// The root key of a scope: the parent of every chain's first block.
+///
+/// `SHA-256(ROOT_TAG ‖ block_size u32 LE ‖ lora flag u8 ‖ [lora_id u32 LE]
+/// ‖ salt flag u8 ‖ [salt length u32 LE ‖ salt bytes])`.
+pub fn root_key(scope: &KeyScope) -> BlockKey {
+    let mut h = Sha256::new();
+    h.update(ROOT_TAG);
+    h.update(scope.block_size_tokens.to_le_bytes());
+    match scope.lora_id {
+        Some(id) => {
+            h.update([1u8]);
+            h.update(id.to_le_bytes());
+        }
+        None => h.update([0u8]),
+    }
+    match &scope.cache_salt {
+        Some(salt) => {
+            h.update([1u8]);
+            h.update((salt.len() as u32).to_le_bytes());
+            h.update(salt);
+        }
+        None => h.update([0u8]),
+    }
+    BlockKey(h.finalize().into())
+}
+
+/// One maximal run of an image item's tokens inside one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct ImageRun {
+    /// The item's content digest.
+    pub digest: ImageDigest,
+    /// Offset of the run's first token within the item (item-local).
+    pub item_offset: u32,
+    /// Offset of the run's first token within the block.
+    pub block_offset: u32,
+    /// Number of tokens in the run.
+    pub len: u32,
+}
+
+/// The key of one full block.
+///
+/// `SHA-256(parent ‖ tokens as u32 LE ‖ run count u32 LE ‖ for each run:
+/// digest ‖ item_offset u32 LE ‖ block_offset u32 LE ‖ len u32 LE)`.
+///
+/// `tokens` are the block's tokens with the image placeholder id at image
+/// positions (see [`crate::systems::commit`]); `runs` are in block order. The
+/// UUID hint of an item never enters a key.
+pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
+    let mut h = Sha256::new();
+    h.update(parent.0);
+    h.update(bytemuck::cast_slice::<u32, u8>(tokens_le(tokens).as_ref()));
+    h.update((runs.len() as u32).to_le_bytes());
+    for run in runs {
+        h.update(run.digest.0);
+        h.update(run.item_offset.to_le_bytes());
+        h.update(run.block_offset.to_le_bytes());
+        h.update(run.len.to_le_bytes());
+    }
+    BlockKey(h.finalize().into())
+}
+
+/// Tokens in little-endian order. On little-endian targets this borrows.
+fn tokens_le(tokens: &[u32]) -> std::borrow::Cow<'_, [u32]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(tokens)
+    } else {
+        std::borrow::Cow::Owned(tokens.iter().map(|t| t.to_le()).collect())
+    }
+}
+
+/// Dynamo's rule for turning an image identifier into a 64-bit `mm_hash`:
+/// an identifier of exactly 64 hex digits maps to its first 16 hex digits read
+/// as a u64; any other identifier maps to XXH3-64 of its bytes with seed 0.
+pub fn mm_hash_of_identifier(identifier: &str) -> u64 {
+    let bytes = identifier.as_bytes();
+    if bytes.len() == 64 && bytes.iter().all(u8::is_ascii_hexdigit) {
+        u64::from_str_radix(&identifier[..16], 16).expect("16 hex digits fit a u64")
+    } else {
+        xxhash_rust::xxh3::xxh3_64_with_seed(bytes, 0)
+    }
+}
+
+/// The `mm_hash` of an image item: from its UUID hint when one is known and
+/// unambiguous, otherwise from the 64-hex content digest (whose first 16 hex
+/// digits are its first 8 bytes, big-endian).
+pub fn mm_hash(digest: &ImageDigest, uuid_hint: Option<&str>) -> u64 {
+    match uuid_hint {
+        Some(uuid) => mm_hash_of_identifier(uuid),
+        None => {
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&digest.0[..8]);
+            u64::from_be_bytes(first)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digest path of `mm_hash` must equal Dynamo's rule applied to the hex
+    /// string, so both sides agree without formatting hex on the hot path.
+    #[test]
+    fn mm_hash_of_digest_equals_rule_on_hex() {
+        let d = ImageDigest::of_content(b"pixels");
+        assert_eq!(mm_hash(&d, None), mm_hash_of_identifier(&d.to_hex()));
+        assert_eq!(mm_hash(&d, Some("sku-001")), xxhash_rust::xxh3::xxh3_64_with_seed(b"sku-001", 0));
+    }
+
+    /// A key must change with every input it covers and not with the UUID,
+    /// which is not an input at all.
+    #[test]
+    fn block_key_covers_every_input() {
+        let root = root_key(&KeyScope { block_size_tokens: 4, ..Default::default() });
+        let tokens = [1, 2, 3, 4];
+        let run = ImageRun { digest: ImageDigest([7; 32]), item_offset: 0, block_offset: 1, len: 2 };
+        let base = block_key(&root, &tokens, &[run]);
+        assert_ne!(base, block_key(&root, &[1, 2, 3, 5], &[run]));
+        assert_ne!(base, block_key(&root, &tokens, &[]));
+        assert_ne!(base, block_key(&root, &tokens, &[ImageRun { digest: ImageDigest([8; 32]), ..run }]));
+        assert_ne!(base, block_key(&root, &tokens, &[ImageRun { item_offset: 1, ..run }]));
+        assert_ne!(base, block_key(&root, &tokens, &[ImageRun { block_offset: 0, ..run }]));
+        assert_ne!(base, block_key(&BlockKey([1; 32]), &tokens, &[run]));
+        let lora = root_key(&KeyScope { block_size_tokens: 4, lora_id: Some(1), cache_salt: None });
+        let salt = root_key(&KeyScope { block_size_tokens: 4, lora_id: None, cache_salt: Some(b"s".to_vec()) });
+        assert_ne!(root, lora);
+        assert_ne!(root, salt);
+        assert_ne!(lora, salt);
+    }
+
+    /// The wire hash is the key's first 8 bytes read big-endian.
+    #[test]
+    fn wire_hash_is_big_endian_prefix() {
+        let mut k = [0u8; 32];
+        k[..8].copy_from_slice(&[0x80, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(BlockKey(k).wire_hash(), WireHash(i64::MIN + 1));
+    }
+}

@@ -1,0 +1,12 @@
+//! Resources: the engine's singletons (the block pool and its LRUs, the prefix
+//! index, the routing-hint table, counters, the pending block copies).
+
+mod block_pool;
+mod counters;
+mod lru;
+mod routing_hints;
+
+pub use block_pool::{BlockCopy, BlockPool, KvCache, PageRef, PrefixIndex};
+pub use counters::Counters;
+pub use lru::Lru;
+pub use routing_hints::{HintInsert, RoutingHints};

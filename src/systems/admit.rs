@@ -1,0 +1,311 @@
+//! Admission: validate a request, match its longest cached prefix, take
+//! references and allocate the rest, all or nothing.
+
+use std::sync::Arc;
+
+use crate::config::{EngineConfig, UUID_HINT_BYTES_MAX};
+use crate::error::AdmitError;
+use crate::events::EventQueue;
+use crate::ids::{BlockId, RequestId};
+use crate::keys::{BlockKey, ImageDigest, KeyScope, root_key};
+use crate::resources::{Counters, HintInsert, KvCache, RoutingHints};
+use crate::systems::{allocate, commit, evict};
+use crate::tables::{FlatRun, Medium, MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
+
+/// The content of an image item as the caller gives it.
+#[derive(Clone, Copy, Debug)]
+pub enum MmContent<'a> {
+    /// The content bytes; kvcore computes their BLAKE3-256 digest.
+    Bytes(&'a [u8]),
+    /// A BLAKE3-256 digest computed by the caller; must be 32 bytes.
+    Digest(&'a [u8]),
+}
+
+/// An image item of a request.
+#[derive(Clone, Debug)]
+pub struct MmItemSpec<'a> {
+    /// Content or digest.
+    pub content: MmContent<'a>,
+    /// Where the item's tokens sit in the prompt: one or more runs, in order.
+    pub runs: Vec<TokenRun>,
+}
+
+/// A request as the caller submits it.
+#[derive(Clone, Debug, Default)]
+pub struct RequestSpec<'a> {
+    /// Prompt token ids.
+    pub tokens: &'a [u32],
+    /// LoRA adapter id.
+    pub lora_id: Option<u32>,
+    /// LoRA adapter name.
+    pub lora_name: Option<&'a str>,
+    /// Cache salt.
+    pub cache_salt: Option<&'a str>,
+    /// Image items.
+    pub items: Vec<MmItemSpec<'a>>,
+    /// UUIDs, one entry per item when given (entries may be absent). Bytes,
+    /// because they come from callers that may pass anything; they must be UTF-8.
+    pub uuids: Option<Vec<Option<&'a [u8]>>>,
+    /// A warm-up request: allocates, never indexed, no events.
+    pub dummy: bool,
+}
+
+/// The outcome of a successful admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// The new request.
+    pub id: RequestId,
+    /// Prompt tokens found in the prefix cache (their KV is already there).
+    pub tokens_cached: u32,
+    /// Of those, tokens onboarded from the host tier.
+    pub tokens_onboarded: u32,
+}
+
+/// A request that passed validation: digests computed, runs flattened.
+#[derive(Debug)]
+pub struct ValidRequest<'a> {
+    spec: &'a RequestSpec<'a>,
+    digests: Vec<ImageDigest>,
+    runs: Vec<FlatRun>,
+    uuids: Option<Vec<Option<String>>>,
+}
+
+/// Checks a request against the config and computes its item digests.
+/// Touches no engine state.
+pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) -> Result<ValidRequest<'a>, AdmitError> {
+    let prompt_len = spec.tokens.len();
+    if prompt_len == 0 {
+        return Err(AdmitError::EmptyPrompt);
+    }
+    if prompt_len > config.tokens_per_request_max as usize {
+        return Err(AdmitError::PromptTooLong { tokens: prompt_len, max: config.tokens_per_request_max });
+    }
+    if spec.items.len() > config.mm_items_per_request_max as usize {
+        return Err(AdmitError::TooManyItems { items: spec.items.len(), max: config.mm_items_per_request_max });
+    }
+    if let Some(u) = &spec.uuids
+        && u.len() != spec.items.len()
+    {
+        return Err(AdmitError::UuidCountMismatch { uuids: u.len(), items: spec.items.len() });
+    }
+    let uuids = match &spec.uuids {
+        None => None,
+        Some(list) => Some(
+            list.iter()
+                .enumerate()
+                .map(|(item, u)| match u {
+                    None => Ok(None),
+                    Some(bytes) => std::str::from_utf8(bytes)
+                        .map(|s| Some(s.to_owned()))
+                        .map_err(|_| AdmitError::InvalidUtf8Uuid { item }),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let mut runs = Vec::new();
+    let mut digests = Vec::with_capacity(spec.items.len());
+    for (item, it) in spec.items.iter().enumerate() {
+        if it.runs.is_empty() || it.runs.len() > config.runs_per_item_max as usize {
+            return Err(AdmitError::BadRunCount { item, runs: it.runs.len(), max: config.runs_per_item_max });
+        }
+        let mut item_offset = 0u32;
+        let mut prev_end = 0u64;
+        for (k, r) in it.runs.iter().enumerate() {
+            if r.len == 0 {
+                return Err(AdmitError::ZeroLengthRun { item });
+            }
+            let (start, end) = (r.start as u64, r.start as u64 + r.len as u64);
+            if end > prompt_len as u64 {
+                return Err(AdmitError::RunOutOfRange { item, start, end, prompt_len });
+            }
+            if k > 0 && start < prev_end {
+                return Err(AdmitError::OverlappingRuns { item, at: start });
+            }
+            prev_end = end;
+            runs.push((r.start, r.len, item_offset, item));
+            item_offset += r.len;
+        }
+        digests.push(match it.content {
+            MmContent::Bytes(b) => ImageDigest::of_content(b),
+            MmContent::Digest(d) => {
+                let d: [u8; 32] = d.try_into().map_err(|_| AdmitError::BadDigestLength { item, len: d.len() })?;
+                ImageDigest(d)
+            }
+        });
+    }
+    runs.sort_unstable_by_key(|r| r.0);
+    for w in runs.windows(2) {
+        if (w[0].0 as u64 + w[0].1 as u64) > w[1].0 as u64 {
+            return Err(AdmitError::OverlappingRuns { item: w[1].3, at: w[1].0 as u64 });
+        }
+    }
+    let runs = runs
+        .into_iter()
+        .map(|(start, len, item_offset, item)| FlatRun { start, len, item_offset, digest: digests[item] })
+        .collect();
+    Ok(ValidRequest { spec, digests, runs, uuids })
+}
+
+/// Admits a validated request: matches the longest cached prefix of full
+/// blocks (at most `prompt_len - 1` tokens, so that at least one token is
+/// computed and yields logits), takes references on the matched blocks
+/// (onboarding host blocks), and allocates the rest of the prompt. Either all
+/// of it happens or nothing does.
+pub fn admit_request(
+    valid: ValidRequest<'_>,
+    config: &EngineConfig,
+    requests: &mut Requests,
+    items: &mut MmItems,
+    cache: &mut KvCache,
+    events: &mut EventQueue,
+    counters: &mut Counters,
+) -> Result<Admission, AdmitError> {
+    let spec = valid.spec;
+    let bs = config.block_size_tokens;
+    let prompt_len = spec.tokens.len() as u32;
+    let reject = |counters: &mut Counters, e: AdmitError| {
+        counters.requests_rejected += 1;
+        Err(e)
+    };
+    if requests.rows.len() >= config.requests_max as usize {
+        return reject(counters, AdmitError::TooManyRequests { max: config.requests_max });
+    }
+    if items.rows.len() + spec.items.len() > config.mm_items_max as usize {
+        return reject(counters, AdmitError::TooManyLiveItems { max: config.mm_items_max });
+    }
+    let scope = Arc::new(RequestScope {
+        lora_id: spec.lora_id,
+        lora_name: spec.lora_name.map(Arc::from),
+        cache_salt: spec.cache_salt.map(Arc::from),
+    });
+    let root = root_key(&KeyScope {
+        block_size_tokens: bs,
+        lora_id: spec.lora_id,
+        cache_salt: spec.cache_salt.map(|s| s.as_bytes().to_vec()),
+    });
+
+    // Match: walk full blocks while the index has their keys.
+    let mut keys: Vec<BlockKey> = Vec::with_capacity(prompt_len.div_ceil(bs) as usize);
+    let mut matched: Vec<BlockId> = Vec::new();
+    if config.block_reuse && !spec.dummy {
+        let max_blocks = (prompt_len - 1) / bs;
+        let mut scratch = Vec::new();
+        let mut block_runs = Vec::new();
+        for i in 0..max_blocks {
+            let parent = keys.last().copied().unwrap_or(root);
+            let key = commit::key_of_block(
+                &parent,
+                &spec.tokens[(i * bs) as usize..((i + 1) * bs) as usize],
+                &valid.runs,
+                i * bs,
+                config.image_placeholder_token_id,
+                &mut scratch,
+                &mut block_runs,
+            );
+            keys.push(key);
+            match cache.index.map.get(&key) {
+                Some(&b) => matched.push(b),
+                None => break,
+            }
+        }
+    }
+
+    // Capacity: every new block and every onboarded block needs a device page.
+    let blocks_total = prompt_len.div_ceil(bs) as usize;
+    let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Medium::Cpu).count();
+    let pinned_from_lru = matched.iter().filter(|b| cache.pool.lru_device.contains(**b)).count();
+    let needed = blocks_total - matched.len() + on_host;
+    let available = cache.device_blocks_available() - pinned_from_lru;
+    if needed > available {
+        return reject(counters, AdmitError::OutOfBlocks { needed, available });
+    }
+
+    // From here on nothing can fail.
+    for &b in &matched {
+        let row = &mut cache.blocks.rows[b];
+        match row.medium {
+            Medium::Gpu => {
+                if row.ref_count == 0 {
+                    cache.pool.lru_device.remove(b);
+                }
+                row.ref_count += 1;
+            }
+            // Pinned out of the host LRU so that offloads made room for below
+            // cannot pick it.
+            Medium::Cpu => {
+                cache.pool.lru_host.remove(b);
+            }
+        }
+    }
+    let mut blocks = Vec::with_capacity(blocks_total);
+    for &b in &matched {
+        if cache.blocks.rows[b].medium == Medium::Cpu {
+            evict::onboard_block(cache, b, events, counters);
+        }
+        blocks.push(b);
+    }
+    allocate::allocate_device_blocks(cache, blocks_total - matched.len(), &mut blocks, events, counters);
+
+    let tokens_cached = matched.len() as u32 * bs;
+    let id = requests.rows.insert(Request {
+        tokens: spec.tokens.to_vec(),
+        prompt_len,
+        scope,
+        root,
+        items: Vec::with_capacity(spec.items.len()),
+        runs: valid.runs,
+        uuids: valid.uuids,
+        blocks,
+        keys,
+        tokens_computed: tokens_cached,
+        tokens_cached,
+        blocks_committed: matched.len() as u32,
+        dummy: spec.dummy,
+    });
+    let request = &mut requests.rows[id];
+    for (k, it) in spec.items.iter().enumerate() {
+        let uuid = request
+            .uuids
+            .as_ref()
+            .and_then(|u| u[k].as_deref())
+            .filter(|u| u.len() <= UUID_HINT_BYTES_MAX)
+            .map(Arc::from);
+        request.items.push(items.rows.insert(MmItem {
+            request: id,
+            digest: valid.digests[k],
+            uuid,
+            runs: it.runs.clone(),
+        }));
+    }
+    counters.requests_admitted += 1;
+    counters.tokens_cached += tokens_cached as u64;
+    counters.tokens_uncached += (prompt_len - tokens_cached) as u64;
+    Ok(Admission { id, tokens_cached, tokens_onboarded: on_host as u32 * bs })
+}
+
+/// Pairs each item's digest with its UUID in the routing-hint table. Items
+/// without a UUID are skipped; UUIDs over 256 bytes are ignored and counted.
+/// Dummy requests record nothing, since they never produce events.
+pub fn record_routing_hints(
+    requests: &Requests,
+    items: &MmItems,
+    id: RequestId,
+    hints: &mut RoutingHints,
+    counters: &mut Counters,
+) {
+    let request = &requests.rows[id];
+    if request.dummy {
+        return;
+    }
+    let Some(uuids) = &request.uuids else { return };
+    for (k, item_id) in request.items.iter().enumerate() {
+        let item = &items.rows[*item_id];
+        match (&item.uuid, &uuids[k]) {
+            (Some(uuid), _) => {
+                let _: HintInsert = hints.insert(item.digest, uuid, counters);
+            }
+            (None, Some(_)) => counters.hint_oversized += 1,
+            (None, None) => {}
+        }
+    }
+}

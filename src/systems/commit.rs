@@ -1,0 +1,227 @@
+//! Commit: the caller reports tokens whose KV the forward pass has written.
+//! Blocks whose tokens are all computed get their keys, enter the prefix index
+//! and are advertised with a `BlockStored` event. A block is never matchable,
+//! nor advertised, before that.
+
+use std::sync::Arc;
+
+use crate::config::EngineConfig;
+use crate::error::RequestError;
+use crate::events::{BlockStored, EventImage, EventImageRun, EventQueue};
+use crate::ids::RequestId;
+use crate::keys::{BlockKey, ImageRun, block_key};
+use crate::resources::KvCache;
+use crate::tables::{BlockContent, FlatRun, Medium, RequestScope, Requests};
+
+/// The image runs of the block that starts at `block_start`, from a request's
+/// flat, sorted runs. Runs that start before the block (an item the block
+/// starts inside) carry the item-local offset where the block cuts them.
+pub fn runs_in_block(runs: &[FlatRun], block_start: u32, block_size: u32, out: &mut Vec<ImageRun>) {
+    out.clear();
+    let block_end = block_start + block_size;
+    let first = runs.partition_point(|r| r.start + r.len <= block_start);
+    for r in &runs[first..] {
+        if r.start >= block_end {
+            break;
+        }
+        let s = r.start.max(block_start);
+        let e = (r.start + r.len).min(block_end);
+        out.push(ImageRun {
+            digest: r.digest,
+            item_offset: r.item_offset + (s - r.start),
+            block_offset: s - block_start,
+            len: e - s,
+        });
+    }
+}
+
+/// The block's tokens as keyed and advertised: the placeholder id at image
+/// positions. Borrows when the block holds no image.
+pub fn keyed_tokens<'a>(
+    tokens: &'a [u32],
+    runs: &[ImageRun],
+    placeholder: u32,
+    scratch: &'a mut Vec<u32>,
+) -> &'a [u32] {
+    if runs.is_empty() {
+        return tokens;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(tokens);
+    for r in runs {
+        scratch[r.block_offset as usize..(r.block_offset + r.len) as usize].fill(placeholder);
+    }
+    scratch
+}
+
+/// The key of the block holding `tokens` (exactly one block) at `block_start`.
+/// Leaves the block's image runs in `block_runs`.
+pub fn key_of_block(
+    parent: &BlockKey,
+    tokens: &[u32],
+    runs: &[FlatRun],
+    block_start: u32,
+    placeholder: u32,
+    scratch: &mut Vec<u32>,
+    block_runs: &mut Vec<ImageRun>,
+) -> BlockKey {
+    runs_in_block(runs, block_start, tokens.len() as u32, block_runs);
+    let keyed = keyed_tokens(tokens, block_runs, placeholder, scratch);
+    block_key(parent, keyed, block_runs)
+}
+
+/// Builds `BlockStored` events for a run of consecutive blocks of one chain.
+struct StoredGroup {
+    event: Option<BlockStored>,
+}
+
+impl StoredGroup {
+    fn push(
+        &mut self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        tokens: &[u32],
+        runs: &[ImageRun],
+        scope: &RequestScope,
+        block_size: u32,
+        medium: Medium,
+    ) {
+        let e = self.event.get_or_insert_with(|| BlockStored {
+            event_seq: 0,
+            keys: Vec::new(),
+            parent,
+            token_ids: Vec::new(),
+            block_size,
+            lora_id: scope.lora_id,
+            lora_name: scope.lora_name.clone(),
+            cache_salt: scope.cache_salt.clone(),
+            medium,
+            images: Vec::new(),
+            block_images: Vec::new(),
+        });
+        let block_index = e.keys.len();
+        e.keys.push(key);
+        e.token_ids.extend_from_slice(tokens);
+        if !runs.is_empty() && e.block_images.is_empty() {
+            e.block_images.resize(block_index, Vec::new());
+        }
+        if !e.block_images.is_empty() || !runs.is_empty() {
+            let mut mine = Vec::with_capacity(runs.len());
+            for r in runs {
+                let image = match e.images.iter().position(|i| i.digest == r.digest) {
+                    Some(p) => p,
+                    None => {
+                        e.images.push(EventImage { digest: r.digest, uuid: None });
+                        e.images.len() - 1
+                    }
+                } as u32;
+                mine.push(EventImageRun {
+                    image,
+                    item_offset: r.item_offset,
+                    block_offset: r.block_offset,
+                    len: r.len,
+                });
+            }
+            e.block_images.push(mine);
+        }
+    }
+
+    fn flush(&mut self, events: &mut EventQueue) {
+        if let Some(e) = self.event.take() {
+            events.push_stored(e);
+        }
+    }
+}
+
+/// The `BlockStored` event that advertises one indexed block again (after a
+/// tier move, or in a snapshot), built from its retained content.
+pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> BlockStored {
+    let b = &cache.blocks.rows[id];
+    let content = &cache.blocks.content[id];
+    let mut g = StoredGroup { event: None };
+    g.push(
+        b.key.expect("indexed blocks have keys"),
+        content.parent,
+        cache.blocks.tokens(b),
+        &content.images,
+        &content.scope,
+        cache.block_size,
+        b.medium,
+    );
+    g.event.expect("one block was pushed")
+}
+
+/// Records that the request's first `tokens_computed` tokens have their KV
+/// written. Newly full blocks are keyed; each key not yet cached enters the
+/// index and is advertised. A key that is already cached (another request
+/// computed the same block meanwhile) leaves this block a private copy, so a
+/// key is advertised once and removed once, whatever the number of copies.
+pub fn commit_computed(
+    requests: &mut Requests,
+    id: RequestId,
+    tokens_computed: u64,
+    config: &EngineConfig,
+    cache: &mut KvCache,
+    events: &mut EventQueue,
+) -> Result<(), RequestError> {
+    let request = requests.rows.get_mut(id).ok_or(RequestError::UnknownRequest)?;
+    let len = request.tokens.len() as u32;
+    if tokens_computed < request.tokens_computed as u64 || tokens_computed > len as u64 {
+        return Err(RequestError::BadComputedCount { current: request.tokens_computed, len, given: tokens_computed });
+    }
+    request.tokens_computed = tokens_computed as u32;
+    let bs = config.block_size_tokens;
+    let full = tokens_computed as u32 / bs;
+    if request.dummy || !config.block_reuse {
+        request.blocks_committed = request.blocks_committed.max(full);
+        return Ok(());
+    }
+    let mut scratch = Vec::new();
+    let mut runs = Vec::new();
+    let mut group = StoredGroup { event: None };
+    for i in request.blocks_committed..full {
+        let start = i * bs;
+        let tokens = &request.tokens[start as usize..(start + bs) as usize];
+        let parent = if i == 0 { None } else { Some(request.keys[i as usize - 1]) };
+        let key = if (i as usize) < request.keys.len() {
+            runs_in_block(&request.runs, start, bs, &mut runs);
+            request.keys[i as usize]
+        } else {
+            let k = key_of_block(
+                &parent.unwrap_or(request.root),
+                tokens,
+                &request.runs,
+                start,
+                config.image_placeholder_token_id,
+                &mut scratch,
+                &mut runs,
+            );
+            request.keys.push(k);
+            k
+        };
+        let block_id = request.blocks[i as usize];
+        let block = &mut cache.blocks.rows[block_id];
+        if block.key.is_some() || cache.index.map.contains_key(&key) {
+            // A block matched at admission, or a private copy of a cached key.
+            block.key = Some(key);
+            group.flush(events);
+            continue;
+        }
+        block.key = Some(key);
+        block.indexed = true;
+        let (medium, page) = (block.medium, block.page);
+        cache.index.map.insert(key, block_id);
+        let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
+        cache.blocks.set_tokens(medium, page, keyed);
+        if events.enabled() {
+            group.push(key, parent, keyed, &runs, &request.scope, bs, medium);
+        }
+        cache.blocks.content.insert(
+            block_id,
+            BlockContent { parent, depth: i, scope: Arc::clone(&request.scope), images: runs.clone() },
+        );
+    }
+    group.flush(events);
+    request.blocks_committed = full;
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! Systems: plain functions over the tables and resources they name.
+//!
+//! Per-request systems run when the caller calls them (a scheduler decides
+//! *when*; kvcore decides *how*): [`admit::admit_request`],
+//! [`allocate::grow_request`], [`commit::commit_computed`],
+//! [`release::release_request`], [`evict::evict_device_blocks`],
+//! [`clear::clear_cache`]. [`run_step`] is what closes a step.
+
+pub mod admit;
+pub mod allocate;
+pub mod clear;
+pub mod commit;
+pub mod evict;
+pub mod release;
+pub mod snapshot;
+
+use crate::events::{EventBatch, EventQueue};
+use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
+
+/// Closes a step, in this order:
+///
+/// 1. take the block copies queued by this step's allocations, because the
+///    offloads and onboards they describe must land before the forward pass
+///    that reuses those pages (the caller or the GPU system performs them);
+/// 2. close the event batch, resolving UUID hints last so that every pairing
+///    recorded during the step is seen, and a conflict found late in the step
+///    still keeps an ambiguous UUID off the wire.
+pub fn run_step<'a>(
+    step_index: u64,
+    cache: &mut KvCache,
+    hints: &mut RoutingHints,
+    events: &'a mut EventQueue,
+    counters: &mut Counters,
+) -> (Vec<BlockCopy>, Option<&'a EventBatch>) {
+    let copies = std::mem::take(&mut cache.copies);
+    let batch = events.close_step(step_index, hints, counters);
+    (copies, batch)
+}

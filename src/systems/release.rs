@@ -1,0 +1,34 @@
+//! Release: a finished or cancelled request drops its references. Cached
+//! blocks that nobody references go to the device LRU and stay matchable;
+//! blocks that were never cached go straight back to the free pages.
+
+use crate::error::RequestError;
+use crate::ids::RequestId;
+use crate::resources::KvCache;
+use crate::tables::{MmItems, Requests};
+
+/// Removes a request and its items, releasing its blocks in reverse order so
+/// that a chain's deepest blocks are the first evicted.
+pub fn release_request(
+    requests: &mut Requests,
+    items: &mut MmItems,
+    id: RequestId,
+    cache: &mut KvCache,
+) -> Result<(), RequestError> {
+    let request = requests.rows.remove(id).ok_or(RequestError::UnknownRequest)?;
+    for item in request.items {
+        items.rows.remove(item);
+    }
+    for &b in request.blocks.iter().rev() {
+        let row = &mut cache.blocks.rows[b];
+        row.ref_count -= 1;
+        if row.ref_count == 0 {
+            if row.indexed {
+                cache.pool.lru_device.push_back(b);
+            } else {
+                cache.release_row(b);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! The KV block table.
+//!
+//! A row is one allocation of a physical page in one tier. Rows are inserted
+//! when a page is taken and removed when it is given back, so a [`BlockId`]
+//! held past a block's eviction is stale. Token ids of keyed blocks live in a
+//! flat arena indexed by page (allocated once at creation), because an
+//! advertised block must be re-advertisable (offload, onboard, snapshot) after
+//! the request that wrote it is gone.
+
+use std::sync::Arc;
+
+use slotmap::{SecondaryMap, SlotMap};
+
+use crate::ids::BlockId;
+use crate::keys::{BlockKey, ImageRun};
+use crate::tables::RequestScope;
+
+/// The tier a block lives in. Wire names are `"GPU"` and `"CPU"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum Medium {
+    /// Device memory.
+    Gpu,
+    /// The pinned host tier.
+    Cpu,
+}
+
+impl Medium {
+    /// The name routers expect in `medium`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+        }
+    }
+}
+
+/// A KV block row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvBlock {
+    /// Page index within its tier's pool.
+    pub page: u32,
+    /// Its tier.
+    pub medium: Medium,
+    /// Set once every token of the block is computed (never for dummy requests
+    /// or with block reuse off).
+    pub key: Option<BlockKey>,
+    /// Live references from requests.
+    pub ref_count: u32,
+    /// Whether this block is the prefix index's copy of its key (advertised and
+    /// matchable). A keyed block that is not indexed is a private duplicate.
+    pub indexed: bool,
+}
+
+/// What an indexed block needs to be advertised again without its request.
+#[derive(Clone, Debug)]
+pub struct BlockContent {
+    /// The parent key; `None` for the first block of a chain.
+    pub parent: Option<BlockKey>,
+    /// Position of the block in its chain (0 for the first).
+    pub depth: u32,
+    /// LoRA and salt of the chain.
+    pub scope: Arc<RequestScope>,
+    /// Image runs inside the block, in block order.
+    pub images: Vec<ImageRun>,
+}
+
+/// The KV block table.
+#[derive(Debug)]
+pub struct KvBlocks {
+    /// Rows.
+    pub rows: SlotMap<BlockId, KvBlock>,
+    /// Re-advertising data of indexed blocks.
+    pub content: SecondaryMap<BlockId, BlockContent>,
+    /// Token ids of blocks by page: device pages first, then host pages.
+    tokens: Vec<u32>,
+    block_size: usize,
+    pages_device: usize,
+}
+
+impl KvBlocks {
+    /// A table for `pages_device + pages_host` pages of `block_size` tokens.
+    pub fn new(block_size: u32, pages_device: u32, pages_host: u32) -> Self {
+        let pages = pages_device as usize + pages_host as usize;
+        Self {
+            rows: SlotMap::with_capacity_and_key(pages),
+            content: SecondaryMap::with_capacity(pages),
+            tokens: vec![0; pages * block_size as usize],
+            block_size: block_size as usize,
+            pages_device: pages_device as usize,
+        }
+    }
+
+    fn page_range(&self, medium: Medium, page: u32) -> std::ops::Range<usize> {
+        let slot = match medium {
+            Medium::Gpu => page as usize,
+            Medium::Cpu => self.pages_device + page as usize,
+        };
+        slot * self.block_size..(slot + 1) * self.block_size
+    }
+
+    /// Token ids stored for a block (meaningful once keyed).
+    pub fn tokens(&self, block: &KvBlock) -> &[u32] {
+        &self.tokens[self.page_range(block.medium, block.page)]
+    }
+
+    /// Records a block's token ids.
+    pub fn set_tokens(&mut self, medium: Medium, page: u32, tokens: &[u32]) {
+        let range = self.page_range(medium, page);
+        self.tokens[range].copy_from_slice(tokens);
+    }
+
+    /// Moves a block's token ids between pages (tier moves).
+    pub fn move_tokens(&mut self, from: (Medium, u32), to: (Medium, u32)) {
+        let src = self.page_range(from.0, from.1);
+        let dst = self.page_range(to.0, to.1).start;
+        self.tokens.copy_within(src, dst);
+    }
+}

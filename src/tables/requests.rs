@@ -1,0 +1,102 @@
+//! The request table.
+
+use std::sync::Arc;
+
+use slotmap::SlotMap;
+
+use crate::ids::{BlockId, MmItemId, RequestId};
+use crate::keys::{BlockKey, ImageDigest};
+
+/// What scopes a request's cache chain, shared by every block it advertises
+/// (so a block can be re-advertised after its request is gone).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestScope {
+    /// LoRA adapter id.
+    pub lora_id: Option<u32>,
+    /// LoRA adapter name, carried on the wire (Dynamo seeds its keys with it).
+    pub lora_name: Option<Arc<str>>,
+    /// Cache salt: requests with different salts never share blocks.
+    pub cache_salt: Option<Arc<str>>,
+}
+
+/// One run of an image item in request token space, flattened over all items
+/// and sorted by `start`, so that key computation finds a block's runs with
+/// one binary search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlatRun {
+    /// First token position of the run in the request.
+    pub start: u32,
+    /// Tokens in the run.
+    pub len: u32,
+    /// Offset of the run's first token within its item.
+    pub item_offset: u32,
+    /// The item's content digest.
+    pub digest: ImageDigest,
+}
+
+/// A request row.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Token ids as the caller gave them: the prompt, then generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens in the prompt.
+    pub prompt_len: u32,
+    /// LoRA and salt.
+    pub scope: Arc<RequestScope>,
+    /// The root key of the request's chain (derived from the scope).
+    pub root: BlockKey,
+    /// The request's image items, in the order given.
+    pub items: Vec<MmItemId>,
+    /// Image runs over all items, sorted by start.
+    pub runs: Vec<FlatRun>,
+    /// The UUID list exactly as given (absent when none was given).
+    pub uuids: Option<Vec<Option<String>>>,
+    /// The block table: block `i` holds tokens `[i*B, (i+1)*B)`.
+    pub blocks: Vec<BlockId>,
+    /// Keys of the leading full blocks computed so far (a prefix of `blocks`).
+    pub keys: Vec<BlockKey>,
+    /// Tokens whose KV the caller has reported as computed (includes cached ones).
+    pub tokens_computed: u32,
+    /// Tokens matched in the prefix cache at admission.
+    pub tokens_cached: u32,
+    /// Leading blocks that are full, computed and processed by commit.
+    pub blocks_committed: u32,
+    /// A warm-up request: allocates like any other, never indexed, no events.
+    pub dummy: bool,
+}
+
+/// The request table.
+#[derive(Debug, Default)]
+pub struct Requests {
+    /// Rows.
+    pub rows: SlotMap<RequestId, Request>,
+}
+
+impl Requests {
+    /// An empty table with room for `capacity` rows.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self { rows: SlotMap::with_capacity_and_key(capacity) }
+    }
+
+    /// Checks the table's own invariants; panics naming the one broken.
+    ///
+    /// 1. `blocks_committed` full blocks are covered by `keys` unless dummy.
+    /// 2. Computed tokens never pass the request's tokens.
+    /// 3. `tokens_cached <= tokens_computed`.
+    pub fn check_invariants(&self, block_size: u32) {
+        for (id, r) in &self.rows {
+            if !r.dummy {
+                assert!(
+                    r.keys.len() >= r.blocks_committed as usize,
+                    "invariant 1: keys cover committed blocks of {id:?}"
+                );
+            }
+            assert!(r.tokens_computed as usize <= r.tokens.len(), "invariant 2: computed <= tokens for {id:?}");
+            assert!(r.tokens_cached <= r.tokens_computed, "invariant 3: cached <= computed for {id:?}");
+            assert!(
+                r.blocks.len() == (r.tokens.len()).div_ceil(block_size as usize),
+                "invariant 4: a request holds exactly the blocks its tokens need ({id:?})"
+            );
+        }
+    }
+}
