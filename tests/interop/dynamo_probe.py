@@ -206,7 +206,7 @@ def main():
         cmd += ["--threads", str(args.threads)]
     out = open(args.indexer_log, "ab") if args.indexer_log else sys.stderr
     env = dict(os.environ)
-    env.setdefault("NO_COLOR", "1")
+    env.setdefault("DYN_SDK_DISABLE_ANSI_LOGGING", "1")  # plain-text logs
     t0 = time.monotonic()
     log("starting: " + " ".join(cmd))
     _child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,

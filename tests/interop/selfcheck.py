@@ -99,7 +99,7 @@ def main():
           (m.get("stored/parent_block_not_found"), probe(op="query", block_hashes=h2)["scores"]),
           (1, {"1": 4, "2": 4}))
     # removal
-    p1.send([block_removed([13])])  # its child 14 goes too
+    p1.send([block_removed([13])])  # prefix match stops at the hole
     settle(removed=1)
     check("after removing block 3 of worker 1", probe(op="query", block_hashes=h)["scores"], {"1": 8, "2": 12})
     # images: same placeholder tokens, different mm_hash
