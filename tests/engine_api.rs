@@ -1,0 +1,290 @@
+//! Engine behaviour through its public API: content sensitivity of image
+//! blocks, bad input, dummy requests, chunked prefill, duplicate copies and
+//! routing hints.
+
+use kvcore::events::KvEvent;
+use kvcore::{AdmitError, Engine, EngineConfig, MmContent, MmItemSpec, RequestError, RequestSpec, TokenRun};
+
+const BS: u32 = 4;
+
+fn engine(blocks: u32) -> Engine {
+    Engine::new(EngineConfig { block_size_tokens: BS, blocks_device: blocks, image_placeholder_token_id: 9, ..Default::default() }).unwrap()
+}
+
+/// 12 tokens with an image over positions 2..8.
+fn image_prompt() -> Vec<u32> {
+    vec![1, 2, 9, 9, 9, 9, 9, 9, 3, 4, 5, 6]
+}
+
+fn image_item(content: &[u8]) -> MmItemSpec<'_> {
+    MmItemSpec { content: MmContent::Bytes(content), runs: vec![TokenRun { start: 2, len: 6 }] }
+}
+
+/// Runs a request to completion: admit, compute everything, finish, step.
+fn serve(e: &mut Engine, spec: &RequestSpec<'_>) -> u32 {
+    let a = e.add_request(spec).unwrap();
+    e.commit(a.id, spec.tokens.len() as u64).unwrap();
+    e.finish(a.id).unwrap();
+    e.step();
+    a.tokens_cached
+}
+
+/// Everything observable about an engine's state, to show a failed call changed nothing.
+fn state(e: &Engine) -> (usize, usize, (usize, usize), kvcore::resources::Counters, usize) {
+    let mut c = e.counters();
+    c.requests_rejected = 0;
+    (e.requests_live(), e.blocks_free_device(), e.blocks_cached(), c, e.cache().index.map.len())
+}
+
+/// The same UUID on different pixels must never reuse a block; the same pixels
+/// under two UUIDs must.
+#[test]
+fn image_identity_is_content_not_uuid() {
+    let mut e = engine(32);
+    let tokens = image_prompt();
+    let uuid: &[u8] = b"sku-001";
+    let spec = |content| RequestSpec { tokens: &tokens, items: vec![image_item(content)], uuids: Some(vec![Some(uuid)]), ..Default::default() };
+    assert_eq!(serve(&mut e, &spec(b"red")), 0);
+    assert_eq!(serve(&mut e, &spec(b"red")), 8, "same pixels, same UUID: reuse");
+    assert_eq!(serve(&mut e, &spec(b"blue")), 0 + 0, "same UUID, other pixels: no block past the text prefix");
+    let other_uuid = RequestSpec { tokens: &tokens, items: vec![image_item(b"red")], uuids: Some(vec![Some(b"sku-999")]), ..Default::default() };
+    assert_eq!(serve(&mut e, &other_uuid), 8, "same pixels, other UUID: reuse");
+    let no_uuid = RequestSpec { tokens: &tokens, items: vec![image_item(b"red")], ..Default::default() };
+    assert_eq!(serve(&mut e, &no_uuid), 8, "same pixels, no UUID: reuse");
+    // A digest given directly is the same identity as the bytes it digests.
+    let digest = *blake3::hash(b"red").as_bytes();
+    let by_digest = RequestSpec {
+        tokens: &tokens,
+        items: vec![MmItemSpec { content: MmContent::Digest(&digest), runs: vec![TokenRun { start: 2, len: 6 }] }],
+        ..Default::default()
+    };
+    assert_eq!(serve(&mut e, &by_digest), 8);
+}
+
+/// Block 0 holds text and the image's first two tokens; with other pixels the
+/// first block must differ too, so nothing at all is reused.
+#[test]
+fn first_image_block_differs_with_content() {
+    let mut e = engine(32);
+    let tokens = image_prompt();
+    let spec = |content| RequestSpec { tokens: &tokens, items: vec![image_item(content)], ..Default::default() };
+    serve(&mut e, &spec(b"a"));
+    let a = e.add_request(&spec(b"b")).unwrap();
+    assert_eq!(a.tokens_cached, 0);
+}
+
+/// Each kind of bad input gets its own error and leaves the engine exactly as it was.
+#[test]
+fn bad_input_is_rejected_without_trace() {
+    let mut e = engine(8);
+    let tokens = image_prompt();
+    serve(&mut e, &RequestSpec { tokens: &tokens, ..Default::default() });
+    let running = e.add_request(&RequestSpec { tokens: &[7, 7, 7, 7, 7], ..Default::default() }).unwrap();
+    let before = state(&e);
+    let run = |start, len| TokenRun { start, len };
+    let item = |runs| MmItemSpec { content: MmContent::Bytes(b"x"), runs };
+    let bad_utf8: &[u8] = &[0xff, 0xfe];
+    let cases: Vec<(RequestSpec, fn(&AdmitError) -> bool)> = vec![
+        (RequestSpec { tokens: &[], ..Default::default() }, |e| matches!(e, AdmitError::EmptyPrompt)),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(10, 4)])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::RunOutOfRange { .. })
+        }),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(u32::MAX, 4)])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::RunOutOfRange { .. })
+        }),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 4)]), item(vec![run(5, 2)])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::OverlappingRuns { .. })
+        }),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(5, 2), run(2, 2)])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::OverlappingRuns { .. })
+        }),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 0)])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::ZeroLengthRun { .. })
+        }),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![])], ..Default::default() }, |e| {
+            matches!(e, AdmitError::BadRunCount { .. })
+        }),
+        (
+            RequestSpec {
+                tokens: &tokens,
+                items: vec![MmItemSpec { content: MmContent::Digest(&[0; 31]), runs: vec![run(2, 2)] }],
+                ..Default::default()
+            },
+            |e| matches!(e, AdmitError::BadDigestLength { len: 31, .. }),
+        ),
+        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 2)])], uuids: Some(vec![]), ..Default::default() }, |e| {
+            matches!(e, AdmitError::UuidCountMismatch { uuids: 0, items: 1 })
+        }),
+        (
+            RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 2)])], uuids: Some(vec![Some(bad_utf8)]), ..Default::default() },
+            |e| matches!(e, AdmitError::InvalidUtf8Uuid { item: 0 }),
+        ),
+        (RequestSpec { tokens: &[1; 40], ..Default::default() }, |e| matches!(e, AdmitError::OutOfBlocks { .. })),
+    ];
+    for (spec, expected) in cases {
+        let err = e.add_request(&spec).unwrap_err();
+        assert!(expected(&err), "unexpected error {err:?}");
+        assert!(!err.to_string().is_empty());
+        assert_eq!(state(&e), before, "{err} left a trace");
+    }
+    // Request-level misuse: stale ids, going backwards, past the end, growing past capacity.
+    assert_eq!(e.commit(running.id, 6), Err(RequestError::BadComputedCount { current: 0, len: 5, given: 6 }));
+    e.commit(running.id, 4).unwrap();
+    assert!(matches!(e.commit(running.id, 3), Err(RequestError::BadComputedCount { .. })));
+    let before = state(&e);
+    assert!(matches!(e.grow(running.id, &[1; 64]), Err(RequestError::OutOfBlocks { .. })));
+    assert_eq!(state(&e), before);
+    e.finish(running.id).unwrap();
+    assert_eq!(e.finish(running.id), Err(RequestError::UnknownRequest));
+    assert_eq!(e.commit(running.id, 1), Err(RequestError::UnknownRequest));
+    assert_eq!(e.request_uuids(running.id), Err(RequestError::UnknownRequest));
+    e.check_invariants();
+}
+
+/// Warm-up requests use blocks like others but never reach the index or the events.
+#[test]
+fn dummy_requests_are_invisible() {
+    let mut e = engine(16);
+    let tokens = [5u32; 12];
+    let a = e.add_request(&RequestSpec { tokens: &tokens, dummy: true, ..Default::default() }).unwrap();
+    assert_eq!(e.blocks_free_device(), 13);
+    e.commit(a.id, 12).unwrap();
+    e.finish(a.id).unwrap();
+    e.step();
+    assert!(e.drain_events().is_empty());
+    assert_eq!(e.blocks_cached(), (0, 0));
+    assert_eq!(e.blocks_free_device(), 16);
+    let b = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    assert_eq!(b.tokens_cached, 0);
+}
+
+/// Chunked prefill: a block is advertised only once all its tokens are
+/// computed, and is not matchable before.
+#[test]
+fn chunked_prefill_advertises_when_computed() {
+    let mut e = engine(16);
+    let tokens: Vec<u32> = (0..10).collect();
+    let a = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    e.commit(a.id, 3).unwrap();
+    e.step();
+    assert!(e.drain_events().is_empty(), "no block is full yet");
+    let probe = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    assert_eq!(probe.tokens_cached, 0, "an uncomputed block is not matchable");
+    e.cancel(probe.id).unwrap();
+    e.commit(a.id, 9).unwrap();
+    e.step();
+    let events = e.drain_events();
+    assert_eq!(events.len(), 1);
+    let KvEvent::BlockStored(s) = &events[0] else { panic!("expected BlockStored") };
+    assert_eq!(s.keys.len(), 2);
+    assert_eq!(s.token_ids, (0..8).collect::<Vec<u32>>());
+    assert_eq!(s.parent, None);
+    e.commit(a.id, 10).unwrap();
+    e.step();
+    assert!(e.drain_events().is_empty(), "the last partial block is never advertised");
+}
+
+/// Two requests computing the same block at once: one copy is indexed and
+/// advertised; the key is removed once, only when no cached copy remains.
+#[test]
+fn duplicate_copies_advertise_and_remove_once() {
+    let mut e = engine(8);
+    let tokens = [1u32, 2, 3, 4, 5];
+    let a = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    let b = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    e.commit(a.id, 5).unwrap();
+    e.commit(b.id, 5).unwrap();
+    e.finish(a.id).unwrap();
+    e.finish(b.id).unwrap();
+    e.step();
+    let stored = e.drain_events();
+    assert_eq!(stored.len(), 1, "one Stored for two copies");
+    assert_eq!(e.blocks_cached(), (1, 0));
+    assert_eq!(e.blocks_free_device(), 7, "the private copy went back to the pool");
+    assert_eq!(e.evict(8), 1);
+    e.step();
+    let removed = e.drain_events();
+    assert!(matches!(&removed[..], [KvEvent::BlockRemoved(r)] if r.keys.len() == 1));
+}
+
+/// Under pressure, allocation evicts least recently used cached blocks first
+/// and emits one Removed for the burst.
+#[test]
+fn eviction_takes_lru_tail() {
+    let mut e = engine(4);
+    serve(&mut e, &RequestSpec { tokens: &[1, 1, 1, 1, 2, 2, 2, 2, 0], ..Default::default() });
+    serve(&mut e, &RequestSpec { tokens: &[3, 3, 3, 3, 0], ..Default::default() });
+    e.drain_events();
+    // Needs 3 blocks with one free: evicts two cached ones, deepest of the oldest chain first.
+    let a = e.add_request(&RequestSpec { tokens: &[8; 12], ..Default::default() }).unwrap();
+    e.step();
+    let events = e.drain_events();
+    let KvEvent::BlockRemoved(r) = &events[0] else { panic!("expected BlockRemoved") };
+    assert_eq!(r.keys.len(), 2);
+    e.finish(a.id).unwrap();
+    // The second chain survived.
+    let b = e.add_request(&RequestSpec { tokens: &[3, 3, 3, 3, 0], ..Default::default() }).unwrap();
+    assert_eq!(b.tokens_cached, 4);
+}
+
+/// Clear drops every cached key, keeps running requests working, and says so.
+#[test]
+fn clear_resets_the_cache() {
+    let mut e = engine(8);
+    serve(&mut e, &RequestSpec { tokens: &[1, 2, 3, 4, 5], ..Default::default() });
+    let running = e.add_request(&RequestSpec { tokens: &[1, 2, 3, 4, 5, 6], ..Default::default() }).unwrap();
+    assert_eq!(running.tokens_cached, 4);
+    e.clear();
+    e.step();
+    assert!(matches!(e.drain_events().last(), Some(KvEvent::AllBlocksCleared(_))));
+    assert_eq!(e.blocks_cached(), (0, 0));
+    e.commit(running.id, 6).unwrap();
+    e.finish(running.id).unwrap();
+    e.check_invariants();
+    assert_eq!(e.blocks_free_device(), 8);
+}
+
+/// The UUID list accessor: absent when none was given, an exact copy otherwise
+/// (partial lists included); hints flow into events and conflicts drop them.
+#[test]
+fn uuid_list_and_hints() {
+    let mut e = engine(32);
+    let tokens = image_prompt();
+    let none = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+    assert_eq!(e.request_uuids(none.id).unwrap(), None);
+    let two_items = [1u32, 9, 9, 2, 9, 9, 3, 4];
+    let partial = RequestSpec {
+        tokens: &two_items,
+        items: vec![
+            MmItemSpec { content: MmContent::Bytes(b"p"), runs: vec![TokenRun { start: 1, len: 2 }] },
+            MmItemSpec { content: MmContent::Bytes(b"q"), runs: vec![TokenRun { start: 4, len: 2 }] },
+        ],
+        uuids: Some(vec![Some(b"sku-001"), None]),
+        ..Default::default()
+    };
+    let p = e.add_request(&partial).unwrap();
+    assert_eq!(e.request_uuids(p.id).unwrap(), Some(vec![Some("sku-001".to_owned()), None]));
+    e.commit(p.id, 8).unwrap();
+    e.step();
+    let events = e.drain_events();
+    let KvEvent::BlockStored(s) = &events[0] else { panic!() };
+    assert_eq!(s.images.len(), 2);
+    assert_eq!(s.images[0].uuid.as_deref(), Some("sku-001"));
+    assert_eq!(s.images[1].uuid, None);
+    // Oversized UUIDs are kept on the request but never become hints.
+    let long = vec![b'u'; 257];
+    let o = e
+        .add_request(&RequestSpec { tokens: &tokens, items: vec![image_item(b"z")], uuids: Some(vec![Some(&long)]), ..Default::default() })
+        .unwrap();
+    assert_eq!(e.counters().hint_oversized, 1);
+    assert_eq!(e.request_uuids(o.id).unwrap().unwrap()[0].as_ref().map(String::len), Some(257));
+    // The same pixels under a second UUID make the hint ambiguous: dropped from events.
+    let conflict = RequestSpec { tokens: &two_items[..4], items: vec![MmItemSpec { content: MmContent::Bytes(b"p"), runs: vec![TokenRun { start: 1, len: 2 }] }], uuids: Some(vec![Some(b"sku-002")]), lora_id: Some(3), ..Default::default() };
+    let c = e.add_request(&conflict).unwrap();
+    e.commit(c.id, 4).unwrap();
+    e.step();
+    let events = e.drain_events();
+    let KvEvent::BlockStored(s) = &events[0] else { panic!() };
+    assert_eq!(s.images[0].uuid, None, "an ambiguous hint never reaches the wire");
+    assert_eq!(e.counters().hint_conflicts, 1);
+}
