@@ -1,1 +1,7 @@
-fn main() {}
+//! Criterion benches, one module per area (STYLE.md section 8).
+
+use criterion::criterion_main;
+
+mod core_engine;
+
+criterion_main!(core_engine::benches);

@@ -42,3 +42,8 @@ pub use events::{BlockRemoved, BlockStored, KvEvent, Medium};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{BlockKey, ImageDigest, WireHash};
 pub use tables::TokenRun;
+
+/// The README's example runs as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
