@@ -233,6 +233,8 @@ impl Engine {
     /// 3. The request table's invariants.
     /// 4. Every item row belongs to a live request that lists it.
     /// 5. The routing-hint table's invariants.
+    /// 6. Each scope's reference count equals the requests and advertised
+    ///    blocks that name it, and no scope outlives its last reference.
     pub fn check_invariants(&self) {
         let mut refs: ahash::AHashMap<crate::ids::BlockId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
@@ -250,5 +252,16 @@ impl Engine {
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
         }
         self.hints.check_invariants();
+        let mut scope_refs: ahash::AHashMap<crate::resources::ScopeId, u32> = ahash::AHashMap::new();
+        for r in self.requests.rows.values() {
+            *scope_refs.entry(r.scope).or_default() += 1;
+        }
+        for c in self.cache.blocks.content.values() {
+            *scope_refs.entry(c.scope).or_default() += 1;
+        }
+        for id in self.cache.scopes.ids() {
+            assert_eq!(self.cache.scopes.refs(id), scope_refs.get(&id).copied().unwrap_or(0), "invariant 6: scope refs");
+        }
+        assert_eq!(self.cache.scopes.len(), scope_refs.len(), "invariant 6: no orphan scope");
     }
 }

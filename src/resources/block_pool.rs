@@ -10,7 +10,7 @@ use ahash::AHashMap;
 
 use crate::ids::BlockId;
 use crate::keys::BlockKey;
-use crate::resources::Lru;
+use crate::resources::{Lru, Scopes};
 use crate::tables::{KvBlock, KvBlocks, Medium};
 
 /// A page in one tier.
@@ -102,6 +102,8 @@ pub struct KvCache {
     pub copies: Vec<BlockCopy>,
     /// Tokens per block.
     pub block_size: u32,
+    /// Scopes of requests and advertised blocks.
+    pub scopes: Scopes,
 }
 
 impl KvCache {
@@ -116,6 +118,7 @@ impl KvCache {
             index,
             copies: Vec::with_capacity(total.min(1 << 16)),
             block_size,
+            scopes: Scopes::default(),
         }
     }
 
@@ -136,8 +139,15 @@ impl KvCache {
     pub fn release_row(&mut self, id: BlockId) {
         let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
         debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
-        self.blocks.content.remove(id);
+        self.remove_content(id);
         self.pool.free(b.medium).push(b.page);
+    }
+
+    /// Drops a block's re-advertising content and its scope reference.
+    pub fn remove_content(&mut self, id: BlockId) {
+        if let Some(c) = self.blocks.content.remove(id) {
+            self.scopes.release(c.scope);
+        }
     }
 
     /// Device blocks that an allocation could get now: free pages plus

@@ -5,8 +5,10 @@ mod block_pool;
 mod counters;
 mod lru;
 mod routing_hints;
+mod scopes;
 
 pub use block_pool::{BlockCopy, BlockPool, KvCache, PageRef, PrefixIndex};
 pub use counters::Counters;
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};
+pub use scopes::{ScopeId, Scopes};

@@ -173,11 +173,6 @@ pub fn admit_request(
     if items.rows.len() + spec.items.len() > config.mm_items_max as usize {
         return reject(counters, AdmitError::TooManyLiveItems { max: config.mm_items_max });
     }
-    let scope = Arc::new(RequestScope {
-        lora_id: spec.lora_id,
-        lora_name: spec.lora_name.map(Arc::from),
-        cache_salt: spec.cache_salt.map(Arc::from),
-    });
     let root = root_key(&KeyScope {
         block_size_tokens: bs,
         lora_id: spec.lora_id,
@@ -221,6 +216,11 @@ pub fn admit_request(
     }
 
     // From here on nothing can fail.
+    let scope = cache.scopes.acquire(RequestScope {
+        lora_id: spec.lora_id,
+        lora_name: spec.lora_name.map(Arc::from),
+        cache_salt: spec.cache_salt.map(Arc::from),
+    });
     for &b in &matched {
         let row = &mut cache.blocks.rows[b];
         match row.medium {

@@ -5,17 +5,20 @@ use crate::resources::KvCache;
 
 /// Forgets every cached key. Unreferenced cached blocks (device and host) are
 /// freed; blocks still used by running requests stay with them as private
-/// copies and are freed when those finish. Emits `AllBlocksCleared`.
+/// copies and are freed when those finish. Emits `AllBlocksCleared`. The
+/// index keeps its allocated capacity.
 pub fn clear_cache(cache: &mut KvCache, events: &mut EventQueue) {
-    let index = std::mem::take(&mut cache.index.map);
-    for (_, id) in index {
+    let mut index = std::mem::take(&mut cache.index.map);
+    for (_, id) in index.drain() {
         let b = &mut cache.blocks.rows[id];
         b.indexed = false;
-        cache.blocks.content.remove(id);
-        if b.ref_count == 0 {
-            cache.pool.lru(b.medium).remove(id);
+        let (unreferenced, medium) = (b.ref_count == 0, b.medium);
+        cache.remove_content(id);
+        if unreferenced {
+            cache.pool.lru(medium).remove(id);
             cache.release_row(id);
         }
     }
+    cache.index.map = index;
     events.push_cleared();
 }

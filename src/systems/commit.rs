@@ -3,7 +3,6 @@
 //! and are advertised with a `BlockStored` event. A block is never matchable,
 //! nor advertised, before that.
 
-use std::sync::Arc;
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
@@ -144,7 +143,7 @@ pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> Block
         content.parent,
         cache.blocks.tokens(b),
         &content.images,
-        &content.scope,
+        cache.scopes.get(content.scope),
         cache.block_size,
         b.medium,
     );
@@ -214,11 +213,12 @@ pub fn commit_computed(
         let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
         cache.blocks.set_tokens(medium, page, keyed);
         if events.enabled() {
-            group.push(key, parent, keyed, &runs, &request.scope, bs, medium);
+            group.push(key, parent, keyed, &runs, cache.scopes.get(request.scope), bs, medium);
         }
+        cache.scopes.retain(request.scope);
         cache.blocks.content.insert(
             block_id,
-            BlockContent { parent, depth: i, scope: Arc::clone(&request.scope), images: runs.clone() },
+            BlockContent { parent, depth: i, scope: request.scope, images: runs.clone() },
         );
     }
     group.flush(events);

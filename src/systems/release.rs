@@ -16,6 +16,7 @@ pub fn release_request(
     cache: &mut KvCache,
 ) -> Result<(), RequestError> {
     let request = requests.rows.remove(id).ok_or(RequestError::UnknownRequest)?;
+    cache.scopes.release(request.scope);
     for item in request.items {
         items.rows.remove(item);
     }

@@ -7,13 +7,11 @@
 //! advertised block must be re-advertisable (offload, onboard, snapshot) after
 //! the request that wrote it is gone.
 
-use std::sync::Arc;
-
 use slotmap::{SecondaryMap, SlotMap};
 
 use crate::ids::BlockId;
 use crate::keys::{BlockKey, ImageRun};
-use crate::tables::RequestScope;
+use crate::resources::ScopeId;
 
 /// The tier a block lives in. Wire names are `"GPU"` and `"CPU"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,7 +58,7 @@ pub struct BlockContent {
     /// Position of the block in its chain (0 for the first).
     pub depth: u32,
     /// LoRA and salt of the chain.
-    pub scope: Arc<RequestScope>,
+    pub scope: ScopeId,
     /// Image runs inside the block, in block order.
     pub images: Vec<ImageRun>,
 }

@@ -6,10 +6,11 @@ use slotmap::SlotMap;
 
 use crate::ids::{BlockId, MmItemId, RequestId};
 use crate::keys::{BlockKey, ImageDigest};
+use crate::resources::ScopeId;
 
 /// What scopes a request's cache chain, shared by every block it advertises
 /// (so a block can be re-advertised after its request is gone).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RequestScope {
     /// LoRA adapter id.
     pub lora_id: Option<u32>,
@@ -41,8 +42,8 @@ pub struct Request {
     pub tokens: Vec<u32>,
     /// Tokens in the prompt.
     pub prompt_len: u32,
-    /// LoRA and salt.
-    pub scope: Arc<RequestScope>,
+    /// LoRA and salt, interned in the cache's scope table.
+    pub scope: ScopeId,
     /// The root key of the request's chain (derived from the scope).
     pub root: BlockKey,
     /// The request's image items, in the order given.
