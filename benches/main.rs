@@ -3,5 +3,6 @@
 use criterion::criterion_main;
 
 mod core_engine;
+mod cpu_time;
 
 criterion_main!(core_engine::benches);

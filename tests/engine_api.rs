@@ -8,7 +8,13 @@ use kvcore::{AdmitError, Engine, EngineConfig, MmContent, MmItemSpec, RequestErr
 const BS: u32 = 4;
 
 fn engine(blocks: u32) -> Engine {
-    Engine::new(EngineConfig { block_size_tokens: BS, blocks_device: blocks, image_placeholder_token_id: 9, ..Default::default() }).unwrap()
+    Engine::new(EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: blocks,
+        image_placeholder_token_id: 9,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 /// 12 tokens with an image over positions 2..8.
@@ -43,11 +49,21 @@ fn image_identity_is_content_not_uuid() {
     let mut e = engine(32);
     let tokens = image_prompt();
     let uuid: &[u8] = b"sku-001";
-    let spec = |content| RequestSpec { tokens: &tokens, items: vec![image_item(content)], uuids: Some(vec![Some(uuid)]), ..Default::default() };
+    let spec = |content| RequestSpec {
+        tokens: &tokens,
+        items: vec![image_item(content)],
+        uuids: Some(vec![Some(uuid)]),
+        ..Default::default()
+    };
     assert_eq!(serve(&mut e, &spec(b"red")), 0);
     assert_eq!(serve(&mut e, &spec(b"red")), 8, "same pixels, same UUID: reuse");
-    assert_eq!(serve(&mut e, &spec(b"blue")), 0 + 0, "same UUID, other pixels: no block past the text prefix");
-    let other_uuid = RequestSpec { tokens: &tokens, items: vec![image_item(b"red")], uuids: Some(vec![Some(b"sku-999")]), ..Default::default() };
+    assert_eq!(serve(&mut e, &spec(b"blue")), 0, "same UUID, other pixels: the first block already differs");
+    let other_uuid = RequestSpec {
+        tokens: &tokens,
+        items: vec![image_item(b"red")],
+        uuids: Some(vec![Some(b"sku-999")]),
+        ..Default::default()
+    };
     assert_eq!(serve(&mut e, &other_uuid), 8, "same pixels, other UUID: reuse");
     let no_uuid = RequestSpec { tokens: &tokens, items: vec![image_item(b"red")], ..Default::default() };
     assert_eq!(serve(&mut e, &no_uuid), 8, "same pixels, no UUID: reuse");
@@ -84,7 +100,8 @@ fn bad_input_is_rejected_without_trace() {
     let run = |start, len| TokenRun { start, len };
     let item = |runs| MmItemSpec { content: MmContent::Bytes(b"x"), runs };
     let bad_utf8: &[u8] = &[0xff, 0xfe];
-    let cases: Vec<(RequestSpec, fn(&AdmitError) -> bool)> = vec![
+    type Case<'a> = (RequestSpec<'a>, fn(&AdmitError) -> bool);
+    let cases: Vec<Case> = vec![
         (RequestSpec { tokens: &[], ..Default::default() }, |e| matches!(e, AdmitError::EmptyPrompt)),
         (RequestSpec { tokens: &tokens, items: vec![item(vec![run(10, 4)])], ..Default::default() }, |e| {
             matches!(e, AdmitError::RunOutOfRange { .. })
@@ -92,9 +109,14 @@ fn bad_input_is_rejected_without_trace() {
         (RequestSpec { tokens: &tokens, items: vec![item(vec![run(u32::MAX, 4)])], ..Default::default() }, |e| {
             matches!(e, AdmitError::RunOutOfRange { .. })
         }),
-        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 4)]), item(vec![run(5, 2)])], ..Default::default() }, |e| {
-            matches!(e, AdmitError::OverlappingRuns { .. })
-        }),
+        (
+            RequestSpec {
+                tokens: &tokens,
+                items: vec![item(vec![run(2, 4)]), item(vec![run(5, 2)])],
+                ..Default::default()
+            },
+            |e| matches!(e, AdmitError::OverlappingRuns { .. }),
+        ),
         (RequestSpec { tokens: &tokens, items: vec![item(vec![run(5, 2), run(2, 2)])], ..Default::default() }, |e| {
             matches!(e, AdmitError::OverlappingRuns { .. })
         }),
@@ -112,11 +134,22 @@ fn bad_input_is_rejected_without_trace() {
             },
             |e| matches!(e, AdmitError::BadDigestLength { len: 31, .. }),
         ),
-        (RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 2)])], uuids: Some(vec![]), ..Default::default() }, |e| {
-            matches!(e, AdmitError::UuidCountMismatch { uuids: 0, items: 1 })
-        }),
         (
-            RequestSpec { tokens: &tokens, items: vec![item(vec![run(2, 2)])], uuids: Some(vec![Some(bad_utf8)]), ..Default::default() },
+            RequestSpec {
+                tokens: &tokens,
+                items: vec![item(vec![run(2, 2)])],
+                uuids: Some(vec![]),
+                ..Default::default()
+            },
+            |e| matches!(e, AdmitError::UuidCountMismatch { uuids: 0, items: 1 }),
+        ),
+        (
+            RequestSpec {
+                tokens: &tokens,
+                items: vec![item(vec![run(2, 2)])],
+                uuids: Some(vec![Some(bad_utf8)]),
+                ..Default::default()
+            },
             |e| matches!(e, AdmitError::InvalidUtf8Uuid { item: 0 }),
         ),
         (RequestSpec { tokens: &[1; 40], ..Default::default() }, |e| matches!(e, AdmitError::OutOfBlocks { .. })),
@@ -274,12 +307,23 @@ fn uuid_list_and_hints() {
     // Oversized UUIDs are kept on the request but never become hints.
     let long = vec![b'u'; 257];
     let o = e
-        .add_request(&RequestSpec { tokens: &tokens, items: vec![image_item(b"z")], uuids: Some(vec![Some(&long)]), ..Default::default() })
+        .add_request(&RequestSpec {
+            tokens: &tokens,
+            items: vec![image_item(b"z")],
+            uuids: Some(vec![Some(&long)]),
+            ..Default::default()
+        })
         .unwrap();
     assert_eq!(e.counters().hint_oversized, 1);
     assert_eq!(e.request_uuids(o.id).unwrap().unwrap()[0].as_ref().map(String::len), Some(257));
     // The same pixels under a second UUID make the hint ambiguous: dropped from events.
-    let conflict = RequestSpec { tokens: &two_items[..4], items: vec![MmItemSpec { content: MmContent::Bytes(b"p"), runs: vec![TokenRun { start: 1, len: 2 }] }], uuids: Some(vec![Some(b"sku-002")]), lora_id: Some(3), ..Default::default() };
+    let conflict = RequestSpec {
+        tokens: &two_items[..4],
+        items: vec![MmItemSpec { content: MmContent::Bytes(b"p"), runs: vec![TokenRun { start: 1, len: 2 }] }],
+        uuids: Some(vec![Some(b"sku-002")]),
+        lora_id: Some(3),
+        ..Default::default()
+    };
     let c = e.add_request(&conflict).unwrap();
     e.commit(c.id, 4).unwrap();
     e.step();

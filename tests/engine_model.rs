@@ -58,7 +58,23 @@ enum Op {
 
 fn prompt_strategy() -> impl Strategy<Value = Prompt> {
     let family = 0u32..3;
-    (family, 1usize..24, prop::collection::vec(1u32..6, 0..10), prop::option::weighted(0.2, 0u32..2), prop::option::weighted(0.2, "[ab]"), prop::option::weighted(0.5, (0u8..2, prop::option::of(0u8..3), prop::sample::select(vec![0u32, 2, 4]), prop::sample::select(vec![3u32, 6]), prop::option::weighted(0.3, (0u32..3, 1u32..4)))))
+    (
+        family,
+        1usize..24,
+        prop::collection::vec(1u32..6, 0..10),
+        prop::option::weighted(0.2, 0u32..2),
+        prop::option::weighted(0.2, "[ab]"),
+        prop::option::weighted(
+            0.5,
+            (
+                0u8..2,
+                prop::option::of(0u8..3),
+                prop::sample::select(vec![0u32, 2, 4]),
+                prop::sample::select(vec![3u32, 6]),
+                prop::option::weighted(0.3, (0u32..3, 1u32..4)),
+            ),
+        ),
+    )
         .prop_map(|(family, shared, tail, lora, salt, image)| {
             let mut tokens: Vec<u32> = (0..shared as u32).map(|i| 10 + family * 100 + i).collect();
             tokens.extend(tail);
@@ -148,15 +164,27 @@ impl Model {
                         Some(p) => self.known.get(&p).expect("a stored block's parent was advertised once").clone(),
                     };
                     assert_eq!(s.token_ids.len(), s.keys.len() * BS as usize, "token ids cover every block");
-                    assert!(s.block_images.is_empty() || s.block_images.len() == s.keys.len(), "block_images: none or one per block");
+                    assert!(
+                        s.block_images.is_empty() || s.block_images.len() == s.keys.len(),
+                        "block_images: none or one per block"
+                    );
                     for (j, key) in s.keys.iter().enumerate() {
                         let mut runs: Vec<_> = s
                             .block_images
                             .get(j)
-                            .map(|rs| rs.iter().map(|r| (s.images[r.image as usize].digest.0, r.item_offset, r.block_offset, r.len)).collect())
+                            .map(|rs| {
+                                rs.iter()
+                                    .map(|r| {
+                                        (s.images[r.image as usize].digest.0, r.item_offset, r.block_offset, r.len)
+                                    })
+                                    .collect()
+                            })
                             .unwrap_or_default();
                         runs.sort_by_key(|r: &([u8; 32], u32, u32, u32)| r.2);
-                        prefix.2.push(BlockContent { tokens: s.token_ids[j * BS as usize..(j + 1) * BS as usize].to_vec(), runs });
+                        prefix.2.push(BlockContent {
+                            tokens: s.token_ids[j * BS as usize..(j + 1) * BS as usize].to_vec(),
+                            runs,
+                        });
                         let same = self.known.entry(*key).or_insert_with(|| prefix.clone());
                         assert_eq!(*same, prefix, "one key, one content");
                         let old = self.advertised.insert(*key, (s.medium, prefix.clone()));
@@ -198,7 +226,14 @@ fn spec_of(p: &Prompt, dummy: bool) -> (Vec<[u8; 64]>, Vec<Option<Vec<u8>>>) {
 }
 
 fn run_ops(ops: Vec<Op>) {
-    let config = EngineConfig { block_size_tokens: BS, blocks_device: 24, image_placeholder_token_id: PLACEHOLDER, requests_max: 8, routing_hints_max: 2, ..Default::default() };
+    let config = EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: 24,
+        image_placeholder_token_id: PLACEHOLDER,
+        requests_max: 8,
+        routing_hints_max: 2,
+        ..Default::default()
+    };
     let mut engine = Engine::new(config).unwrap();
     let mut model = Model::default();
     let mut live: Vec<Live> = Vec::new();
@@ -210,7 +245,10 @@ fn run_ops(ops: Vec<Op>) {
                     .images
                     .iter()
                     .zip(&contents)
-                    .map(|(i, c)| MmItemSpec { content: MmContent::Bytes(c), runs: i.runs.iter().map(|&(start, len)| TokenRun { start, len }).collect() })
+                    .map(|(i, c)| MmItemSpec {
+                        content: MmContent::Bytes(c),
+                        runs: i.runs.iter().map(|&(start, len)| TokenRun { start, len }).collect(),
+                    })
                     .collect();
                 let uuid_refs: Vec<Option<&[u8]>> = uuids.iter().map(|u| u.as_deref()).collect();
                 let spec = RequestSpec {
@@ -230,7 +268,13 @@ fn run_ops(ops: Vec<Op>) {
                         live.push(Live { id: a.id, tokens: prompt.tokens.clone(), prompt, computed: a.tokens_cached });
                     }
                     Err(e) => {
-                        assert!(matches!(e, kvcore::AdmitError::OutOfBlocks { .. } | kvcore::AdmitError::TooManyRequests { .. }), "{e}");
+                        assert!(
+                            matches!(
+                                e,
+                                kvcore::AdmitError::OutOfBlocks { .. } | kvcore::AdmitError::TooManyRequests { .. }
+                            ),
+                            "{e}"
+                        );
                         let after = (engine.requests_live(), engine.blocks_free_device(), engine.blocks_cached());
                         assert_eq!(before, after, "a rejected request leaves nothing behind");
                     }

@@ -37,7 +37,11 @@ fn documented_vectors_hold() {
     assert_eq!(b0.wire_hash().0.to_string(), v["b0_wire"]);
     let img = ImageDigest::of_content(b"kvcore test image");
     assert_eq!(hex(&img.0), v["img"]);
-    let b1 = block_key(&b0, &[5, 151655, 151655, 151655], &[ImageRun { digest: img, item_offset: 0, block_offset: 1, len: 3 }]);
+    let b1 = block_key(
+        &b0,
+        &[5, 151655, 151655, 151655],
+        &[ImageRun { digest: img, item_offset: 0, block_offset: 1, len: 3 }],
+    );
     assert_eq!(hex(&b1.0), v["b1"]);
     let b2 = block_key(&b1, &[151655, 6, 7, 8], &[ImageRun { digest: img, item_offset: 3, block_offset: 0, len: 1 }]);
     assert_eq!(hex(&b2.0), v["b2"]);
@@ -58,7 +62,10 @@ fn engine_uses_the_documented_recipe() {
     let tokens = [1, 2, 3, 4, 5, 0, 0, 0, 0, 6, 7, 8, 9];
     let spec = RequestSpec {
         tokens: &tokens,
-        items: vec![MmItemSpec { content: MmContent::Bytes(b"kvcore test image"), runs: vec![TokenRun { start: 5, len: 4 }] }],
+        items: vec![MmItemSpec {
+            content: MmContent::Bytes(b"kvcore test image"),
+            runs: vec![TokenRun { start: 5, len: 4 }],
+        }],
         ..Default::default()
     };
     let a = e.add_request(&spec).unwrap();

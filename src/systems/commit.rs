@@ -3,7 +3,6 @@
 //! and are advertised with a `BlockStored` event. A block is never matchable,
 //! nor advertised, before that.
 
-
 use crate::config::EngineConfig;
 use crate::error::RequestError;
 use crate::events::{BlockStored, EventImage, EventImageRun, EventQueue};
@@ -72,6 +71,10 @@ pub fn key_of_block(
 /// Builds `BlockStored` events for a run of consecutive blocks of one chain.
 struct StoredGroup {
     event: Option<BlockStored>,
+    /// Blocks the event will probably hold, to size its vectors once.
+    blocks_hint: usize,
+    block_size: u32,
+    medium: Medium,
 }
 
 impl StoredGroup {
@@ -82,14 +85,13 @@ impl StoredGroup {
         tokens: &[u32],
         runs: &[ImageRun],
         scope: &RequestScope,
-        block_size: u32,
-        medium: Medium,
     ) {
+        let (blocks_hint, block_size, medium) = (self.blocks_hint, self.block_size, self.medium);
         let e = self.event.get_or_insert_with(|| BlockStored {
             event_seq: 0,
-            keys: Vec::new(),
+            keys: Vec::with_capacity(blocks_hint),
             parent,
-            token_ids: Vec::new(),
+            token_ids: Vec::with_capacity(blocks_hint * block_size as usize),
             block_size,
             lora_id: scope.lora_id,
             lora_name: scope.lora_name.clone(),
@@ -137,15 +139,13 @@ impl StoredGroup {
 pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> BlockStored {
     let b = &cache.blocks.rows[id];
     let content = &cache.blocks.content[id];
-    let mut g = StoredGroup { event: None };
+    let mut g = StoredGroup { event: None, blocks_hint: 1, block_size: cache.block_size, medium: b.medium };
     g.push(
         b.key.expect("indexed blocks have keys"),
         content.parent,
         cache.blocks.tokens(b),
         &content.images,
         cache.scopes.get(content.scope),
-        cache.block_size,
-        b.medium,
     );
     g.event.expect("one block was pushed")
 }
@@ -177,7 +177,12 @@ pub fn commit_computed(
     }
     let mut scratch = Vec::new();
     let mut runs = Vec::new();
-    let mut group = StoredGroup { event: None };
+    let mut group = StoredGroup {
+        event: None,
+        blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
+        block_size: bs,
+        medium: Medium::Gpu,
+    };
     for i in request.blocks_committed..full {
         let start = i * bs;
         let tokens = &request.tokens[start as usize..(start + bs) as usize];
@@ -200,26 +205,29 @@ pub fn commit_computed(
         };
         let block_id = request.blocks[i as usize];
         let block = &mut cache.blocks.rows[block_id];
-        if block.key.is_some() || cache.index.map.contains_key(&key) {
-            // A block matched at admission, or a private copy of a cached key.
-            block.key = Some(key);
-            group.flush(events);
-            continue;
-        }
+        let matched = block.key.is_some();
         block.key = Some(key);
+        let entry = match cache.index.map.entry(key) {
+            std::collections::hash_map::Entry::Vacant(v) if !matched => v,
+            // A block matched at admission, or a private copy of a cached key.
+            _ => {
+                group.flush(events);
+                continue;
+            }
+        };
+        entry.insert(block_id);
         block.indexed = true;
         let (medium, page) = (block.medium, block.page);
-        cache.index.map.insert(key, block_id);
         let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
         cache.blocks.set_tokens(medium, page, keyed);
         if events.enabled() {
-            group.push(key, parent, keyed, &runs, cache.scopes.get(request.scope), bs, medium);
+            group.push(key, parent, keyed, &runs, cache.scopes.get(request.scope));
         }
         cache.scopes.retain(request.scope);
-        cache.blocks.content.insert(
-            block_id,
-            BlockContent { parent, depth: i, scope: request.scope, images: runs.clone() },
-        );
+        cache
+            .blocks
+            .content
+            .insert(block_id, BlockContent { parent, depth: i, scope: request.scope, images: runs.clone() });
     }
     group.flush(events);
     request.blocks_committed = full;

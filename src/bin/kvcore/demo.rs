@@ -16,7 +16,12 @@ fn show(engine: &mut Engine) {
                     .iter()
                     .map(|i| format!("{}..(uuid {})", &i.digest.to_hex()[..12], i.uuid.as_deref().unwrap_or("-")))
                     .collect();
-                println!("    BlockStored  {} [{}] images [{}]", s.medium.as_str(), hashes.join(", "), images.join(", "));
+                println!(
+                    "    BlockStored  {} [{}] images [{}]",
+                    s.medium.as_str(),
+                    hashes.join(", "),
+                    images.join(", ")
+                );
             }
             KvEvent::BlockRemoved(r) => {
                 let hashes: Vec<String> = r.keys.iter().map(|k| format!("{:016x}", k.wire_hash().0 as u64)).collect();
@@ -57,18 +62,36 @@ pub fn run() {
     let mut with_image = system.clone();
     with_image.extend(std::iter::repeat_n(pad, 32));
     with_image.extend(4000..4008);
-    let image = |pixels: &'static [u8]| MmItemSpec { content: MmContent::Bytes(pixels), runs: vec![TokenRun { start: 32, len: 32 }] };
+    let image = |pixels: &'static [u8]| MmItemSpec {
+        content: MmContent::Bytes(pixels),
+        runs: vec![TokenRun { start: 32, len: 32 }],
+    };
     let uuid: &[u8] = b"sku-001";
-    let spec = |pixels| RequestSpec { tokens: &with_image, items: vec![image(pixels)], uuids: Some(vec![Some(uuid)]), ..Default::default() };
+    let spec = |pixels| RequestSpec {
+        tokens: &with_image,
+        items: vec![image(pixels)],
+        uuids: Some(vec![Some(uuid)]),
+        ..Default::default()
+    };
     serve(&mut engine, "3. image request, UUID sku-001", &spec(b"red pixels"));
     serve(&mut engine, "4. the same image again", &spec(b"red pixels"));
     serve(&mut engine, "5. same UUID, different pixels (must not reuse the image blocks)", &spec(b"blue pixels"));
 
     let long: Vec<u32> = (5000..5150).collect();
-    serve(&mut engine, "6. a long request that needs the cache's room (evicts LRU blocks)", &RequestSpec { tokens: &long, ..Default::default() });
+    serve(
+        &mut engine,
+        "6. a long request that needs the cache's room (evicts LRU blocks)",
+        &RequestSpec { tokens: &long, ..Default::default() },
+    );
     let c = engine.counters();
     println!(
         "\ncounters: {} requests, {} tokens from cache, {} computed, {} blocks evicted, hint hits {} misses {} conflicts {}",
-        c.requests_admitted, c.tokens_cached, c.tokens_uncached, c.blocks_evicted_device, c.hint_hits, c.hint_misses, c.hint_conflicts
+        c.requests_admitted,
+        c.tokens_cached,
+        c.tokens_uncached,
+        c.blocks_evicted_device,
+        c.hint_hits,
+        c.hint_misses,
+        c.hint_conflicts
     );
 }
