@@ -139,7 +139,6 @@ fn request_blocks(p: &Prompt, tokens: &[u32], blocks: usize) -> Vec<BlockContent
 
 struct Live {
     id: RequestId,
-    prompt: Prompt,
     tokens: Vec<u32>,
     computed: u32,
 }
@@ -218,10 +217,10 @@ impl Model {
     }
 }
 
-fn spec_of(p: &Prompt, dummy: bool) -> (Vec<[u8; 64]>, Vec<Option<Vec<u8>>>) {
+/// Image contents and UUIDs of a prompt, owned so the spec can borrow them.
+fn spec_of(p: &Prompt) -> (Vec<[u8; 64]>, Vec<Option<Vec<u8>>>) {
     let contents = p.images.iter().map(|i| [i.content; 64]).collect();
     let uuids = p.images.iter().map(|i| i.uuid.map(|u| format!("uuid-{u}").into_bytes())).collect();
-    let _ = dummy;
     (contents, uuids)
 }
 
@@ -240,7 +239,7 @@ fn run_ops(ops: Vec<Op>) {
     for op in ops {
         match op {
             Op::Admit { prompt, dummy } => {
-                let (contents, uuids) = spec_of(&prompt, dummy);
+                let (contents, uuids) = spec_of(&prompt);
                 let items = prompt
                     .images
                     .iter()
@@ -265,7 +264,7 @@ fn run_ops(ops: Vec<Op>) {
                 match engine.add_request(&spec) {
                     Ok(a) => {
                         assert_eq!(a.tokens_cached, expected, "admission matches the longest advertised prefix");
-                        live.push(Live { id: a.id, tokens: prompt.tokens.clone(), prompt, computed: a.tokens_cached });
+                        live.push(Live { id: a.id, tokens: prompt.tokens.clone(), computed: a.tokens_cached });
                     }
                     Err(e) => {
                         assert!(
