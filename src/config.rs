@@ -18,6 +18,13 @@ pub struct EngineConfig {
     /// Whether finished requests leave their blocks matchable (prefix reuse).
     /// Off: blocks are never indexed and no events are produced.
     pub block_reuse: bool,
+    /// Partial reuse: a prompt that shares `k` tokens (0 < k < block size)
+    /// with a cached block gets a fresh block with those tokens copied in (a
+    /// [`crate::resources::BlockCopy`] of `k` tokens) instead of recomputing
+    /// them. Off by default, because the caller must then perform the copies
+    /// that `Engine::step` returns before the forward pass (the GPU system
+    /// does when a KV pool is attached).
+    pub partial_reuse: bool,
     /// Whether KV-cache events are produced at all.
     pub kv_events: bool,
     /// The model's image placeholder token id, written at image positions in
@@ -44,6 +51,7 @@ impl Default for EngineConfig {
             blocks_device: 4096,
             blocks_host: 0,
             block_reuse: true,
+            partial_reuse: false,
             kv_events: true,
             image_placeholder_token_id: QWEN_IMAGE_PAD_TOKEN,
             requests_max: 1024,

@@ -332,3 +332,61 @@ fn uuid_list_and_hints() {
     assert_eq!(s.images[0].uuid, None, "an ambiguous hint never reaches the wire");
     assert_eq!(e.counters().hint_conflicts, 1);
 }
+
+/// Partial reuse: a prompt sharing k < block size tokens with a cached block
+/// gets a fresh block and one copy of those k tokens from the cached page,
+/// counted as cached; off, nothing is copied. Image positions stop the shared run.
+#[test]
+fn partial_reuse_copies_the_shared_tokens() {
+    use kvcore::resources::{BlockCopy, PageRef};
+    let config = EngineConfig { block_size_tokens: BS, blocks_device: 16, partial_reuse: true, ..Default::default() };
+    let mut e = Engine::new(config.clone()).unwrap();
+    let first: Vec<u32> = (1..=12).collect();
+    let a = e.add_request(&RequestSpec { tokens: &first, ..Default::default() }).unwrap();
+    let a_pages = e.block_table(a.id).unwrap();
+    e.commit(a.id, 12).unwrap();
+    e.finish(a.id).unwrap();
+    e.step();
+    // Shares block 0 fully and 5, 6 of block 1.
+    let second = [1, 2, 3, 4, 5, 6, 70, 80, 90];
+    let b = e.add_request(&RequestSpec { tokens: &second, ..Default::default() }).unwrap();
+    assert_eq!(b.tokens_cached, 6);
+    let b_pages = e.block_table(b.id).unwrap();
+    assert_eq!(b_pages[0], a_pages[0], "the full block is shared");
+    assert_ne!(b_pages[1], a_pages[1], "the partial block is a fresh page");
+    let copies = e.step();
+    let gpu = |page| PageRef { medium: kvcore::Medium::Gpu, page };
+    assert_eq!(copies, vec![BlockCopy { src: gpu(a_pages[1]), dst: gpu(b_pages[1]), tokens: 2 }]);
+    assert_eq!(e.request_info(b.id).unwrap().tokens_computed, 6);
+    assert_eq!(e.counters().blocks_partially_reused, 1);
+    // The partial block is committed normally once the rest is computed.
+    e.commit(b.id, 9).unwrap();
+    e.finish(b.id).unwrap();
+    e.check_invariants();
+    // A first block shared in part: found among the scope's first blocks.
+    let third = [1, 2, 3, 50, 60];
+    let c = e.add_request(&RequestSpec { tokens: &third, ..Default::default() }).unwrap();
+    assert_eq!(c.tokens_cached, 3);
+    e.cancel(c.id).unwrap();
+    // At least one prompt token is always left to compute.
+    let short = [1, 2, 3];
+    let d = e.add_request(&RequestSpec { tokens: &short, ..Default::default() }).unwrap();
+    assert_eq!(d.tokens_cached, 2);
+    e.cancel(d.id).unwrap();
+    // An image position ends the shared run, even where placeholder tokens agree.
+    let with_image = [1, 2, 3, 9, 9];
+    let img = MmItemSpec { content: MmContent::Bytes(b"i"), runs: vec![TokenRun { start: 3, len: 2 }] };
+    let f = e.add_request(&RequestSpec { tokens: &with_image, items: vec![img], ..Default::default() }).unwrap();
+    assert_eq!(f.tokens_cached, 3);
+    e.cancel(f.id).unwrap();
+    e.step();
+    // Off: the same prompt matches full blocks only and nothing is copied.
+    let mut off = Engine::new(EngineConfig { partial_reuse: false, ..config }).unwrap();
+    let a = off.add_request(&RequestSpec { tokens: &first, ..Default::default() }).unwrap();
+    off.commit(a.id, 12).unwrap();
+    off.finish(a.id).unwrap();
+    off.step();
+    let b = off.add_request(&RequestSpec { tokens: &second, ..Default::default() }).unwrap();
+    assert_eq!(b.tokens_cached, 4);
+    assert!(off.step().is_empty());
+}

@@ -10,8 +10,9 @@ use ahash::AHashMap;
 
 use crate::ids::BlockId;
 use crate::keys::BlockKey;
+use crate::resources::ScopeId;
 use crate::resources::{Lru, Scopes};
-use crate::tables::{KvBlock, KvBlocks, Medium};
+use crate::tables::{KvBlock, KvBlocks, Medium, SiblingLink};
 
 /// A page in one tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,6 +33,31 @@ pub struct BlockCopy {
     pub dst: PageRef,
     /// Leading tokens to copy: the whole block, or a prefix for partial reuse.
     pub tokens: u32,
+}
+
+/// Splits an ordered list of copies into waves that may each run as one
+/// batched launch: a new wave starts whenever a copy would read or write a
+/// page that an earlier copy of the current wave writes, or write a page that
+/// it reads. Running the waves in order gives the same result as running the
+/// copies one by one (an offload that frees a device page and an onboard that
+/// fills it in the same step stay ordered). Returns the end index of each wave.
+pub fn copy_waves(copies: &[BlockCopy]) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut reads = ahash::AHashSet::new();
+    let mut writes = ahash::AHashSet::new();
+    for (i, c) in copies.iter().enumerate() {
+        if writes.contains(&c.src) || writes.contains(&c.dst) || reads.contains(&c.dst) {
+            ends.push(i);
+            reads.clear();
+            writes.clear();
+        }
+        reads.insert(c.src);
+        writes.insert(c.dst);
+    }
+    if !copies.is_empty() {
+        ends.push(copies.len());
+    }
+    ends
 }
 
 /// Free pages and eviction order of each tier.
@@ -143,11 +169,61 @@ impl KvCache {
         self.pool.free(b.medium).push(b.page);
     }
 
-    /// Drops a block's re-advertising content and its scope reference.
+    /// Drops a block's re-advertising content and its scope reference,
+    /// unlinking it from its siblings.
     pub fn remove_content(&mut self, id: BlockId) {
+        self.unlink_child(id);
         if let Some(c) = self.blocks.content.remove(id) {
             self.scopes.release(c.scope);
         }
+    }
+
+    /// The head of the children list of `parent` (a block, or the scope's
+    /// root list), or `None` when that parent is gone or not indexed.
+    fn children_head(&mut self, parent: Option<BlockId>, scope: ScopeId) -> Option<&mut Option<BlockId>> {
+        match parent {
+            Some(p) => self.blocks.content.get_mut(p).map(|c| &mut c.first_child),
+            None => Some(self.scopes.root_children_mut(scope)),
+        }
+    }
+
+    /// Links an indexed block at the head of its parent's children list, so
+    /// that partial reuse can find it. A parent that is not indexed has no
+    /// list: the block then stays unlinked.
+    pub fn link_child(&mut self, id: BlockId, parent: Option<BlockId>) {
+        let scope = self.blocks.content[id].scope;
+        let Some(head) = self.children_head(parent, scope) else { return };
+        let next = head.replace(id);
+        if let Some(n) = next {
+            let link = self.blocks.content[n].link.as_mut().expect("listed blocks are linked");
+            link.prev = Some(id);
+        }
+        self.blocks.content[id].link = Some(SiblingLink { parent, prev: None, next });
+    }
+
+    /// Removes a block from its parent's children list, if it is in one.
+    fn unlink_child(&mut self, id: BlockId) {
+        let Some(c) = self.blocks.content.get_mut(id) else { return };
+        let Some(link) = c.link.take() else { return };
+        let scope = c.scope;
+        if let Some(n) = link.next {
+            self.blocks.content[n].link.as_mut().expect("listed blocks are linked").prev = link.prev;
+        }
+        match link.prev {
+            Some(p) => self.blocks.content[p].link.as_mut().expect("listed blocks are linked").next = link.next,
+            None => {
+                if let Some(head) = self.children_head(link.parent, scope)
+                    && *head == Some(id)
+                {
+                    *head = link.next;
+                }
+            }
+        }
+    }
+
+    /// Indexed device blocks in the children list starting at `head`, at most `max`.
+    pub fn children(&self, head: Option<BlockId>, max: usize) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::successors(head, move |id| self.blocks.content[*id].link.and_then(|l| l.next)).take(max)
     }
 
     /// Device blocks that an allocation could get now: free pages plus
@@ -164,6 +240,8 @@ impl KvCache {
     /// 3. The index and the table agree: every entry names a live, indexed block
     ///    with that key, and every indexed block is the entry for its key.
     /// 4. Indexed blocks have re-advertising content; others have none.
+    /// 5. Sibling lists are well formed: links are symmetric, a head is
+    ///    the head of its parent's list, and every list member names it.
     pub fn check_invariants(&self) {
         let mut used = [0usize; 2];
         let mut seen = ahash::AHashSet::new();
@@ -186,9 +264,75 @@ impl KvCache {
         }
         assert_eq!(used[0] + self.pool.free_device.len(), self.pool.pages_device as usize, "invariant 1: device pages");
         assert_eq!(used[1] + self.pool.free_host.len(), self.pool.pages_host as usize, "invariant 1: host pages");
+        for (id, c) in &self.blocks.content {
+            let Some(link) = c.link else { continue };
+            if let Some(n) = link.next {
+                assert_eq!(
+                    self.blocks.content[n].link.and_then(|l| l.prev),
+                    Some(id),
+                    "invariant 5: next.prev of {id:?}"
+                );
+                assert_eq!(
+                    self.blocks.content[n].link.map(|l| l.parent),
+                    Some(link.parent),
+                    "invariant 5: siblings share a parent"
+                );
+            }
+            match link.prev {
+                Some(p) => assert_eq!(
+                    self.blocks.content[p].link.and_then(|l| l.next),
+                    Some(id),
+                    "invariant 5: prev.next of {id:?}"
+                ),
+                None => {
+                    let head = match link.parent {
+                        Some(p) => self.blocks.content.get(p).map(|pc| pc.first_child),
+                        None => Some(*self.scopes.root_children(c.scope)),
+                    };
+                    if let Some(head) = head {
+                        assert_eq!(head, Some(id), "invariant 5: a list's first member is its head");
+                    }
+                }
+            }
+            if let Some(first) = c.first_child {
+                let l = self.blocks.content[first].link.expect("invariant 5: a head is linked");
+                assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
+            }
+        }
         for (key, id) in &self.index.map {
             let b = self.blocks.rows.get(*id).expect("invariant 3: index names a live block");
             assert!(b.indexed && b.key == Some(*key), "invariant 3: index entry matches its block");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(src: (Medium, u32), dst: (Medium, u32)) -> BlockCopy {
+        BlockCopy {
+            src: PageRef { medium: src.0, page: src.1 },
+            dst: PageRef { medium: dst.0, page: dst.1 },
+            tokens: 1,
+        }
+    }
+
+    /// Independent copies share one wave; an onboard into a page that an
+    /// offload of the same step reads, or a chain through one page, splits.
+    #[test]
+    fn waves_split_only_at_hazards() {
+        use Medium::{Cpu, Gpu};
+        assert_eq!(copy_waves(&[]), Vec::<usize>::new());
+        assert_eq!(copy_waves(&[copy((Gpu, 1), (Cpu, 1)), copy((Gpu, 2), (Cpu, 2))]), vec![2]);
+        // Offload reads GPU page 1; onboard writes GPU page 1: write-after-read.
+        assert_eq!(copy_waves(&[copy((Gpu, 1), (Cpu, 1)), copy((Cpu, 9), (Gpu, 1))]), vec![1, 2]);
+        // A copy reading what the previous one wrote: read-after-write.
+        assert_eq!(copy_waves(&[copy((Cpu, 9), (Gpu, 3)), copy((Gpu, 3), (Gpu, 4))]), vec![1, 2]);
+        // Two writes to one page: write-after-write.
+        assert_eq!(
+            copy_waves(&[copy((Gpu, 1), (Gpu, 5)), copy((Gpu, 2), (Gpu, 5)), copy((Gpu, 7), (Gpu, 8))]),
+            vec![1, 3]
+        );
     }
 }

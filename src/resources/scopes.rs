@@ -11,6 +11,7 @@
 use ahash::AHashMap;
 use slotmap::SlotMap;
 
+use crate::ids::BlockId;
 use crate::tables::RequestScope;
 
 slotmap::new_key_type! {
@@ -22,6 +23,8 @@ slotmap::new_key_type! {
 struct ScopeRow {
     scope: RequestScope,
     refs: u32,
+    /// Head of the list of indexed first blocks of this scope's chains.
+    root_children: Option<BlockId>,
 }
 
 /// The scope table.
@@ -40,7 +43,7 @@ impl Scopes {
                 id
             }
             None => {
-                let id = self.rows.insert(ScopeRow { scope: scope.clone(), refs: 1 });
+                let id = self.rows.insert(ScopeRow { scope: scope.clone(), refs: 1, root_children: None });
                 self.by_value.insert(scope, id);
                 id
             }
@@ -60,6 +63,21 @@ impl Scopes {
             let row = self.rows.remove(id).expect("live scope");
             self.by_value.remove(&row.scope);
         }
+    }
+
+    /// The id of a scope, if it is alive.
+    pub fn find(&self, scope: &RequestScope) -> Option<ScopeId> {
+        self.by_value.get(scope).copied()
+    }
+
+    /// The head of a scope's list of indexed first blocks (read only).
+    pub fn root_children(&self, id: ScopeId) -> &Option<BlockId> {
+        &self.rows[id].root_children
+    }
+
+    /// The head of a scope's list of indexed first blocks.
+    pub fn root_children_mut(&mut self, id: ScopeId) -> &mut Option<BlockId> {
+        &mut self.rows[id].root_children
     }
 
     /// The scope behind an id.

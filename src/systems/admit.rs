@@ -8,7 +8,7 @@ use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
 use crate::keys::{BlockKey, ImageDigest, KeyScope, root_key};
-use crate::resources::{Counters, HintInsert, KvCache, RoutingHints};
+use crate::resources::{BlockCopy, Counters, HintInsert, KvCache, PageRef, RoutingHints};
 use crate::systems::{allocate, commit, evict};
 use crate::tables::{FlatRun, Medium, MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
 
@@ -205,10 +205,19 @@ pub fn admit_request(
         }
     }
 
+    // Partial reuse of the next block: a cached device sibling that shares a
+    // leading run of text tokens with it.
+    let partial = if config.partial_reuse && config.block_reuse && !spec.dummy {
+        find_partial(cache, &valid.runs, spec, &matched, bs)
+    } else {
+        None
+    };
+
     // Capacity: every new block and every onboarded block needs a device page.
     let blocks_total = prompt_len.div_ceil(bs) as usize;
     let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Medium::Cpu).count();
-    let pinned_from_lru = matched.iter().filter(|b| cache.pool.lru_device.contains(**b)).count();
+    let pinned_from_lru =
+        matched.iter().chain(partial.as_ref().map(|p| &p.0)).filter(|b| cache.pool.lru_device.contains(**b)).count();
     let needed = blocks_total - matched.len() + on_host;
     let available = cache.device_blocks_available() - pinned_from_lru;
     if needed > available {
@@ -237,6 +246,14 @@ pub fn admit_request(
             }
         }
     }
+    // The partial source is pinned too, while onboarding and allocation may evict.
+    if let Some((source, _)) = partial {
+        let row = &mut cache.blocks.rows[source];
+        if row.ref_count == 0 {
+            cache.pool.lru_device.remove(source);
+        }
+        row.ref_count += 1;
+    }
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {
         if cache.blocks.rows[b].medium == Medium::Cpu {
@@ -245,8 +262,23 @@ pub fn admit_request(
         blocks.push(b);
     }
     allocate::allocate_device_blocks(cache, blocks_total - matched.len(), &mut blocks, events, counters);
+    let mut tokens_cached = matched.len() as u32 * bs;
+    if let Some((source, k)) = partial {
+        let dst = cache.blocks.rows[blocks[matched.len()]].page;
+        let row = &mut cache.blocks.rows[source];
+        cache.copies.push(BlockCopy {
+            src: PageRef { medium: Medium::Gpu, page: row.page },
+            dst: PageRef { medium: Medium::Gpu, page: dst },
+            tokens: k,
+        });
+        row.ref_count -= 1;
+        if row.ref_count == 0 {
+            cache.pool.lru_device.push_back(source);
+        }
+        tokens_cached += k;
+        counters.blocks_partially_reused += 1;
+    }
 
-    let tokens_cached = matched.len() as u32 * bs;
     let id = requests.rows.insert(Request {
         tokens: spec.tokens.to_vec(),
         prompt_len,
@@ -281,6 +313,61 @@ pub fn admit_request(
     counters.tokens_cached += tokens_cached as u64;
     counters.tokens_uncached += (prompt_len - tokens_cached) as u64;
     Ok(Admission { id, tokens_cached, tokens_onboarded: on_host as u32 * bs })
+}
+
+/// Siblings scanned for partial reuse, so admission stays O(1) per block.
+const PARTIAL_CANDIDATES_MAX: usize = 32;
+
+/// Finds the cached device block that shares the longest leading run of text
+/// tokens with the request's first unmatched block, among the indexed
+/// children of the last matched block (or the scope's first blocks). Leaves at
+/// least one prompt token to compute, stops at the first image position on
+/// either side (image content is compared only through full-block keys), and
+/// returns the source block and the shared token count.
+fn find_partial(
+    cache: &KvCache,
+    runs: &[FlatRun],
+    spec: &RequestSpec<'_>,
+    matched: &[BlockId],
+    bs: u32,
+) -> Option<(BlockId, u32)> {
+    let start = matched.len() as u32 * bs;
+    let prompt_len = spec.tokens.len() as u32;
+    let mut limit = (bs - 1).min(prompt_len.saturating_sub(start + 1));
+    let first_run = runs.iter().find(|r| r.start + r.len > start).map(|r| r.start.saturating_sub(start));
+    if let Some(offset) = first_run {
+        limit = limit.min(offset);
+    }
+    if limit == 0 {
+        return None;
+    }
+    let head = match matched.last() {
+        Some(&parent) => cache.blocks.content.get(parent)?.first_child,
+        None => {
+            let scope = cache.scopes.find(&RequestScope {
+                lora_id: spec.lora_id,
+                lora_name: spec.lora_name.map(Arc::from),
+                cache_salt: spec.cache_salt.map(Arc::from),
+            })?;
+            *cache.scopes.root_children(scope)
+        }
+    };
+    let want = &spec.tokens[start as usize..(start + limit) as usize];
+    let mut best: Option<(BlockId, u32)> = None;
+    for id in cache.children(head, PARTIAL_CANDIDATES_MAX) {
+        let row = &cache.blocks.rows[id];
+        if row.medium != Medium::Gpu {
+            continue;
+        }
+        let content = &cache.blocks.content[id];
+        let cap = content.images.first().map_or(limit, |r| r.block_offset.min(limit));
+        let have = cache.blocks.tokens(row);
+        let k = want[..cap as usize].iter().zip(have).take_while(|(a, b)| a == b).count() as u32;
+        if k > best.map_or(0, |b| b.1) {
+            best = Some((id, k));
+        }
+    }
+    best
 }
 
 /// Pairs each item's digest with its UUID in the routing-hint table. Items

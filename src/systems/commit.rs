@@ -224,10 +224,28 @@ pub fn commit_computed(
             group.push(key, parent, keyed, &runs, cache.scopes.get(request.scope));
         }
         cache.scopes.retain(request.scope);
-        cache
-            .blocks
-            .content
-            .insert(block_id, BlockContent { parent, depth: i, scope: request.scope, images: runs.clone() });
+        cache.blocks.content.insert(
+            block_id,
+            BlockContent {
+                parent,
+                depth: i,
+                scope: request.scope,
+                images: runs.clone(),
+                link: None,
+                first_child: None,
+            },
+        );
+        // Listed under its parent for partial reuse, when the parent is the
+        // indexed copy of its key (a private duplicate parent has no list).
+        let parent_block = if i == 0 {
+            Some(None)
+        } else {
+            let p = request.blocks[i as usize - 1];
+            cache.blocks.rows[p].indexed.then_some(Some(p))
+        };
+        if let Some(parent_block) = parent_block {
+            cache.link_child(block_id, parent_block);
+        }
     }
     group.flush(events);
     request.blocks_committed = full;

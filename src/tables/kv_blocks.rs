@@ -61,6 +61,23 @@ pub struct BlockContent {
     pub scope: ScopeId,
     /// Image runs inside the block, in block order.
     pub images: Vec<ImageRun>,
+    /// Sibling links for partial reuse: the indexed blocks that extend the
+    /// same parent form a list, headed by the parent's `first_child` (or the
+    /// scope's root list for first blocks). `None` when not linked.
+    pub link: Option<SiblingLink>,
+    /// Head of this block's list of indexed children.
+    pub first_child: Option<BlockId>,
+}
+
+/// A block's place in its parent's list of children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiblingLink {
+    /// The parent block (`None`: the chain's root, listed in the scope).
+    pub parent: Option<BlockId>,
+    /// Previous sibling (`None`: this block is the head).
+    pub prev: Option<BlockId>,
+    /// Next sibling.
+    pub next: Option<BlockId>,
 }
 
 /// The KV block table.
