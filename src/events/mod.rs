@@ -6,6 +6,7 @@
 //! the codec is a pure function of them.
 
 mod queue;
+pub mod wire;
 
 pub use queue::{EventBatch, EventQueue};
 
