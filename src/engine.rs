@@ -13,6 +13,7 @@
 
 use crate::config::EngineConfig;
 use crate::error::{AdmitError, ConfigError, RequestError};
+use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
 use crate::ids::RequestId;
 use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
@@ -47,6 +48,8 @@ pub struct Engine {
     events: EventQueue,
     counters: Counters,
     step_index: u64,
+    /// Optional out-of-process stream: fed one batch per step.
+    publisher: Option<Publisher>,
 }
 
 impl Engine {
@@ -61,6 +64,7 @@ impl Engine {
             events: EventQueue::new(config.kv_events && config.block_reuse),
             counters: Counters::default(),
             step_index: 0,
+            publisher: None,
             config,
         })
     }
@@ -142,12 +146,34 @@ impl Engine {
     /// Closes the step: returns the block copies to perform before the next
     /// forward pass and makes the step's events drainable.
     pub fn step(&mut self) -> Vec<BlockCopy> {
-        let (copies, _) =
+        let (copies, batch) =
             systems::run_step(self.step_index, &mut self.cache, &mut self.hints, &mut self.events, &mut self.counters);
+        if let (Some(publisher), Some(batch)) = (&mut self.publisher, batch) {
+            // Never blocks: the publisher queues and drops (counting a gap) when full.
+            publisher.publish(batch.events.clone());
+        }
         self.step_index += 1;
         #[cfg(any(debug_assertions, kvc_paranoid))]
         self.check_invariants();
         copies
+    }
+
+    /// Attaches a publisher: from now on each closed batch is also published
+    /// (it stays drainable too). The publisher's snapshot mirror is seeded
+    /// with the current cache state, so snapshots are complete at once.
+    pub fn attach_publisher(&mut self, mut publisher: Publisher) {
+        publisher.prime(self.snapshot());
+        self.publisher = Some(publisher);
+    }
+
+    /// Detaches and returns the publisher, if any.
+    pub fn detach_publisher(&mut self) -> Option<Publisher> {
+        self.publisher.take()
+    }
+
+    /// The attached publisher, if any (for its endpoint and counters).
+    pub fn publisher(&self) -> Option<&Publisher> {
+        self.publisher.as_ref()
     }
 
     /// The index of the next step to close.

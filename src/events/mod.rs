@@ -5,6 +5,9 @@
 //! and becomes drainable. The typed events carry everything the wire needs, so
 //! the codec is a pure function of them.
 
+pub mod codec;
+pub mod mirror;
+pub mod publisher;
 mod queue;
 pub mod wire;
 

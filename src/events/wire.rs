@@ -54,6 +54,12 @@ pub enum WireEvent {
     BlockRemoved(WireBlockRemoved),
     /// Every cached block was dropped.
     AllBlocksCleared,
+    /// An event type this decoder does not know (a newer publisher's); its
+    /// fields were skipped. Consumers ignore it.
+    Unknown {
+        /// The event's `type`.
+        name: String,
+    },
 }
 
 /// `BlockStored` as it travels.
