@@ -29,6 +29,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod fuzzing;
 pub mod ids;
 pub mod keys;
 pub mod resources;

@@ -552,7 +552,7 @@ pub fn decode_payload(bytes: &[u8]) -> Result<WireBatch> {
     }
     let ts = r.f64("ts")?;
     let count = r.array_len("events array")?;
-    let mut events = Vec::with_capacity(count.min(r.remaining()));
+    let mut events = Vec::with_capacity(r.cap(count, MIN_EVENT_BYTES));
     for _ in 0..count {
         events.push(r.event()?);
     }
@@ -588,9 +588,23 @@ struct Fields {
     image_routing: Option<ImageRoutingV1>,
 }
 
+/// The fewest bytes an event can take (`[""]`, an unknown type).
+const MIN_EVENT_BYTES: usize = 2;
+/// The fewest bytes of an `mm_object` (`{"mm_hash": 0}`).
+const MIN_MM_OBJECT_BYTES: usize = 10;
+/// The fewest bytes of an image item (`[bin8 of 32 bytes, nil]`).
+const MIN_IMAGE_ITEM_BYTES: usize = 36;
+
 impl<'a> Reader<'a> {
     fn remaining(&self) -> usize {
         self.buf.len() - self.pos
+    }
+
+    /// A capacity for `n` claimed elements of at least `min_bytes` each: never
+    /// more than the bytes left could hold, so a hostile length allocates
+    /// nothing it cannot back with input.
+    fn cap(&self, n: usize, min_bytes: usize) -> usize {
+        n.min(self.remaining() / min_bytes)
     }
 
     fn peek(&self) -> Result<u8> {
@@ -855,7 +869,7 @@ impl<'a> Reader<'a> {
 
     fn hashes(&mut self) -> Result<Vec<i64>> {
         let n = self.array_len("block_hashes")?;
-        let mut v = Vec::with_capacity(n.min(self.remaining()));
+        let mut v = Vec::with_capacity(self.cap(n, 1));
         for _ in 0..n {
             v.push(self.i64_bits("block hash")?);
         }
@@ -874,7 +888,7 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let n = self.array_len("token_ids")?;
-        let mut v = Vec::with_capacity(n.min(self.remaining()));
+        let mut v = Vec::with_capacity(self.cap(n, 1));
         for _ in 0..n {
             v.push(self.u32("token id")?);
         }
@@ -886,7 +900,7 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let n = self.array_len("block_mm_infos")?;
-        let mut v = Vec::with_capacity(n.min(self.remaining()));
+        let mut v = Vec::with_capacity(self.cap(n, 1));
         for _ in 0..n {
             if self.nil()? {
                 v.push(None);
@@ -900,7 +914,7 @@ impl<'a> Reader<'a> {
                     continue;
                 }
                 let objects = self.array_len("mm_objects")?;
-                info.mm_objects = Vec::with_capacity(objects.min(self.remaining()));
+                info.mm_objects = Vec::with_capacity(self.cap(objects, MIN_MM_OBJECT_BYTES));
                 for _ in 0..objects {
                     info.mm_objects.push(self.mm_object()?);
                 }
@@ -919,7 +933,7 @@ impl<'a> Reader<'a> {
                 Some("mm_hash") => hash = Some(self.bits64("mm_hash")?),
                 Some("offsets") => {
                     let n = self.array_len("offsets")?;
-                    offsets = Vec::with_capacity(n.min(self.remaining()));
+                    offsets = Vec::with_capacity(self.cap(n, 3));
                     for _ in 0..n {
                         if self.array_len("offset pair")? != 2 {
                             return Err(DecodeError::Invalid("an mm_object offset is not a [start, end] pair"));
@@ -971,7 +985,7 @@ impl<'a> Reader<'a> {
             match self.key()? {
                 Some("items") => {
                     let n = self.array_len("image_routing items")?;
-                    r.items = Vec::with_capacity(n.min(self.remaining()));
+                    r.items = Vec::with_capacity(self.cap(n, MIN_IMAGE_ITEM_BYTES));
                     for _ in 0..n {
                         if self.array_len("image item")? != 2 {
                             return Err(DecodeError::Invalid("an image item is not [digest, uuid]"));
@@ -987,14 +1001,14 @@ impl<'a> Reader<'a> {
                 }
                 Some("blocks") => {
                     let n = self.array_len("image_routing blocks")?;
-                    r.blocks = Vec::with_capacity(n.min(self.remaining()));
+                    r.blocks = Vec::with_capacity(self.cap(n, 1));
                     for _ in 0..n {
                         if self.nil()? {
                             r.blocks.push(Vec::new());
                             continue;
                         }
                         let refs = self.array_len("block image refs")?;
-                        let mut v = Vec::with_capacity(refs.min(self.remaining()));
+                        let mut v = Vec::with_capacity(self.cap(refs, 5));
                         for _ in 0..refs {
                             if self.array_len("image ref")? != 4 {
                                 return Err(DecodeError::Invalid(

@@ -1,0 +1,353 @@
+//! The wire codec: projection round trips, compatibility with other
+//! producers' encodings, tolerance of what it does not know, and robustness
+//! against hostile bytes.
+
+use kvcore::events::codec::{
+    DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, wire_event,
+};
+use kvcore::events::wire::{WireBlockStored, WireEvent};
+use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use proptest::prelude::*;
+use rmp::encode as mp;
+
+/// A workload with text, LoRA, salt, an image split by text into two runs,
+/// an image spanning blocks, evictions and a clear.
+fn workload() -> Vec<KvEvent> {
+    let mut e = Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 64, ..Default::default() }).unwrap();
+    let tokens: Vec<u32> = (1..=16).collect();
+    let go = |spec: RequestSpec<'_>, e: &mut Engine| {
+        let a = e.add_request(&spec).unwrap();
+        e.commit(a.id, spec.tokens.len() as u64).unwrap();
+        e.finish(a.id).unwrap();
+        e.step();
+    };
+    go(RequestSpec { tokens: &tokens, ..Default::default() }, &mut e);
+    go(RequestSpec { tokens: &tokens, lora_id: Some(7), lora_name: Some("adapter"), ..Default::default() }, &mut e);
+    go(RequestSpec { tokens: &tokens, cache_salt: Some("salt"), ..Default::default() }, &mut e);
+    let img = [1, 2, 3, 0, 0, 0, 70, 0, 0, 0, 0, 0, 0, 14, 15, 16];
+    go(
+        RequestSpec {
+            tokens: &img,
+            items: vec![
+                MmItemSpec {
+                    content: MmContent::Bytes(b"split"),
+                    runs: vec![TokenRun { start: 3, len: 3 }, TokenRun { start: 7, len: 2 }],
+                },
+                MmItemSpec { content: MmContent::Bytes(b"second"), runs: vec![TokenRun { start: 9, len: 4 }] },
+            ],
+            uuids: Some(vec![Some(b"sku-1".as_slice()), None]),
+            ..Default::default()
+        },
+        &mut e,
+    );
+    e.evict(3);
+    e.step();
+    e.clear();
+    e.step();
+    e.drain_events()
+}
+
+/// Every event, in every form and option, must decode to exactly its wire
+/// projection, and the image metadata must be present iff a block holds an image.
+#[test]
+fn projection_round_trips_in_every_form() {
+    let events = workload();
+    assert!(events.iter().any(|e| matches!(e, KvEvent::BlockStored(s) if !s.images.is_empty())));
+    assert!(events.iter().any(|e| matches!(e, KvEvent::BlockRemoved(_))));
+    for form in [EventForm::Map, EventForm::Array] {
+        for token_ids in [true, false] {
+            let opts = EncodeOptions { form, token_ids };
+            let mut bytes = Vec::new();
+            encode_events(&events, 12.5, None, &opts, &mut bytes);
+            let batch = decode_payload(&bytes).unwrap();
+            assert_eq!(batch.ts, 12.5);
+            assert_eq!(batch.data_parallel_rank, None);
+            let want: Vec<WireEvent> = events.iter().map(|e| wire_event(e, &opts)).collect();
+            assert_eq!(batch.events, want);
+            for (typed, wire) in events.iter().zip(&batch.events) {
+                if let (KvEvent::BlockStored(t), WireEvent::BlockStored(w)) = (typed, wire) {
+                    let has_image = t.block_images.iter().any(|b| !b.is_empty());
+                    assert_eq!(w.image_routing.is_some(), has_image);
+                    assert_eq!(w.block_mm_infos.is_some(), has_image && token_ids);
+                    assert_eq!(w.token_ids.is_some(), token_ids);
+                    assert_eq!(w.block_hashes, t.keys.iter().map(|k| k.wire_hash().0).collect::<Vec<_>>());
+                }
+            }
+        }
+    }
+}
+
+/// A split item must give one mm_object per item per block with all its runs'
+/// ranges, and its mm_hash must follow the UUID when known, the digest when not.
+#[test]
+fn mm_infos_follow_dynamo_identity_rules() {
+    let events = workload();
+    let stored = events
+        .iter()
+        .find_map(|e| match e {
+            KvEvent::BlockStored(s) if s.images.len() == 2 => Some(s),
+            _ => None,
+        })
+        .expect("the image request's event");
+    let WireEvent::BlockStored(w) = wire_event(&KvEvent::BlockStored(stored.clone()), &EncodeOptions::default()) else {
+        panic!("expected BlockStored")
+    };
+    let infos = w.block_mm_infos.unwrap();
+    let uuid_hash = kvcore::keys::mm_hash_of_identifier("sku-1");
+    let digest_hash = kvcore::keys::mm_hash_of_identifier(&stored.images[1].digest.to_hex());
+    // Block 0 = tokens 0..4: item 0 at 3. Block 1 = 4..8: item 0 at 4,5 and 7.
+    // Block 2 = 8..12: item 0 at 8, item 1 at 9..12. Block 3 = 12..16: item 1 at 12.
+    let obj = |i: usize| infos[i].as_ref().unwrap().mm_objects.clone();
+    assert_eq!(obj(0).len(), 1);
+    assert_eq!((obj(0)[0].mm_hash, obj(0)[0].offsets.clone()), (uuid_hash, vec![[3, 4]]));
+    assert_eq!((obj(1)[0].mm_hash, obj(1)[0].offsets.clone()), (uuid_hash, vec![[0, 2], [3, 4]]));
+    assert_eq!(obj(2).len(), 2);
+    assert_eq!((obj(2)[1].mm_hash, obj(2)[1].offsets.clone()), (digest_hash, vec![[1, 4]]));
+    assert_eq!((obj(3)[0].mm_hash, obj(3)[0].offsets.clone()), (digest_hash, vec![[0, 1]]));
+    let routing = w.image_routing.unwrap();
+    assert_eq!(routing.items.len(), 2);
+    assert_eq!(routing.blocks[1].iter().map(|r| (r.item, r.item_offset)).collect::<Vec<_>>(), vec![(0, 1), (0, 3)]);
+}
+
+/// A text-only event must be byte-identical to a vLLM-style encoding written
+/// independently with `rmp`, i.e. to what a build without image support emits.
+#[test]
+fn text_only_event_is_plain_vllm_map_form() {
+    let events = workload();
+    let KvEvent::BlockStored(s) = &events[0] else { panic!("first event stores text") };
+    assert!(s.images.is_empty());
+    let mut ours = Vec::new();
+    encode_events(&events[..1], 1.5, Some(3), &EncodeOptions::default(), &mut ours);
+    let mut want = Vec::new();
+    mp::write_array_len(&mut want, 3).unwrap();
+    mp::write_f64(&mut want, 1.5).unwrap();
+    mp::write_array_len(&mut want, 1).unwrap();
+    mp::write_map_len(&mut want, 8).unwrap();
+    mp::write_str(&mut want, "type").unwrap();
+    mp::write_str(&mut want, "BlockStored").unwrap();
+    mp::write_str(&mut want, "block_hashes").unwrap();
+    mp::write_array_len(&mut want, s.keys.len() as u32).unwrap();
+    for k in &s.keys {
+        mp::write_sint(&mut want, k.wire_hash().0).unwrap();
+    }
+    mp::write_str(&mut want, "parent_block_hash").unwrap();
+    mp::write_nil(&mut want).unwrap();
+    mp::write_str(&mut want, "token_ids").unwrap();
+    mp::write_array_len(&mut want, s.token_ids.len() as u32).unwrap();
+    for t in &s.token_ids {
+        mp::write_uint(&mut want, (*t).into()).unwrap();
+    }
+    mp::write_str(&mut want, "block_size").unwrap();
+    mp::write_uint(&mut want, 4).unwrap();
+    mp::write_str(&mut want, "lora_id").unwrap();
+    mp::write_nil(&mut want).unwrap();
+    mp::write_str(&mut want, "medium").unwrap();
+    mp::write_str(&mut want, "GPU").unwrap();
+    mp::write_str(&mut want, "lora_name").unwrap();
+    mp::write_nil(&mut want).unwrap();
+    mp::write_uint(&mut want, 3).unwrap();
+    assert_eq!(ours, want);
+}
+
+/// Positional events as older vLLM writes them (eleven fields, u64 hashes,
+/// extra_keys) must decode, with a u64 hash read as the same 64 bits.
+#[test]
+fn decodes_positional_events_of_older_producers() {
+    let mut p = Vec::new();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_f32(&mut p, 2.0).unwrap();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_array_len(&mut p, 12).unwrap();
+    mp::write_str(&mut p, "BlockStored").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_u64(&mut p, u64::MAX - 1).unwrap();
+    mp::write_uint(&mut p, 5).unwrap();
+    mp::write_array_len(&mut p, 2).unwrap();
+    mp::write_uint(&mut p, 10).unwrap();
+    mp::write_uint(&mut p, 70_000).unwrap();
+    mp::write_uint(&mut p, 2).unwrap();
+    mp::write_sint(&mut p, 4).unwrap();
+    mp::write_str(&mut p, "CPU").unwrap();
+    mp::write_str(&mut p, "lora").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap(); // extra_keys: [[ "sha", 0 ]]
+    mp::write_array_len(&mut p, 2).unwrap();
+    mp::write_str(&mut p, "sha").unwrap();
+    mp::write_uint(&mut p, 0).unwrap();
+    mp::write_uint(&mut p, 0).unwrap(); // group_idx
+    mp::write_str(&mut p, "full_attention").unwrap();
+    mp::write_nil(&mut p).unwrap();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_str(&mut p, "BlockRemoved").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_sint(&mut p, -9).unwrap();
+    mp::write_str(&mut p, "GPU").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_str(&mut p, "AllBlocksCleared").unwrap();
+    mp::write_uint(&mut p, 1).unwrap();
+    let b = decode_payload(&p).unwrap();
+    assert_eq!(b.ts, 2.0);
+    assert_eq!(b.data_parallel_rank, Some(1));
+    assert_eq!(
+        b.events[0],
+        WireEvent::BlockStored(WireBlockStored {
+            block_hashes: vec![-2],
+            parent_block_hash: Some(5),
+            token_ids: Some(vec![10, 70_000]),
+            block_size: 2,
+            lora_id: Some(4),
+            medium: Some("CPU".into()),
+            lora_name: Some("lora".into()),
+            ..Default::default()
+        })
+    );
+    assert!(matches!(&b.events[1], WireEvent::BlockRemoved(r) if r.block_hashes == [-9]));
+    assert_eq!(b.events[2], WireEvent::AllBlocksCleared);
+}
+
+/// Unknown fields, unknown event types and unknown image_routing versions are
+/// skipped, and the rest of the event still decodes.
+#[test]
+fn unknown_fields_types_and_versions_are_skipped() {
+    let mut p = Vec::new();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_f64(&mut p, 0.0).unwrap();
+    mp::write_array_len(&mut p, 2).unwrap();
+    mp::write_map_len(&mut p, 6).unwrap();
+    mp::write_str(&mut p, "future_field").unwrap();
+    mp::write_map_len(&mut p, 1).unwrap();
+    mp::write_uint(&mut p, 1).unwrap(); // a non-string key, nested
+    mp::write_array_len(&mut p, 2).unwrap();
+    mp::write_bin(&mut p, b"xyz").unwrap();
+    mp::write_ext_meta(&mut p, 2, 7).unwrap();
+    p.extend_from_slice(&[0, 0]);
+    mp::write_str(&mut p, "block_hashes").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_sint(&mut p, 42).unwrap();
+    mp::write_str(&mut p, "image_routing").unwrap();
+    mp::write_map_len(&mut p, 2).unwrap();
+    mp::write_str(&mut p, "items").unwrap();
+    mp::write_str(&mut p, "a v2 layout").unwrap();
+    mp::write_str(&mut p, "v").unwrap();
+    mp::write_uint(&mut p, 2).unwrap();
+    mp::write_str(&mut p, "block_size").unwrap();
+    mp::write_uint(&mut p, 16).unwrap();
+    mp::write_str(&mut p, "medium").unwrap();
+    mp::write_nil(&mut p).unwrap();
+    mp::write_str(&mut p, "type").unwrap(); // the type last
+    mp::write_str(&mut p, "BlockStored").unwrap();
+    mp::write_map_len(&mut p, 2).unwrap();
+    mp::write_str(&mut p, "type").unwrap();
+    mp::write_str(&mut p, "BlockUpdated").unwrap();
+    mp::write_str(&mut p, "block_hashes").unwrap();
+    mp::write_array_len(&mut p, 0).unwrap();
+    mp::write_nil(&mut p).unwrap();
+    let b = decode_payload(&p).unwrap();
+    assert_eq!(
+        b.events[0],
+        WireEvent::BlockStored(WireBlockStored { block_hashes: vec![42], block_size: 16, ..Default::default() })
+    );
+    assert_eq!(b.events[1], WireEvent::Unknown { name: "BlockUpdated".into() });
+}
+
+/// Malformed input gets a clear error naming what is wrong.
+#[test]
+fn malformed_input_gets_clear_errors() {
+    let mut map_envelope = Vec::new();
+    mp::write_map_len(&mut map_envelope, 0).unwrap();
+    assert!(matches!(decode_payload(&map_envelope), Err(DecodeError::Unexpected { pos: 0, .. })));
+    let mut ok = Vec::new();
+    encode_events(&workload()[..1], 0.0, None, &EncodeOptions::default(), &mut ok);
+    assert!(matches!(decode_payload(&ok[..ok.len() - 1]), Err(DecodeError::Truncated(_))));
+    let mut trailing = ok.clone();
+    trailing.push(0);
+    assert_eq!(decode_payload(&trailing), Err(DecodeError::Trailing(1)));
+    assert_eq!(decode_message(&[b"", b"1234567", &ok]), Err(DecodeError::SeqLength(7)));
+    assert_eq!(decode_message(&[b"", &ok]), Err(DecodeError::FrameCount(2)));
+    let m = decode_message(&[b"t", &7u64.to_be_bytes(), &ok]).unwrap();
+    assert_eq!((m.topic.as_slice(), m.seq), (&b"t"[..], 7));
+    // A token id beyond u32 is out of range, not truncated to something else.
+    let mut big = Vec::new();
+    mp::write_array_len(&mut big, 3).unwrap();
+    mp::write_f64(&mut big, 0.0).unwrap();
+    mp::write_array_len(&mut big, 1).unwrap();
+    mp::write_array_len(&mut big, 5).unwrap();
+    mp::write_str(&mut big, "BlockStored").unwrap();
+    mp::write_array_len(&mut big, 0).unwrap();
+    mp::write_nil(&mut big).unwrap();
+    mp::write_array_len(&mut big, 1).unwrap();
+    mp::write_u64(&mut big, 1 << 40).unwrap();
+    mp::write_uint(&mut big, 1).unwrap();
+    mp::write_nil(&mut big).unwrap();
+    let err = decode_payload(&big).unwrap_err();
+    assert!(matches!(err, DecodeError::OutOfRange { what: "token id", .. }), "{err}");
+    assert!(err.to_string().contains("token id out of range"));
+}
+
+/// A hostile length prefix (four billion events claimed in six bytes) fails
+/// fast instead of reserving memory for what the input cannot hold.
+#[test]
+fn hostile_lengths_fail_fast() {
+    let mut p = vec![0x93, 0xcb];
+    p.extend_from_slice(&0f64.to_be_bytes());
+    p.extend_from_slice(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
+    assert!(matches!(decode_payload(&p), Err(DecodeError::Truncated(_))));
+    // Deep nesting in a skipped field costs no stack.
+    let mut deep = vec![0x93, 0xcb];
+    deep.extend_from_slice(&0f64.to_be_bytes());
+    deep.extend_from_slice(&[0x91, 0x82, 0xa4]);
+    deep.extend_from_slice(b"type");
+    deep.extend_from_slice(&[0xa1, b'X', 0xa1, b'z']);
+    deep.extend(std::iter::repeat_n(0x91, 1_000_000));
+    deep.push(0xc0);
+    deep.push(0xc0);
+    let b = decode_payload(&deep).unwrap();
+    assert_eq!(b.events, vec![WireEvent::Unknown { name: "X".into() }]);
+}
+
+fn valid_payloads() -> Vec<Vec<u8>> {
+    let events = workload();
+    let mut out = Vec::new();
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut b = Vec::new();
+        encode_events(&events, 3.25, Some(1), &EncodeOptions { form, token_ids: true }, &mut b);
+        out.push(b);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Arbitrary bytes never panic the decoder, and what decodes re-encodes
+    /// to the same batch (the fuzz target's property, run as a test).
+    #[test]
+    #[cfg_attr(miri, ignore = "slow under miri")]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        kvcore::fuzzing::decode(&bytes);
+    }
+
+    /// Valid payloads with bytes flipped or cut never panic the decoder.
+    #[test]
+    #[cfg_attr(miri, ignore = "slow under miri")]
+    fn mutated_payloads_never_panic(
+        which in 0usize..2,
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        cut in any::<usize>(),
+    ) {
+        let mut p = valid_payloads()[which].clone();
+        for (at, v) in flips {
+            let i = at % p.len();
+            p[i] = v;
+        }
+        kvcore::fuzzing::decode(&p);
+        let n = cut % p.len();
+        kvcore::fuzzing::decode(&p[..n]);
+    }
+
+    /// Typed events built from arbitrary bytes round-trip under every option.
+    #[test]
+    #[cfg_attr(miri, ignore = "slow under miri")]
+    fn arbitrary_events_round_trip(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        kvcore::fuzzing::roundtrip(&bytes);
+    }
+}
