@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod events;
 
 /// kvcore: a KV-cache engine core for LLM serving.
 #[derive(Parser)]
@@ -16,11 +17,19 @@ struct Cli {
 enum Command {
     /// A short demonstration of the engine that prints its events.
     Demo,
+    /// Tail, record or replay a KV event stream.
+    Events(events::EventsArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     match cli.command {
         None | Some(Command::Demo) => demo::run(),
+        Some(Command::Events(args)) => {
+            if let Err(e) = events::run(args) {
+                eprintln!("kvcore events: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 }
