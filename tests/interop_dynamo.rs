@@ -1,0 +1,267 @@
+//! An existing router consumes our stream unchanged: NVIDIA Dynamo's
+//! standalone KV indexer (PyPI `ai-dynamo-runtime==1.6.1`) subscribes to two
+//! kvcore engines' publishers, and its per-worker overlap for queries hashed
+//! by Dynamo's own `compute_block_hash_for_seq` must equal the prefix each
+//! engine holds.
+//!
+//! The Python side (tests/interop/) is installed into a virtualenv by
+//! `setup_venv.sh` on first use and reused afterwards. Where Python or the
+//! wheel cannot be had the test fails, saying why; set `KVCORE_SKIP_INTEROP=1`
+//! to skip it explicitly on a machine that cannot run it.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvcore::events::publisher::{Publisher, PublisherConfig};
+use kvcore::keys::mm_hash_of_identifier;
+use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+const BLOCK: u32 = 32;
+const VISION_START: u32 = 151_652;
+const IMAGE_PAD: u32 = 151_655;
+const VISION_END: u32 = 151_653;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's python, or `None` when the test is explicitly skipped.
+fn python() -> Option<PathBuf> {
+    if std::env::var("KVCORE_SKIP_INTEROP").is_ok_and(|v| v == "1") {
+        eprintln!("interop_dynamo: SKIPPED because KVCORE_SKIP_INTEROP=1");
+        return None;
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("tests/interop/setup_venv.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("interop_dynamo: cannot run bash for tests/interop/setup_venv.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "interop_dynamo: tests/interop/setup_venv.sh failed ({}): Python 3.10+ with venv and pip, and PyPI access \
+         for ai-dynamo-runtime==1.6.1, are needed (set KVCORE_SKIP_INTEROP=1 to skip on purpose)",
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let py = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    assert!(py.exists(), "interop_dynamo: setup_venv.sh printed no python path ({stdout:?})");
+    Some(py)
+}
+
+struct Probe {
+    child: Child,
+    stdin: BufWriter<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Probe {
+    fn start(python: &Path, workers: &str) -> Self {
+        let mut child = Command::new(python)
+            .arg(repo().join("tests/interop/dynamo_probe.py"))
+            .args(["--block-size", &BLOCK.to_string(), "--workers", workers, "--port", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("interop_dynamo: spawning dynamo_probe.py");
+        let stdin = BufWriter::new(child.stdin.take().unwrap());
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut p = Self { child, stdin, stdout };
+        let ready = p.read();
+        assert_eq!(ready["ready"], true, "Dynamo's indexer did not start: {ready}");
+        p
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("reading the probe");
+        assert!(!line.is_empty(), "the probe exited");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("probe said {line:?}: {e}"))
+    }
+
+    fn call(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let v = self.read();
+        assert!(v.get("error").is_none(), "probe error for {cmd}: {v}");
+        v
+    }
+
+    fn applied(&mut self, what: &str) -> u64 {
+        self.call(json!({"op": "metrics"}))["applied"][format!("{what}/ok")].as_u64().unwrap_or(0)
+    }
+
+    fn wait_applied(&mut self, stored: u64, removed: u64) {
+        self.call(json!({"op": "wait_applied", "stored": stored, "removed": removed, "timeout_s": 20}));
+    }
+
+    /// Dynamo's overlap in tokens per worker for a query of `tokens`, hashed
+    /// by Dynamo itself with the given per-block image identity.
+    fn overlap(&mut self, tokens: &[u32], mm_infos: Option<Value>) -> (u64, u64) {
+        let hashes =
+            self.call(json!({"op": "hash", "tokens": tokens, "block_size": BLOCK, "block_mm_infos": mm_infos}));
+        let scores = self.call(json!({"op": "query", "block_hashes": hashes["hashes"]}));
+        let of = |w: &str| scores["scores"][w].as_u64().unwrap_or(0);
+        (of("1"), of("2"))
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A prompt with one image: 32 text tokens, vision start, 64 image pads,
+/// vision end, 30 text tokens, and 2 more so that 4 blocks are full.
+fn image_prompt(prefix: &[u32], suffix: &[u32]) -> Vec<u32> {
+    let mut p = prefix.to_vec();
+    p.push(VISION_START);
+    p.extend(std::iter::repeat_n(IMAGE_PAD, 64));
+    p.push(VISION_END);
+    p.extend_from_slice(suffix);
+    assert_eq!(p.len(), 130);
+    p
+}
+
+/// Dynamo's per-block image identity for `image_prompt`, keyed the way a
+/// frontend keys it: by the caller's UUID.
+fn mm_infos(uuid: &str) -> Value {
+    let h = mm_hash_of_identifier(uuid);
+    let obj = |s: u32, e: u32| json!({"mm_objects": [{"mm_hash": h, "offsets": [[s, e]]}]});
+    json!([null, obj(1, 32), obj(0, 32), obj(0, 1)])
+}
+
+fn spec<'a>(tokens: &'a [u32], image: Option<(&'a [u8], &'a str)>) -> RequestSpec<'a> {
+    RequestSpec {
+        tokens,
+        items: image
+            .map(|(bytes, _)| {
+                vec![MmItemSpec { content: MmContent::Bytes(bytes), runs: vec![TokenRun { start: 33, len: 64 }] }]
+            })
+            .unwrap_or_default(),
+        uuids: image.map(|(_, uuid)| vec![Some(uuid.as_bytes())]),
+        ..Default::default()
+    }
+}
+
+/// Serves a request fully: admit, compute `computed` tokens, finish, step.
+fn serve(e: &mut Engine, tokens: &[u32], computed: u64, image: Option<(&[u8], &str)>) {
+    let a = e.add_request(&spec(tokens, image)).unwrap();
+    e.commit(a.id, computed).unwrap();
+    e.finish(a.id).unwrap();
+    e.step();
+}
+
+/// Tokens of `tokens` the engine holds as a cached prefix (admit, read, cancel).
+fn held(e: &mut Engine, tokens: &[u32], image: Option<(&[u8], &str)>) -> u64 {
+    let a = e.add_request(&spec(tokens, image)).unwrap();
+    e.cancel(a.id).unwrap();
+    a.tokens_cached.into()
+}
+
+fn engine_with_publisher() -> (Engine, String) {
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device: 256, ..Default::default() }).unwrap();
+    let p = Publisher::bind(PublisherConfig {
+        endpoint: "tcp://127.0.0.1:*".into(),
+        replay_endpoint: None,
+        ..Default::default()
+    })
+    .unwrap();
+    let endpoint = p.endpoint().to_owned();
+    e.attach_publisher(p);
+    (e, endpoint)
+}
+
+/// Publishes `AllBlocksCleared` from `e` until Dynamo has applied one more
+/// clear than `before`: the subscription is live (ZMQ's slow joiner).
+fn join(probe: &mut Probe, e: &mut Engine) {
+    let before = probe.applied("cleared");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probe.applied("cleared") <= before {
+        assert!(Instant::now() < deadline, "Dynamo's indexer never received our stream");
+        e.clear();
+        e.step();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let the remaining probes land before the next worker is checked.
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// Text and image workloads with UUID hints on two engines; Dynamo's overlap
+/// must equal each engine's held prefix, a different image with the same
+/// placeholders must not match, the worker holding the image prefix must
+/// score highest, and eviction must drop the overlap.
+#[test]
+fn dynamo_indexer_consumes_our_stream_unchanged() {
+    let Some(python) = python() else { return };
+    let (mut e1, ep1) = engine_with_publisher();
+    let (mut e2, ep2) = engine_with_publisher();
+    let mut probe = Probe::start(&python, &format!("1={ep1},2={ep2}"));
+    join(&mut probe, &mut e1);
+    join(&mut probe, &mut e2);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1337);
+    let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+    let t1 = text(130);
+    let (prefix, suffix) = (text(32), text(32));
+    let prompt = image_prompt(&prefix, &suffix);
+    let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
+    let b: (&[u8], &str) = (b"pixels of image B", "9a8b7c6d-image-b");
+    let c: (&[u8], &str) = (b"pixels of image C", "55555555-image-c");
+
+    let stored_before = probe.applied("stored");
+    serve(&mut e1, &t1, 130, None); // worker 1: 4 text blocks
+    serve(&mut e1, &prompt, 130, Some(a)); // worker 1: image A, 4 blocks
+    serve(&mut e2, &t1[..70], 70, None); // worker 2: 2 text blocks
+    serve(&mut e2, &prompt, 130, Some(b)); // worker 2: image B, same placeholders
+    probe.wait_applied(stored_before + 4, 0);
+
+    // Text: overlap equals what each engine holds.
+    let (d1, d2) = probe.overlap(&t1, None);
+    assert_eq!((d1, d2), (held(&mut e1, &t1, None), held(&mut e2, &t1, None)));
+    assert_eq!((d1, d2), (128, 64));
+
+    // Image A: worker 1 holds all of it; worker 2 only the shared text block,
+    // because its image B has the same placeholder tokens but another identity.
+    let (d1, d2) = probe.overlap(&prompt, Some(mm_infos(a.1)));
+    assert_eq!((d1, d2), (held(&mut e1, &prompt, Some(a)), held(&mut e2, &prompt, Some(a))));
+    assert_eq!((d1, d2), (128, 32));
+    assert!(d1 > d2, "the worker holding image A's prefix scores highest");
+    let (d1, d2) = probe.overlap(&prompt, Some(mm_infos(b.1)));
+    assert_eq!((d1, d2), (held(&mut e1, &prompt, Some(b)), held(&mut e2, &prompt, Some(b))));
+    assert_eq!((d1, d2), (32, 128));
+
+    // An image no one holds, with the same placeholder tokens: no match past
+    // the text; and a query that ignores images does not match either.
+    let (d1, d2) = probe.overlap(&prompt, Some(mm_infos(c.1)));
+    assert_eq!((d1, d2), (held(&mut e1, &prompt, Some(c)), held(&mut e2, &prompt, Some(c))));
+    assert_eq!((d1, d2), (32, 32));
+    assert_eq!(probe.overlap(&prompt, None), (32, 32));
+
+    // Eviction: worker 1 drops everything, its overlap drops to what it holds.
+    let removed_before = probe.applied("removed");
+    assert_eq!(e1.evict(1000), 8);
+    e1.step();
+    probe.wait_applied(0, removed_before + 1);
+    let (d1, d2) = probe.overlap(&t1, None);
+    assert_eq!((d1, d2), (held(&mut e1, &t1, None), 64));
+    assert_eq!(d1, 0);
+    let (d1, d2) = probe.overlap(&prompt, Some(mm_infos(b.1)));
+    assert_eq!((d1, d2), (0, 128));
+}
