@@ -4,5 +4,6 @@ use criterion::criterion_main;
 
 mod core_engine;
 mod cpu_time;
+mod events;
 
-criterion_main!(core_engine::benches);
+criterion_main!(core_engine::benches, events::codec_benches, events::publish_benches);

@@ -186,7 +186,7 @@ fn snapshot_matches_engine_state_and_is_tagged_with_next_seq() {
         let p = e.publisher().unwrap();
         assert!(p.flush(Duration::from_secs(5)));
         let next = p.next_seq();
-        let got = request(ctx, &p.replay_endpoint().unwrap().to_owned(), SNAPSHOT_REQUEST);
+        let got = request(ctx, p.replay_endpoint().unwrap(), SNAPSHOT_REQUEST);
         assert_eq!(got.len(), 1, "a snapshot is one batch");
         assert_eq!(got[0].seq, next, "tagged with the first live seq it does not include");
         let mut want: Vec<WireEvent> =
@@ -259,7 +259,7 @@ fn full_queue_drops_are_counted_gaps_and_snapshots_stay_exact() {
         expect = m.seq + 1;
     }
     assert_eq!(gaps, stats.dropped_queue_full, "every drop is a gap and every gap a drop");
-    let snap = request(&ctx, &publisher.replay_endpoint().unwrap().to_owned(), SNAPSHOT_REQUEST);
+    let snap = request(&ctx, publisher.replay_endpoint().unwrap(), SNAPSHOT_REQUEST);
     let want = wire_event(&stored[0], &EncodeOptions::default());
     let WireEvent::BlockStored(w) = want else { panic!("expected BlockStored") };
     let found = snap[0].batch.events.iter().any(|ev| match ev {

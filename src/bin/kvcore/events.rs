@@ -163,8 +163,11 @@ fn record(endpoint: &str, path: &PathBuf, count: u64, idle_exit_s: u64) -> Resul
     Ok(())
 }
 
+/// One recorded message: topic, seq, payload.
+type Recorded = (Vec<u8>, u64, Vec<u8>);
+
 /// Reads every message of a recording.
-fn read_recording(path: &PathBuf) -> Result<Vec<(Vec<u8>, u64, Vec<u8>)>, String> {
+fn read_recording(path: &PathBuf) -> Result<Vec<Recorded>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut r = BufReader::new(file);
     let bad = |what: &str| format!("{}: not a kvcore recording ({what})", path.display());
