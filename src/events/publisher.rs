@@ -18,7 +18,7 @@
 //!   on the step side and handed over with the next batch that gets through,
 //!   for the mirror only: snapshots stay exact even after drops;
 //! - the replay socket serves the last `buffer_steps` published batches by the
-//!   vLLM protocol (REFERENCE.md section 1) on its own thread, so a slow replay
+//!   vLLM protocol (docs/wire-format.md) on its own thread, so a slow replay
 //!   client never delays live publishing;
 //! - a snapshot is asked for on the replay socket with the request frame
 //!   [`SNAPSHOT_REQUEST`] instead of an 8-byte start sequence. The answer is
