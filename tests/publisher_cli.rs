@@ -1,4 +1,4 @@
-//! `kvcore events tail|record|replay`, run as the real binary against real
+//! `kvcore events tail|record|replay|snapshot`, run as the real binary against real
 //! ZMQ sockets on loopback.
 
 use std::io::{BufRead, BufReader};
@@ -153,4 +153,47 @@ fn record_then_replay_reproduces_the_stream() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a kvcore recording"));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `snapshot` must print the publisher's full state as one decoded batch:
+/// `AllBlocksCleared` then one `BlockStored` per advertised block, tagged with
+/// the next live sequence number.
+#[test]
+fn snapshot_prints_the_advertised_state() {
+    use kvcore::events::publisher::{Publisher, PublisherConfig};
+    let mut e = Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 16, ..Default::default() }).unwrap();
+    e.attach_publisher(
+        Publisher::bind(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    for tokens in [[1u32, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 1, 1, 1, 1]] {
+        let a = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+        e.commit(a.id, 8).unwrap();
+        e.finish(a.id).unwrap();
+        e.step();
+    }
+    let p = e.publisher().unwrap();
+    assert!(p.flush(Duration::from_secs(5)));
+    let out = kvcore().args(["events", "snapshot", "--endpoint", p.replay_endpoint().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1);
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(v["seq"], p.next_seq());
+    let events = v["batch"]["events"].as_array().unwrap();
+    assert_eq!(events[0]["type"], "AllBlocksCleared");
+    assert_eq!(events.len(), 1 + 4);
+    assert!(
+        events[1..].iter().all(|ev| ev["type"] == "BlockStored" && ev["block_hashes"].as_array().unwrap().len() == 1)
+    );
+    // Nothing listening: a clear error, not a hang.
+    let out =
+        kvcore().args(["events", "snapshot", "--endpoint", "tcp://127.0.0.1:1", "--timeout-s", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no answer"));
 }

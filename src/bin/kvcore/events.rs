@@ -1,8 +1,9 @@
-//! `kvcore events tail|record|replay`: the tools a person reaches for when
-//! routing looks wrong. `tail` prints decoded batches as JSON lines and flags
-//! gaps; `record` captures a stream to a file; `replay` publishes a recording
-//! again (same topics, same sequence numbers), so a router bug can be
-//! reproduced offline.
+//! `kvcore events tail|record|replay|snapshot`: the tools a person reaches for
+//! when routing looks wrong. `tail` prints decoded batches as JSON lines and
+//! flags gaps; `record` captures a stream to a file; `replay` publishes a
+//! recording again (same topics, same sequence numbers), so a router bug can be
+//! reproduced offline; `snapshot` asks a publisher's replay socket for the full
+//! state it advertises.
 //!
 //! Recording format: the 8 bytes `KVCREC1\n`, then per message
 //! `topic_len u32 LE, topic, seq u64 LE, payload_len u32 LE, payload`.
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use kvcore::events::codec::decode_message;
+use kvcore::events::publisher::{END_SEQ, SNAPSHOT_REQUEST};
 
 const MAGIC: &[u8; 8] = b"KVCREC1\n";
 
@@ -70,6 +72,15 @@ enum EventsCommand {
         #[arg(long, default_value_t = 0.0)]
         rate_hz: f64,
     },
+    /// Ask a publisher's replay socket for a snapshot and print it as one JSON line.
+    Snapshot {
+        /// The publisher's replay (ROUTER) endpoint.
+        #[arg(long, default_value = "tcp://127.0.0.1:5558")]
+        endpoint: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 10)]
+        timeout_s: u64,
+    },
 }
 
 /// Runs `kvcore events ...`; errors are printed by the caller.
@@ -78,6 +89,7 @@ pub fn run(args: EventsArgs) -> Result<(), String> {
         EventsCommand::Tail { endpoint, topic, count, idle_exit_s } => tail(&endpoint, &topic, count, idle_exit_s),
         EventsCommand::Record { endpoint, out, count, idle_exit_s } => record(&endpoint, &out, count, idle_exit_s),
         EventsCommand::Replay { file, bind, wait_ms, rate_hz } => replay(&file, &bind, wait_ms, rate_hz),
+        EventsCommand::Snapshot { endpoint, timeout_s } => snapshot(&endpoint, timeout_s),
     }
 }
 
@@ -220,4 +232,30 @@ fn replay(path: &PathBuf, bind: &str, wait_ms: u64, rate_hz: f64) -> Result<(), 
         s.send_multipart([&topic[..], &seq.to_be_bytes()[..], &payload[..]], 0).map_err(|e| format!("send: {e}"))?;
     }
     Ok(())
+}
+
+fn snapshot(endpoint: &str, timeout_s: u64) -> Result<(), String> {
+    let ctx = zmq::Context::new();
+    let s = ctx.socket(zmq::DEALER).map_err(|e| format!("zmq socket: {e}"))?;
+    let ms = i32::try_from(timeout_s.saturating_mul(1000)).unwrap_or(i32::MAX);
+    s.set_rcvtimeo(ms).map_err(|e| format!("rcvtimeo: {e}"))?;
+    s.set_linger(0).map_err(|e| format!("linger: {e}"))?;
+    s.connect(endpoint).map_err(|e| format!("connect {endpoint}: {e}"))?;
+    s.send_multipart([&b""[..], SNAPSHOT_REQUEST], 0).map_err(|e| format!("send: {e}"))?;
+    let mut printed = false;
+    loop {
+        let frames = match s.recv_multipart(0) {
+            Ok(f) => f,
+            Err(zmq::Error::EAGAIN) => return Err(format!("no answer from {endpoint} within {timeout_s} s")),
+            Err(e) => return Err(format!("receive: {e}")),
+        };
+        // [b"", topic, seq, payload] per batch, then [b"", b"", END, b""].
+        let parts: Vec<&[u8]> = frames.iter().skip(1).map(Vec::as_slice).collect();
+        if parts.get(1) == Some(&&END_SEQ[..]) {
+            return if printed { Ok(()) } else { Err("the publisher answered with no snapshot".into()) };
+        }
+        let m = decode_message(&parts).map_err(|e| format!("snapshot does not decode: {e}"))?;
+        println!("{}", serde_json::to_string(&m).map_err(|e| e.to_string())?);
+        printed = true;
+    }
 }
