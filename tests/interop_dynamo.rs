@@ -56,6 +56,8 @@ fn python() -> Option<PathBuf> {
 }
 
 struct Probe {
+    /// The indexer's HTTP port.
+    port: u16,
     child: Child,
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -73,9 +75,10 @@ impl Probe {
             .expect("interop_dynamo: spawning dynamo_probe.py");
         let stdin = BufWriter::new(child.stdin.take().unwrap());
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut p = Self { child, stdin, stdout };
+        let mut p = Self { port: 0, child, stdin, stdout };
         let ready = p.read();
         assert_eq!(ready["ready"], true, "Dynamo's indexer did not start: {ready}");
+        p.port = ready["port"].as_u64().and_then(|v| u16::try_from(v).ok()).expect("the indexer's port");
         p
     }
 
@@ -92,6 +95,23 @@ impl Probe {
         let v = self.read();
         assert!(v.get("error").is_none(), "probe error for {cmd}: {v}");
         v
+    }
+
+    /// `POST path` with a JSON body to the indexer itself; returns the status code.
+    fn post(&self, path: &str, body: &Value) -> u16 {
+        use std::io::Read;
+        let body = body.to_string();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connecting to the indexer");
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
     }
 
     fn applied(&mut self, what: &str) -> u64 {
@@ -267,4 +287,58 @@ fn dynamo_indexer_consumes_our_stream_unchanged() {
     assert_eq!(d1, 0);
     let (d1, d2) = probe.overlap(&prompt, Some(mm_infos(b.1)));
     assert_eq!((d1, d2), (0, 128));
+}
+
+/// Batches that Dynamo missed (published before it subscribed) must come back
+/// through our replay socket: Dynamo sees the gap, asks our ROUTER for the
+/// missing sequence numbers, and then holds what the engine holds.
+#[test]
+fn dynamo_recovers_missed_batches_through_our_replay_socket() {
+    let Some(python) = python() else { return };
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device: 64, ..Default::default() }).unwrap();
+    let p = Publisher::bind(PublisherConfig {
+        endpoint: "tcp://127.0.0.1:*".into(),
+        replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let (endpoint, replay) = (p.endpoint().to_owned(), p.replay_endpoint().unwrap().to_owned());
+    e.attach_publisher(p);
+    // The indexer starts with an unrelated worker only; ours registers later.
+    let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let prompts: Vec<Vec<u32>> = (0..4).map(|_| (0..70).map(|_| rng.random_range(1000..60_000)).collect()).collect();
+    // Three batches nobody receives: PUB drops them, our ring keeps them.
+    for prompt in &prompts[..3] {
+        serve(&mut e, prompt, 70, None);
+    }
+    let stored_before = probe.applied("stored");
+    let status = probe.post(
+        "/register",
+        &json!({"instance_id": 3, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
+                "replay_endpoint": replay}),
+    );
+    assert_eq!(status, 201, "Dynamo accepted the registration");
+    // Live batches until Dynamo has one (its subscription joins with a delay);
+    // the first it sees shows the gap, and it replays the rest from us.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut live = 0;
+    while probe.applied("stored") == stored_before {
+        assert!(Instant::now() < deadline, "Dynamo never received our stream");
+        let prompt: Vec<u32> = (0..70).map(|i| 2000 + live * 100 + i).collect();
+        serve(&mut e, &prompt, 70, None);
+        live += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    probe.wait_applied(stored_before + 3 + u64::from(live), 0);
+    for prompt in &prompts[..3] {
+        let tokens = [&prompt[..], &[1, 2][..]].concat();
+        let want = held(&mut e, &tokens, None);
+        assert_eq!(want, 64);
+        let hashes = probe.call(json!({"op": "hash", "tokens": tokens, "block_size": BLOCK}));
+        let scores = probe.call(json!({"op": "query", "block_hashes": hashes["hashes"]}));
+        assert_eq!(scores["scores"]["3"].as_u64(), Some(want), "a replayed batch is in Dynamo's index: {scores}");
+    }
+    assert!(e.publisher().unwrap().stats().replays_served >= 1);
 }
