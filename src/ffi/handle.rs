@@ -95,7 +95,7 @@ pub struct kvc_config {
     /// UTF-8, or NULL when unknown. Copied by `kvc_engine_new`.
     pub model_type: *const c_char,
     /// The ZMQ endpoint the KV-event publisher binds or will bind (e.g.
-    /// "tcp://*:5557"), NUL-terminated UTF-8, or NULL for none. Copied by
+    /// "tcp://0.0.0.0:5557"), NUL-terminated UTF-8, or NULL for none. Copied by
     /// `kvc_engine_new`.
     pub kv_events_endpoint: *const c_char,
 }

@@ -1,0 +1,185 @@
+//! The C ABI as C and C++ see it: the generated header is current, its version
+//! macros match Cargo.toml, and the programs in ffi-tests/ compile warning-free
+//! against include/kvcore.h(.hpp), link the static library and pass.
+//!
+//! The programs are built with the system `cc` and `c++`. With
+//! `KVC_FFI_SANITIZE=address,undefined` (what .ci/run sets) they are built with
+//! those sanitizers, and the test checks with `nm` that the sanitizer runtime
+//! really linked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The header as cbindgen generates it now from src/ffi.
+fn generate_header() -> String {
+    let config = cbindgen::Config::from_file(Path::new(ROOT).join("cbindgen.toml")).expect("cbindgen.toml parses");
+    let mut out = Vec::new();
+    cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(Path::new(ROOT).join("src/ffi/mod.rs"))
+        .generate()
+        .expect("cbindgen generates the header")
+        .write(&mut out);
+    String::from_utf8(out).expect("the header is UTF-8")
+}
+
+/// The checked-in header equals what cbindgen generates from src/ffi now;
+/// method: regenerate in memory and compare (KVC_BLESS=1 writes it instead).
+#[test]
+fn header_is_current() {
+    let generated = generate_header();
+    let path = Path::new(ROOT).join("include/kvcore.h");
+    if std::env::var_os("KVC_BLESS").is_some() {
+        std::fs::write(&path, &generated).expect("write include/kvcore.h");
+        return;
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == generated,
+        "include/kvcore.h is out of date with src/ffi; regenerate with `KVC_BLESS=1 cargo test --test ffi header_is_current`"
+    );
+}
+
+/// Reads `version = "x.y.z"` of the `[package]` table of Cargo.toml.
+fn cargo_toml_version() -> (u32, u32, u32) {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("read Cargo.toml");
+    let package = text.split("\n[").find(|t| t.starts_with("[package]") || t.starts_with("package]")).expect("[package]");
+    let line = package.lines().find(|l| l.trim_start().starts_with("version")).expect("package version");
+    let v = line.split('"').nth(1).expect("quoted version");
+    let mut parts = v.split(['.', '-', '+']).map(|p| p.parse::<u32>().expect("numeric version"));
+    (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap())
+}
+
+/// Reads `#define NAME value` from the checked-in header.
+fn header_define(header: &str, name: &str) -> u32 {
+    let prefix = format!("#define {name} ");
+    let line = header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing from kvcore.h"));
+    line[prefix.len()..].trim().parse().expect("numeric macro")
+}
+
+/// The header's KVCORE_VERSION_* macros equal Cargo.toml's package version;
+/// method: parse both files as text.
+#[test]
+fn version_macros_match_cargo_toml() {
+    let header = std::fs::read_to_string(Path::new(ROOT).join("include/kvcore.h")).expect("read kvcore.h");
+    let got = (
+        header_define(&header, "KVCORE_VERSION_MAJOR"),
+        header_define(&header, "KVCORE_VERSION_MINOR"),
+        header_define(&header, "KVCORE_VERSION_PATCH"),
+    );
+    assert_eq!(got, cargo_toml_version());
+}
+
+/// Where the programs are built, and with what.
+struct Build {
+    lib_dir: PathBuf,
+    out_dir: PathBuf,
+    sanitize: Option<String>,
+}
+
+/// Builds the static library with the same cargo, target dir and profile as
+/// this test, and returns where the programs go.
+fn build() -> Build {
+    let exe = std::env::current_exe().expect("test path");
+    // <target>/<profile>/deps/ffi-<hash>
+    let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
+    let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(ROOT).args(["build", "--lib", "--quiet"]).env("CARGO_TARGET_DIR", &target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build --lib");
+    assert!(status.success(), "cargo build --lib failed");
+    assert!(profile_dir.join("libkvcore.a").exists(), "no libkvcore.a in {}", profile_dir.display());
+    let sanitize = std::env::var("KVC_FFI_SANITIZE").ok().filter(|s| !s.is_empty());
+    let out_dir = target_dir.join(match &sanitize {
+        Some(_) => "ffi-tests-sanitized",
+        None => "ffi-tests",
+    });
+    std::fs::create_dir_all(&out_dir).expect("create ffi-tests output dir");
+    Build { lib_dir: profile_dir, out_dir, sanitize }
+}
+
+/// Runs a command, panicking with its output when it fails.
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{what} failed ({}):\n{text}", out.status);
+    text
+}
+
+/// Compiles one C or C++ test program warning-free and links it against the
+/// static library; returns the executable.
+fn compile(build: &Build, source: &Path) -> PathBuf {
+    let cpp = source.extension().is_some_and(|e| e == "cc");
+    let exe = build.out_dir.join(source.file_stem().expect("file name"));
+    let mut cmd = Command::new(if cpp { "c++" } else { "cc" });
+    cmd.arg(if cpp { "-std=c++17" } else { "-std=c11" })
+        .args(["-Werror", "-Wall", "-Wextra", "-Wpedantic", "-g", "-pthread"])
+        .arg(format!("-I{ROOT}/include"))
+        .arg(format!("-I{ROOT}/ffi-tests/c"));
+    if let Some(s) = &build.sanitize {
+        cmd.arg(format!("-fsanitize={s}")).args(["-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]);
+    }
+    cmd.arg(source).arg("-o").arg(&exe).arg(build.lib_dir.join("libkvcore.a"));
+    // What a Rust static library needs from the system on Linux; the C++
+    // runtime comes with `c++` and is needed once libzmq is linked in.
+    cmd.args(["-lpthread", "-ldl", "-lm", "-lrt"]);
+    if !cpp {
+        cmd.arg("-lstdc++");
+    }
+    run(&mut cmd, &format!("compiling {}", source.display()));
+    if let Some(s) = &build.sanitize {
+        let symbols = run(Command::new("nm").arg(&exe), "nm");
+        if s.contains("address") {
+            assert!(symbols.contains("__asan_init"), "{} was not linked with AddressSanitizer", exe.display());
+        }
+        if s.contains("undefined") {
+            assert!(symbols.contains("__ubsan_handle"), "{} was not linked with UBSan", exe.display());
+        }
+    }
+    exe
+}
+
+/// The test programs of one language, sorted.
+fn sources(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("ffi-tests").join(dir))
+        .expect("ffi-tests dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no ffi-tests/{dir}/*.{ext}");
+    files
+}
+
+/// Builds and runs every program of one language; each must exit 0.
+fn build_and_run(dir: &str, ext: &str) {
+    let build = build();
+    for source in sources(dir, ext) {
+        let exe = compile(&build, &source);
+        let mut cmd = Command::new(&exe);
+        if build.sanitize.is_some() {
+            cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0").env("UBSAN_OPTIONS", "print_stacktrace=1");
+        }
+        let out = run(&mut cmd, &format!("running {}", exe.display()));
+        assert!(out.contains("all checks passed"), "{} said:\n{out}", exe.display());
+    }
+}
+
+/// Every C program in ffi-tests/c (serving loop, several engines, every
+/// misuse, capability gates, double include) compiles with -Werror and passes.
+#[test]
+fn c_programs_pass() {
+    build_and_run("c", "c");
+}
+
+/// Every C++ program in ffi-tests/cpp (the kvcore.hpp wrapper) compiles with
+/// -Werror as C++17 and passes.
+#[test]
+fn cpp_programs_pass() {
+    build_and_run("cpp", "cc");
+}
