@@ -1,0 +1,166 @@
+// The C++ wrapper (kvcore.hpp): a serving loop through kvc::Engine, failures
+// as kvc::Error with the right status and a message, UUID lists as
+// optionals, move-only ownership (ASan would flag a double free), and several
+// engines held in one container.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvcore.hpp"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                            \
+        }                                                                          \
+    } while (0)
+
+// Runs `f`, expecting a kvc::Error with `want` and a non-empty message.
+template <typename F>
+static void expect_error(F f, kvc_status want, int line) {
+    try {
+        f();
+        std::fprintf(stderr, "line %d: no exception, expected status %u\n", line, static_cast<unsigned>(want));
+        failures++;
+    } catch (const kvc::Error &e) {
+        if (e.status() != want || std::strlen(e.what()) == 0) {
+            std::fprintf(stderr, "line %d: status %u (%s), expected %u\n", line, static_cast<unsigned>(e.status()),
+                         e.what(), static_cast<unsigned>(want));
+            failures++;
+        }
+    }
+}
+
+static kvc_config config() {
+    kvc_config c = kvc::default_config();
+    c.block_size_tokens = 4;
+    c.blocks_device = 32;
+    c.model_image_capable = true;
+    c.model_type = "qwen3_vl";
+    c.kv_events_endpoint = "tcp://127.0.0.1:5557";
+    return c;
+}
+
+static void serving_loop() {
+    kvc::Engine engine(config());
+    const std::vector<uint32_t> prompt = {1, 2, 3, 4, 151655, 151655, 151655, 151655, 9, 10, 11, 12};
+    kvc::Request request(prompt);
+    request.image_bytes({'p', 'i', 'x'}, {{4, 4}}, std::string("cat.png"));
+
+    kvc_admission a = engine.add(request);
+    CHECK(a.tokens_cached == 0);
+    CHECK(engine.block_table(a.request_id).size() == 3);
+    engine.commit(a.request_id, 12);
+    CHECK(engine.step().empty());
+    std::vector<kvc_event> events = engine.drain_events();
+    CHECK(events.size() == 3);
+    CHECK(!events.empty() && events[1].image_run_count == 1 && events[1].kind == KVC_EVENT_KIND_BLOCK_STORED);
+    engine.grow(a.request_id, {13, 14});
+    CHECK(engine.info(a.request_id).tokens == 14);
+    engine.finish(a.request_id);
+
+    // Reuse, and the UUID list read back as a copy.
+    kvc_admission b = engine.add(request);
+    CHECK(b.tokens_cached == 8);
+    kvc::UuidList uuids = engine.uuids(b.request_id);
+    CHECK(uuids.has_value() && uuids->size() == 1 && (*uuids)[0] == std::optional<std::string>("cat.png"));
+
+    // A request without a UUID list, and one whose list has only an absent entry.
+    std::array<uint8_t, 32> digest{};
+    digest[0] = 1;
+    kvc::Request no_list(prompt);
+    no_list.image_digest(digest, {{4, 4}});
+    kvc_admission c = engine.add(no_list);
+    CHECK(!engine.uuids(c.request_id).has_value());
+    kvc::Request absent_entry(prompt);
+    absent_entry.image_digest(digest, {{4, 4}}).with_uuid_list();
+    kvc_admission d = engine.add(absent_entry);
+    kvc::UuidList only_absent = engine.uuids(d.request_id);
+    CHECK(only_absent.has_value() && only_absent->size() == 1 && !(*only_absent)[0].has_value());
+
+    // LoRA and salt.
+    kvc::Request lora(prompt);
+    lora.lora(5, std::string("adapter")).cache_salt("salt");
+    kvc_admission l = engine.add(lora);
+    CHECK(l.tokens_cached == 0);
+
+    for (uint64_t id : {b.request_id, c.request_id, d.request_id, l.request_id}) {
+        engine.cancel(id);
+    }
+    kvc_counters counters = engine.counters();
+    CHECK(counters.requests_admitted == 5 && counters.requests_live == 0);
+    // The image chain's three prompt blocks are cached (the fourth, grown
+    // block was never committed); the other requests committed nothing.
+    CHECK(engine.evict(100) == 3);
+    engine.step();
+    CHECK(engine.drain_events().size() == 3);
+    CHECK(engine.model_info().find("\"image_routing_version\":1") != std::string::npos);
+}
+
+static void errors() {
+    kvc::Engine engine(config());
+    const std::vector<uint32_t> prompt = {1, 2, 3, 4, 5};
+    kvc_admission a = engine.add(kvc::Request(prompt));
+    engine.commit(a.request_id, 5);
+    engine.finish(a.request_id);
+    // Double finish: a stale id.
+    expect_error([&] { engine.finish(a.request_id); }, KVC_STATUS_UNKNOWN_ID, __LINE__);
+    expect_error([&] { engine.uuids(a.request_id); }, KVC_STATUS_UNKNOWN_ID, __LINE__);
+    expect_error([&] { engine.add(kvc::Request({})); }, KVC_STATUS_EMPTY_PROMPT, __LINE__);
+    // Invalid UTF-8 in a UUID.
+    kvc::Request bad(prompt);
+    bad.image_bytes({1}, {{0, 2}}, std::string("\xff\xfe"));
+    expect_error([&] { engine.add(bad); }, KVC_STATUS_INVALID_UTF8, __LINE__);
+    CHECK(engine.last_error().find("UUID") != std::string::npos);
+    // Bad config.
+    kvc_config c = config();
+    c.block_size_tokens = 5000;
+    expect_error([&] { kvc::Engine e(c); }, KVC_STATUS_INVALID_CONFIG, __LINE__);
+    // Nothing was lost: the engine still admits, and only the two engine
+    // refusals were counted.
+    kvc_admission b = engine.add(kvc::Request(prompt));
+    CHECK(b.tokens_cached == 4);
+    CHECK(engine.counters().requests_rejected == 2);
+    engine.finish(b.request_id);
+}
+
+static void ownership() {
+    kvc::Engine a(config());
+    kvc::Engine b(std::move(a));
+    CHECK(a.get() == nullptr && b.get() != nullptr);
+    // A moved-from engine refuses calls with NULL_ARGUMENT instead of crashing.
+    expect_error([&] { a.counters(); }, KVC_STATUS_NULL_ARGUMENT, __LINE__);
+    kvc::Engine c(config());
+    c = std::move(b);  // frees c's first engine
+    CHECK(b.get() == nullptr && c.get() != nullptr);
+
+    // Several engines in one container; each keeps its own cache.
+    std::vector<kvc::Engine> engines;
+    for (int i = 0; i < 4; i++) {
+        engines.emplace_back(config());
+    }
+    const std::vector<uint32_t> prompt = {7, 7, 7, 7, 7};
+    kvc_admission first = engines[0].add(kvc::Request(prompt));
+    engines[0].commit(first.request_id, 5);
+    engines[0].finish(first.request_id);
+    CHECK(engines[0].add(kvc::Request(prompt)).tokens_cached == 4);
+    for (size_t i = 1; i < engines.size(); i++) {
+        CHECK(engines[i].add(kvc::Request(prompt)).tokens_cached == 0);
+    }
+}
+
+int main() {
+    serving_loop();
+    errors();
+    ownership();
+    if (failures != 0) {
+        std::fprintf(stderr, "wrapper: %d check(s) failed\n", failures);
+        return 1;
+    }
+    std::printf("wrapper: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// kvcore.hpp: a header-only C++17 RAII wrapper over the C API in kvcore.h.
+// Hand-written (kvcore.h is generated). See docs/c-api.md.
+//
+// * kvc::Engine owns one kvc_engine: move-only, freed by its destructor.
+// * Every failed call throws kvc::Error, which carries the kvc_status and the
+//   engine's detailed last-error message. Nothing else is thrown except
+//   std::bad_alloc.
+// * Threading is the C API's: one thread at a time per engine; different
+//   engines are independent. A call racing another on the same engine throws
+//   kvc::Error with KVC_STATUS_ENGINE_BUSY.
+// * kvc::Request builds the C request description and owns its buffers, so
+//   a Request can be reused and outlives nothing it points to.
+#ifndef KVCORE_HPP
+#define KVCORE_HPP
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvcore.h"
+
+namespace kvc {
+
+// A failed kvcore call: the status and the detailed message.
+class Error : public std::runtime_error {
+public:
+    Error(kvc_status status, const std::string &message)
+        : std::runtime_error(std::string(kvc_status_str(static_cast<uint32_t>(status))) +
+                             (message.empty() ? std::string() : ": " + message)),
+          status_(status) {}
+
+    // The status code the C call returned.
+    kvc_status status() const noexcept { return status_; }
+
+private:
+    kvc_status status_;
+};
+
+// The default configuration (kvc_config_default); change fields, then build an Engine.
+inline kvc_config default_config() {
+    kvc_config c;
+    kvc_status s = kvc_config_default(&c);
+    if (s != KVC_STATUS_OK) {
+        throw Error(s, "kvc_config_default");
+    }
+    return c;
+}
+
+// The UUID list of a request: absent (std::nullopt) when it was given none;
+// otherwise one entry per image item, each absent or a UUID.
+using UuidList = std::optional<std::vector<std::optional<std::string>>>;
+
+// A request to admit. Owns copies of everything the C description points to.
+class Request {
+public:
+    explicit Request(std::vector<uint32_t> tokens) : tokens_(std::move(tokens)) {}
+
+    // Runs the request under a LoRA adapter.
+    Request &lora(uint32_t id, std::optional<std::string> name = std::nullopt) {
+        lora_id_ = id;
+        lora_name_ = std::move(name);
+        return *this;
+    }
+
+    // Sets the cache salt (requests with different salts never share blocks).
+    Request &cache_salt(std::string salt) {
+        cache_salt_ = std::move(salt);
+        return *this;
+    }
+
+    // Adds an image by its content bytes (kvcore computes the digest).
+    Request &image_bytes(std::vector<uint8_t> content, std::vector<kvc_token_run> runs,
+                         std::optional<std::string> uuid = std::nullopt) {
+        return add_image(KVC_IMAGE_CONTENT_BYTES, std::move(content), std::move(runs), std::move(uuid));
+    }
+
+    // Adds an image by a BLAKE3-256 digest computed by the caller.
+    Request &image_digest(const std::array<uint8_t, 32> &digest, std::vector<kvc_token_run> runs,
+                          std::optional<std::string> uuid = std::nullopt) {
+        return add_image(KVC_IMAGE_CONTENT_DIGEST, std::vector<uint8_t>(digest.begin(), digest.end()),
+                         std::move(runs), std::move(uuid));
+    }
+
+    // Sends a UUID list even if no image was given a UUID (all entries absent).
+    Request &with_uuid_list() {
+        uuid_list_ = true;
+        return *this;
+    }
+
+    // Marks a warm-up request (allocates, never indexed, no events).
+    Request &dummy(bool on = true) {
+        dummy_ = on;
+        return *this;
+    }
+
+    // The C description. Valid while this Request lives and is not modified.
+    kvc_request c_request() const {
+        c_items_.clear();
+        c_uuids_.clear();
+        for (const Image &im : images_) {
+            c_items_.push_back(kvc_image_item{static_cast<uint32_t>(im.kind), im.content.data(), im.content.size(),
+                                              im.runs.data(), im.runs.size()});
+            c_uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : kvc_bytes{nullptr, 0});
+        }
+        kvc_request r{};
+        r.tokens = tokens_.data();
+        r.tokens_len = tokens_.size();
+        r.has_lora_id = lora_id_.has_value();
+        r.lora_id = lora_id_.value_or(0);
+        r.dummy = dummy_;
+        r.lora_name = lora_name_ ? bytes_of(*lora_name_) : kvc_bytes{nullptr, 0};
+        r.cache_salt = cache_salt_ ? bytes_of(*cache_salt_) : kvc_bytes{nullptr, 0};
+        r.items = c_items_.data();
+        r.items_len = c_items_.size();
+        if (uuid_list_) {
+            r.uuids = c_uuids_.data();
+            r.uuids_len = c_uuids_.size();
+        }
+        return r;
+    }
+
+private:
+    struct Image {
+        kvc_image_content kind;
+        std::vector<uint8_t> content;
+        std::vector<kvc_token_run> runs;
+        std::optional<std::string> uuid;
+    };
+
+    static kvc_bytes bytes_of(const std::string &s) {
+        // A non-NULL pointer even for an empty string: empty is not absent.
+        return kvc_bytes{reinterpret_cast<const uint8_t *>(s.data()), s.size()};
+    }
+
+    Request &add_image(kvc_image_content kind, std::vector<uint8_t> content, std::vector<kvc_token_run> runs,
+                       std::optional<std::string> uuid) {
+        uuid_list_ = uuid_list_ || uuid.has_value();
+        images_.push_back(Image{kind, std::move(content), std::move(runs), std::move(uuid)});
+        return *this;
+    }
+
+    std::vector<uint32_t> tokens_;
+    std::optional<uint32_t> lora_id_;
+    std::optional<std::string> lora_name_;
+    std::optional<std::string> cache_salt_;
+    std::vector<Image> images_;
+    bool uuid_list_ = false;
+    bool dummy_ = false;
+    mutable std::vector<kvc_image_item> c_items_;
+    mutable std::vector<kvc_bytes> c_uuids_;
+};
+
+// One engine. Move-only; the destructor frees it.
+class Engine {
+public:
+    explicit Engine(const kvc_config &config) {
+        kvc_status s = kvc_engine_new(&config, &engine_);
+        if (s != KVC_STATUS_OK) {
+            throw Error(s, "kvc_engine_new");
+        }
+    }
+    Engine(const Engine &) = delete;
+    Engine &operator=(const Engine &) = delete;
+    Engine(Engine &&other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+    Engine &operator=(Engine &&other) noexcept {
+        if (this != &other) {
+            kvc_engine_free(engine_);
+            engine_ = std::exchange(other.engine_, nullptr);
+        }
+        return *this;
+    }
+    ~Engine() { kvc_engine_free(engine_); }
+
+    // The C handle (still owned by this object), for calls the wrapper lacks.
+    kvc_engine *get() const noexcept { return engine_; }
+
+    // The detailed message of the last failed call ("" after a success).
+    std::string last_error() const {
+        size_t n = 0;
+        if (engine_ == nullptr || kvc_engine_last_error(engine_, nullptr, 0, &n) != KVC_STATUS_OK) {
+            return std::string();
+        }
+        std::string msg(n + 1, '\0');
+        if (kvc_engine_last_error(engine_, &msg[0], msg.size(), &n) != KVC_STATUS_OK) {
+            return std::string();
+        }
+        msg.resize(n);
+        return msg;
+    }
+
+    kvc_admission add(const Request &request) {
+        kvc_request r = request.c_request();
+        kvc_admission a{};
+        check(kvc_engine_add_request(engine_, &r, &a));
+        return a;
+    }
+
+    UuidList uuids(uint64_t request_id) {
+        kvc_uuid_list shape{};
+        check(kvc_engine_request_uuids(engine_, request_id, nullptr, 0, nullptr, 0, &shape));
+        if (shape.present == 0) {
+            return std::nullopt;
+        }
+        std::vector<kvc_uuid_entry> entries(shape.count);
+        std::vector<uint8_t> bytes(static_cast<size_t>(shape.bytes));
+        // Non-NULL buffers even when empty, so this is a copy, not a size query.
+        kvc_uuid_entry entry_slot{};
+        uint8_t byte_slot = 0;
+        check(kvc_engine_request_uuids(engine_, request_id, entries.empty() ? &entry_slot : entries.data(),
+                                       entries.size(), bytes.empty() ? &byte_slot : bytes.data(), bytes.size(),
+                                       &shape));
+        std::vector<std::optional<std::string>> out;
+        out.reserve(entries.size());
+        for (const kvc_uuid_entry &e : entries) {
+            if (e.present != 0) {
+                out.emplace_back(std::string(reinterpret_cast<const char *>(bytes.data()) + e.offset, e.len));
+            } else {
+                out.emplace_back(std::nullopt);
+            }
+        }
+        return out;
+    }
+
+    kvc_request_info info(uint64_t request_id) {
+        kvc_request_info i{};
+        check(kvc_engine_request_info(engine_, request_id, &i));
+        return i;
+    }
+
+    std::vector<uint32_t> block_table(uint64_t request_id) {
+        size_t n = 0;
+        check(kvc_engine_block_table(engine_, request_id, nullptr, 0, &n));
+        std::vector<uint32_t> pages(n);
+        if (n != 0) {
+            check(kvc_engine_block_table(engine_, request_id, pages.data(), pages.size(), &n));
+        }
+        return pages;
+    }
+
+    void grow(uint64_t request_id, const std::vector<uint32_t> &tokens) {
+        check(kvc_engine_grow(engine_, request_id, tokens.data(), tokens.size()));
+    }
+
+    void commit(uint64_t request_id, uint64_t tokens_computed) {
+        check(kvc_engine_commit(engine_, request_id, tokens_computed));
+    }
+
+    void finish(uint64_t request_id) { check(kvc_engine_finish(engine_, request_id)); }
+
+    void cancel(uint64_t request_id) { check(kvc_engine_cancel(engine_, request_id)); }
+
+    // Closes the step; returns the block copies to perform before the next forward pass.
+    std::vector<kvc_block_copy> step() {
+        size_t n = 0;
+        check(kvc_engine_step(engine_, &n));
+        std::vector<kvc_block_copy> copies(n);
+        if (n != 0) {
+            check(kvc_engine_block_copies(engine_, copies.data(), copies.size(), &n));
+        }
+        return copies;
+    }
+
+    // Takes every drainable event record.
+    std::vector<kvc_event> drain_events() {
+        size_t n = 0;
+        check(kvc_engine_events_pending(engine_, &n));
+        std::vector<kvc_event> events(n);
+        if (n != 0) {
+            check(kvc_engine_drain_events(engine_, events.data(), events.size(), &n));
+            events.resize(n);
+        }
+        return events;
+    }
+
+    size_t evict(size_t n) {
+        size_t evicted = 0;
+        check(kvc_engine_evict(engine_, n, &evicted));
+        return evicted;
+    }
+
+    void clear() { check(kvc_engine_clear(engine_)); }
+
+    kvc_counters counters() {
+        kvc_counters c{};
+        check(kvc_engine_counters(engine_, &c));
+        return c;
+    }
+
+    // The capability document (JSON).
+    std::string model_info() {
+        size_t n = 0;
+        check(kvc_engine_model_info(engine_, nullptr, 0, &n));
+        std::string doc(n + 1, '\0');
+        check(kvc_engine_model_info(engine_, &doc[0], doc.size(), &n));
+        doc.resize(n);
+        return doc;
+    }
+
+private:
+    void check(kvc_status s) const {
+        if (s != KVC_STATUS_OK) {
+            throw Error(s, last_error());
+        }
+    }
+
+    kvc_engine *engine_ = nullptr;
+};
+
+}  // namespace kvc
+
+#endif  // KVCORE_HPP
