@@ -45,7 +45,8 @@ fn header_is_current() {
 /// Reads `version = "x.y.z"` of the `[package]` table of Cargo.toml.
 fn cargo_toml_version() -> (u32, u32, u32) {
     let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("read Cargo.toml");
-    let package = text.split("\n[").find(|t| t.starts_with("[package]") || t.starts_with("package]")).expect("[package]");
+    let package =
+        text.split("\n[").find(|t| t.starts_with("[package]") || t.starts_with("package]")).expect("[package]");
     let line = package.lines().find(|l| l.trim_start().starts_with("version")).expect("package version");
     let v = line.split('"').nth(1).expect("quoted version");
     let mut parts = v.split(['.', '-', '+']).map(|p| p.parse::<u32>().expect("numeric version"));
@@ -55,7 +56,8 @@ fn cargo_toml_version() -> (u32, u32, u32) {
 /// Reads `#define NAME value` from the checked-in header.
 fn header_define(header: &str, name: &str) -> u32 {
     let prefix = format!("#define {name} ");
-    let line = header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing from kvcore.h"));
+    let line =
+        header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing from kvcore.h"));
     line[prefix.len()..].trim().parse().expect("numeric macro")
 }
 

@@ -188,7 +188,8 @@ fn request_spec<'a>(r: &kvc_request) -> Result<RequestSpec<'a>, Failure> {
             }
         };
         let runs: &[kvc_token_run] = try_slice!(it.runs, it.runs_len, "request.items[].runs");
-        items.push(MmItemSpec { content, runs: runs.iter().map(|r| TokenRun { start: r.start, len: r.len }).collect() });
+        items
+            .push(MmItemSpec { content, runs: runs.iter().map(|r| TokenRun { start: r.start, len: r.len }).collect() });
     }
     let uuids = if r.uuids.is_null() {
         if r.uuids_len != 0 {
@@ -447,7 +448,11 @@ pub unsafe extern "C" fn kvc_engine_grow(
 ///
 /// `engine` is NULL or a live engine.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_engine_commit(engine: *mut kvc_engine, request_id: u64, tokens_computed: u64) -> kvc_status {
+pub unsafe extern "C" fn kvc_engine_commit(
+    engine: *mut kvc_engine,
+    request_id: u64,
+    tokens_computed: u64,
+) -> kvc_status {
     ffi_boundary!({
         with_engine(engine, |st| {
             st.engine.commit(RequestId::from_ffi(request_id), tokens_computed)?;

@@ -190,7 +190,8 @@ mod tests {
     /// their origin's range; checked by walking the table.
     #[test]
     fn every_status_is_described_once() {
-        let codes = [0u32, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 200, 201, 202, 203, 204, 900, 901, 902];
+        let codes =
+            [0u32, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 200, 201, 202, 203, 204, 900, 901, 902];
         let mut seen = std::collections::HashSet::new();
         for c in codes {
             let d = kvc_status::describe(c);

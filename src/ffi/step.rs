@@ -225,11 +225,9 @@ pub(crate) fn flatten_batches(batches: Vec<EventBatch>, out: &mut impl Extend<kv
                         ..base
                     }));
                 }
-                KvEvent::AllBlocksCleared(_) => out.extend([kvc_event {
-                    kind: kvc_event_kind::AllBlocksCleared as u32,
-                    block_count: 1,
-                    ..base
-                }]),
+                KvEvent::AllBlocksCleared(_) => {
+                    out.extend([kvc_event { kind: kvc_event_kind::AllBlocksCleared as u32, block_count: 1, ..base }])
+                }
             }
         }
     }
