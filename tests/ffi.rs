@@ -89,7 +89,7 @@ fn build() -> Build {
     let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(ROOT).args(["build", "--lib", "--quiet"]).env("CARGO_TARGET_DIR", &target_dir);
+    cmd.current_dir(ROOT).args(["build", "--lib", "--locked", "--quiet"]).env("CARGO_TARGET_DIR", &target_dir);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }

@@ -19,6 +19,8 @@ static kvc_engine *make_engine(void) {
     c.blocks_device = 16;
     c.requests_max = 4;
     c.tokens_per_request_max = 40;
+    c.mm_items_max = 4;
+    c.mm_items_per_request_max = 3;
     kvc_engine *e = NULL;
     EXPECT_OK(kvc_engine_new(&c, &e));
     return e;
@@ -352,6 +354,27 @@ static void capacity(kvc_engine *e) {
     EXPECT_OK(kvc_engine_add_request(e, &big, &x));
     EXPECT_OK(kvc_engine_cancel(e, x.request_id));
     still_serves(e);
+
+    /* Image items: 3 per request at most, 4 live at most. */
+    uint8_t px[1] = {9};
+    kvc_token_run runs[4] = {{0, 1}, {2, 1}, {4, 1}, {6, 1}};
+    kvc_image_item items[4];
+    for (int i = 0; i < 4; i++) {
+        kvc_image_item it = {KVC_IMAGE_CONTENT_BYTES, px, 1, &runs[i], 1};
+        items[i] = it;
+    }
+    kvc_request imgs = text_request(PROMPT, 8);
+    imgs.items = items;
+    imgs.items_len = 4;
+    expect_refused(e, &imgs, KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST, 1, __LINE__);
+    imgs.items_len = 3;
+    kvc_admission three;
+    EXPECT_OK(kvc_engine_add_request(e, &imgs, &three));
+    imgs.items_len = 2;
+    expect_refused_msg(e, &imgs, KVC_STATUS_TOO_MANY_ITEMS, 1, "item table", __LINE__);
+    EXPECT_OK(kvc_engine_finish(e, three.request_id));
+    EXPECT_OK(kvc_engine_add_request(e, &imgs, &three));
+    EXPECT_OK(kvc_engine_finish(e, three.request_id));
 }
 
 static void buffers(kvc_engine *e) {

@@ -164,14 +164,25 @@ static void serving_loop(void) {
     n = drain(e, ev, 64);
     CHECK(n == 3 && (ev[0].flags & KVC_EVENT_FLAG_HAS_LORA_ID) && ev[0].lora_id == 3);
 
+    /* A dummy (warm-up) request allocates but is never cached and emits nothing. */
+    kvc_request warm = text_request(PROMPT, 12);
+    warm.dummy = true;
+    kvc_admission aw;
+    EXPECT_OK(kvc_engine_add_request(e, &warm, &aw));
+    EXPECT_OK(kvc_engine_commit(e, aw.request_id, 12));
+    EXPECT_OK(kvc_engine_finish(e, aw.request_id));
+    EXPECT_OK(kvc_engine_step(e, &copies));
+    EXPECT_OK(kvc_engine_events_pending(e, &n));
+    CHECK(n == 0);
+
     /* 8. Cancel and finish the rest; evict everything; clear. */
     EXPECT_OK(kvc_engine_cancel(e, a3.request_id));
     EXPECT_OK(kvc_engine_finish(e, a2.request_id));
     EXPECT_OK(kvc_engine_finish(e, a4.request_id));
     kvc_counters c;
     EXPECT_OK(kvc_engine_counters(e, &c));
-    CHECK(c.requests_admitted == 4 && c.requests_rejected == 0 && c.requests_live == 0);
-    CHECK(c.tokens_cached == 12 && c.tokens_uncached == 48 - 12);
+    CHECK(c.requests_admitted == 5 && c.requests_rejected == 0 && c.requests_live == 0);
+    CHECK(c.tokens_cached == 12 && c.tokens_uncached == 60 - 12);
     CHECK(c.blocks_cached_device == 7); /* 4 of the image chain, 3 of the LoRA chain */
     size_t evicted = 0;
     EXPECT_OK(kvc_engine_evict(e, 2, &evicted));
@@ -186,7 +197,7 @@ static void serving_loop(void) {
     n = drain(e, ev, 64);
     CHECK(n >= 1 && ev[n - 1].kind == KVC_EVENT_KIND_ALL_BLOCKS_CLEARED);
     EXPECT_OK(kvc_engine_counters(e, &c));
-    CHECK(c.blocks_cached_device == 0 && c.blocks_free_device == 64 && c.step_index == 5);
+    CHECK(c.blocks_cached_device == 0 && c.blocks_free_device == 64 && c.step_index == 6);
 
     /* 9. Capabilities: every gate holds in this configuration. */
     char json[1024];
