@@ -26,6 +26,13 @@ pub struct kvc_engine {
     pub(crate) state: Mutex<EngineState>,
 }
 
+// The threading contract (an engine may move between threads; calls on it are
+// serialised by its mutex) holds only if the handle is Send and Sync.
+const _: fn() = || {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<kvc_engine>();
+};
+
 /// What lives behind a handle.
 pub(crate) struct EngineState {
     /// The engine itself.
