@@ -5,7 +5,7 @@
 //! The programs are built with the system `cc` and `c++`. With
 //! `KVC_FFI_SANITIZE=address,undefined` (what .ci/run sets) they are built with
 //! those sanitizers, and the test checks with `nm` that the sanitizer runtime
-//! really linked.
+//! really linked. With `KVC_FFI_VALGRIND=1` they run under valgrind instead.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,7 +163,15 @@ fn build_and_run(dir: &str, ext: &str) {
     let build = build();
     for source in sources(dir, ext) {
         let exe = compile(&build, &source);
-        let mut cmd = Command::new(&exe);
+        // KVC_FFI_VALGRIND=1 runs each program under valgrind (memcheck, definite
+        // leaks are errors); .ci/run does so where valgrind is installed.
+        let mut cmd = if std::env::var_os("KVC_FFI_VALGRIND").is_some() {
+            let mut c = Command::new("valgrind");
+            c.args(["-q", "--error-exitcode=9", "--leak-check=full", "--errors-for-leak-kinds=definite"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
         if build.sanitize.is_some() {
             cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0").env("UBSAN_OPTIONS", "print_stacktrace=1");
         }
