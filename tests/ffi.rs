@@ -42,6 +42,29 @@ fn header_is_current() {
     );
 }
 
+/// Every function the header declares carries its documentation there: a
+/// comment block right above it with a `# Safety` section; method: scan the
+/// checked-in header line by line.
+#[test]
+fn every_export_is_documented_in_the_header() {
+    let header = std::fs::read_to_string(Path::new(ROOT).join("include/kvcore.h")).expect("read kvcore.h");
+    let lines: Vec<&str> = header.lines().collect();
+    let mut functions = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let is_decl =
+            !line.starts_with(' ') && !line.starts_with('#') && line.contains(" kvc_") && line.ends_with(");");
+        if !is_decl {
+            continue;
+        }
+        functions += 1;
+        assert!(i > 0 && lines[i - 1].trim() == "*/", "{line}: no comment right above");
+        let start = lines[..i].iter().rposition(|l| l.trim_start().starts_with("/**")).expect("comment start");
+        let doc = lines[start..i].join("\n");
+        assert!(doc.contains("# Safety"), "{line}: no `# Safety` section in its comment");
+    }
+    assert!(functions >= 20, "only {functions} functions found in kvcore.h");
+}
+
 /// Reads `version = "x.y.z"` of the `[package]` table of Cargo.toml.
 fn cargo_toml_version() -> (u32, u32, u32) {
     let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("read Cargo.toml");
