@@ -332,6 +332,13 @@ typedef struct kvc_config {
      */
     bool kv_events;
     /**
+     * Whether a request may reuse the leading tokens of a cached block it
+     * only partly matches: kvcore allocates a fresh block and queues a
+     * `kvc_block_copy` of those tokens, which the caller must perform before
+     * the forward pass. Off by default.
+     */
+    bool partial_reuse;
+    /**
      * Whether the model takes image inputs.
      */
     bool model_image_capable;
@@ -564,6 +571,12 @@ typedef struct kvc_block_copy {
      * Leading tokens to copy: the whole block, or a prefix for partial reuse.
      */
     uint32_t tokens;
+    /**
+     * The copy's wave, counting from 0. Copies of one wave touch no page
+     * another copy of that wave writes, so each wave may run as one batched
+     * launch; run the waves in increasing order.
+     */
+    uint32_t wave;
 } kvc_block_copy;
 
 /**
@@ -982,8 +995,8 @@ const char *kvc_status_str(uint32_t status);
 
 /**
  * Closes the step: the block copies its allocations queued are kept on the
- * engine (read them with `kvc_engine_block_copies` and perform them before
- * the next forward pass), and its events become drainable.
+ * engine (read them with `kvc_engine_block_copies` and perform them, wave by
+ * wave, before the next forward pass), and its events become drainable.
  * `*copies_out` receives the number of copies.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;

@@ -96,6 +96,11 @@ pub struct kvc_config {
     pub block_reuse: bool,
     /// Whether KV-cache events are produced.
     pub kv_events: bool,
+    /// Whether a request may reuse the leading tokens of a cached block it
+    /// only partly matches: kvcore allocates a fresh block and queues a
+    /// `kvc_block_copy` of those tokens, which the caller must perform before
+    /// the forward pass. Off by default.
+    pub partial_reuse: bool,
     /// Whether the model takes image inputs.
     pub model_image_capable: bool,
     /// The model's Hugging Face `model_type` (e.g. "qwen3_vl"), NUL-terminated
@@ -124,6 +129,7 @@ impl kvc_config {
             kv_transfer_role: kvc_kv_transfer_role::None as u32,
             block_reuse: c.block_reuse,
             kv_events: c.kv_events,
+            partial_reuse: c.partial_reuse,
             model_image_capable: false,
             model_type: std::ptr::null(),
             kv_events_endpoint: std::ptr::null(),
@@ -162,6 +168,7 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         blocks_host: c.blocks_host,
         block_reuse: c.block_reuse,
         kv_events: c.kv_events,
+        partial_reuse: c.partial_reuse,
         image_placeholder_token_id: c.image_placeholder_token_id,
         requests_max: c.requests_max,
         tokens_per_request_max: c.tokens_per_request_max,

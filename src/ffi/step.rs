@@ -12,7 +12,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::events::{EventBatch, KvEvent, Medium};
 use crate::keys::BlockKey;
-use crate::resources::PageRef;
+use crate::resources::{PageRef, copy_waves};
 
 use super::boundary::{ffi_boundary, try_out, try_slice_out, with_engine};
 use super::handle::kvc_engine;
@@ -109,6 +109,10 @@ pub struct kvc_block_copy {
     pub dst_page: u32,
     /// Leading tokens to copy: the whole block, or a prefix for partial reuse.
     pub tokens: u32,
+    /// The copy's wave, counting from 0. Copies of one wave touch no page
+    /// another copy of that wave writes, so each wave may run as one batched
+    /// launch; run the waves in increasing order.
+    pub wave: u32,
 }
 
 /// Engine counters and gauges. Counters are monotonic since creation.
@@ -234,8 +238,8 @@ pub(crate) fn flatten_batches(batches: Vec<EventBatch>, out: &mut impl Extend<kv
 }
 
 /// Closes the step: the block copies its allocations queued are kept on the
-/// engine (read them with `kvc_engine_block_copies` and perform them before
-/// the next forward pass), and its events become drainable.
+/// engine (read them with `kvc_engine_block_copies` and perform them, wave by
+/// wave, before the next forward pass), and its events become drainable.
 /// `*copies_out` receives the number of copies.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
@@ -250,13 +254,15 @@ pub unsafe extern "C" fn kvc_engine_step(engine: *mut kvc_engine, copies_out: *m
         with_engine(engine, |st| {
             let out = try_out!(copies_out);
             let copies = st.engine.step();
+            let wave_ends = copy_waves(&copies);
             st.copies.clear();
-            st.copies.extend(copies.iter().map(|c| kvc_block_copy {
+            st.copies.extend(copies.iter().enumerate().map(|(i, c)| kvc_block_copy {
                 src_medium: page_medium(c.src),
                 src_page: c.src.page,
                 dst_medium: page_medium(c.dst),
                 dst_page: c.dst.page,
                 tokens: c.tokens,
+                wave: wave_ends.partition_point(|end| *end <= i) as u32,
             }));
             out.write(st.copies.len());
             Ok(())
