@@ -129,6 +129,19 @@ enum kvc_status
      */
     KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST = 204,
     /**
+     * `kvc_engine_publisher_start` on an engine whose publisher already runs.
+     */
+    KVC_STATUS_PUBLISHER_RUNNING = 400,
+    /**
+     * The publisher could not start: an endpoint ZMQ refused, a rank that
+     * cannot offset the endpoint's port, or its thread could not be spawned.
+     */
+    KVC_STATUS_PUBLISHER_START_FAILED = 401,
+    /**
+     * A publisher call on an engine with no publisher running.
+     */
+    KVC_STATUS_PUBLISHER_NOT_RUNNING = 402,
+    /**
      * kvcore panicked inside this call (a broken invariant). The engine is
      * now poisoned; only `kvc_engine_last_error` and `kvc_engine_free` remain useful.
      */
@@ -370,6 +383,89 @@ typedef struct kvc_bytes {
      */
     size_t len;
 } kvc_bytes;
+
+/**
+ * How the publisher binds and encodes. Fill it with
+ * `kvc_publisher_config_default`, then change what you need.
+ */
+typedef struct kvc_publisher_config {
+    /**
+     * Where the `PUB` socket binds (e.g. "tcp://0.0.0.0:5557"; port `*` picks a
+     * free one), NUL-terminated; NULL means the engine's `kv_events_endpoint`.
+     */
+    const char *endpoint;
+    /**
+     * Where the replay `ROUTER` socket binds, NUL-terminated; NULL turns replay off.
+     */
+    const char *replay_endpoint;
+    /**
+     * The topic frame of every message (absent: empty topic).
+     */
+    struct kvc_bytes topic;
+    /**
+     * The data-parallel rank, read when `has_data_parallel_rank`; the TCP
+     * port becomes `port + rank`.
+     */
+    uint32_t data_parallel_rank;
+    /**
+     * Whether `data_parallel_rank` is set.
+     */
+    bool has_data_parallel_rank;
+    /**
+     * Whether `BlockStored` carries `token_ids` (and `block_mm_infos`).
+     */
+    bool token_ids;
+    /**
+     * Positional (array) events instead of maps, for consumers older than vLLM 0.26.
+     */
+    bool array_form;
+    /**
+     * Published batches kept for replay.
+     */
+    uint32_t buffer_steps;
+    /**
+     * Batches that may wait for the publisher thread before new ones are dropped.
+     */
+    uint32_t queue_capacity;
+    /**
+     * The `PUB` socket's send high-water mark, in messages.
+     */
+    int32_t send_hwm;
+} kvc_publisher_config;
+
+/**
+ * A publisher's counters.
+ */
+typedef struct kvc_publisher_stats {
+    /**
+     * Batches handed to the publisher (sequence numbers reserved).
+     */
+    uint64_t batches_reserved;
+    /**
+     * Batches sent on the `PUB` socket.
+     */
+    uint64_t batches_sent;
+    /**
+     * Batches dropped because the publisher queue was full.
+     */
+    uint64_t dropped_queue_full;
+    /**
+     * Batches whose send failed.
+     */
+    uint64_t dropped_send_failed;
+    /**
+     * Replay requests served.
+     */
+    uint64_t replays_served;
+    /**
+     * Snapshot requests served.
+     */
+    uint64_t snapshots_served;
+    /**
+     * Malformed requests on the replay socket.
+     */
+    uint64_t bad_requests;
+} kvc_publisher_stats;
 
 /**
  * One run of an image item's tokens in the prompt: positions `[start, start + len)`.
@@ -837,6 +933,106 @@ kvc_status kvc_engine_last_error(const struct kvc_engine *engine, char *buf, siz
  * (or NULL with `len` 0); `n_out` is NULL or valid for one `size_t` write.
  */
 kvc_status kvc_engine_model_info(struct kvc_engine *engine, char *buf, size_t len, size_t *n_out);
+
+/**
+ * Writes the default publisher configuration into `*config_out`: the
+ * engine's endpoint, no replay, empty topic, no rank, token ids on, map
+ * form, 10000 replay batches, a queue of 100000 batches, HWM 100000.
+ *
+ * Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
+ *
+ * # Safety
+ *
+ * `config_out` is NULL or valid for one write.
+ */
+kvc_status kvc_publisher_config_default(struct kvc_publisher_config *config_out);
+
+/**
+ * Starts publishing the engine's events over ZMQ: binds the sockets now and
+ * from then on sends each step's batch from a background thread (the step
+ * never blocks on the network). Closed batches stay drainable as well.
+ *
+ * Ownership: the publisher belongs to the engine; `kvc_engine_publisher_stop`
+ * or `kvc_engine_free` stops it. The strings in `config` are copied.
+ * Threading: one thread at a time per engine, as for every engine call.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT` (no endpoint here nor in the engine config,
+ * or a topic with a NULL pointer); `KVC_STATUS_INVALID_UTF8`;
+ * `KVC_STATUS_PUBLISHER_RUNNING`; `KVC_STATUS_PUBLISHER_START_FAILED` (bind
+ * refused, bad endpoint, thread not started; the message says which);
+ * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `config` is NULL or a valid config whose
+ * strings are NULL or NUL-terminated and whose topic describes readable bytes.
+ */
+kvc_status kvc_engine_publisher_start(struct kvc_engine *engine, const struct kvc_publisher_config *config);
+
+/**
+ * Stops the publisher: batches already handed to it are sent (waiting up
+ * to one second), then its sockets close and its threads end.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+ * `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine.
+ */
+kvc_status kvc_engine_publisher_stop(struct kvc_engine *engine);
+
+/**
+ * Copies the running publisher's bound endpoint (e.g.
+ * "tcp://127.0.0.1:40123") as a NUL-terminated string; `*n_out` receives
+ * its length. With `buf` NULL and `len` 0 only the length is reported.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+ * `KVC_STATUS_BUFFER_TOO_SMALL`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
+ * (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+ */
+kvc_status kvc_engine_publisher_endpoint(struct kvc_engine *engine, char *buf, size_t len, size_t *n_out);
+
+/**
+ * Reads the running publisher's counters into `*stats_out`.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+ * `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `stats_out` is NULL or valid for one write.
+ */
+kvc_status kvc_engine_publisher_stats(struct kvc_engine *engine, struct kvc_publisher_stats *stats_out);
+
+/**
+ * Moves closed event batches into `buf` as encoded wire payloads, oldest
+ * first: each is a 4-byte little-endian length followed by that many bytes
+ * of msgpack `[ts, events, data_parallel_rank]` (map form, token ids
+ * included), exactly the payload frame a ZMQ subscriber receives. Only whole
+ * payloads are written; `*n_out` receives the bytes written, 0 when there is
+ * nothing to drain. With `buf` NULL and `len` 0 nothing is taken and
+ * `*n_out` receives the bytes all waiting payloads need.
+ *
+ * This and `kvc_engine_drain_events` take from the same closed batches: an
+ * application uses one of the two.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_BUFFER_TOO_SMALL` (the oldest
+ * payload alone does not fit; nothing taken); `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
+ * (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+ */
+kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf, size_t len, size_t *n_out);
 
 /**
  * Admits a request: matches its longest cached prefix and allocates the rest

@@ -216,3 +216,121 @@ fn c_programs_pass() {
 fn cpp_programs_pass() {
     build_and_run("cpp", "cc");
 }
+
+/// What a subscriber receives from a publisher started through the C API is,
+/// event for event, what `kvc_engine_drain_events_wire` hands out; method: a
+/// real ZMQ SUB socket on loopback, both payloads decoded with the codec.
+#[test]
+fn c_publisher_stream_matches_wire_drain() {
+    use kvcore::events::codec::{decode_message, decode_payload};
+    use kvcore::ffi::handle::*;
+    use kvcore::ffi::publisher::*;
+    use kvcore::ffi::request::*;
+    use kvcore::ffi::status::kvc_status;
+    use kvcore::ffi::step::kvc_engine_step;
+    use std::mem::MaybeUninit;
+
+    let endpoint_any = c"tcp://127.0.0.1:*";
+    let mut config = MaybeUninit::<kvc_config>::uninit();
+    let mut engine = std::ptr::null_mut();
+    let mut pc = MaybeUninit::<kvc_publisher_config>::uninit();
+    // SAFETY: every out pointer is valid for one write; the strings are NUL-terminated statics.
+    let engine = unsafe {
+        assert_eq!(kvc_config_default(config.as_mut_ptr()), kvc_status::Ok);
+        let mut config = config.assume_init();
+        config.block_size_tokens = 4;
+        config.blocks_device = 256;
+        config.kv_events_endpoint = endpoint_any.as_ptr();
+        assert_eq!(kvc_engine_new(&config, &mut engine), kvc_status::Ok);
+        assert_eq!(kvc_publisher_config_default(pc.as_mut_ptr()), kvc_status::Ok);
+        assert_eq!(kvc_engine_publisher_start(engine, pc.as_ptr()), kvc_status::Ok);
+        engine
+    };
+    let mut endpoint = [0 as std::ffi::c_char; 128];
+    let mut n = 0usize;
+    // SAFETY: live engine, 128-byte buffer, `n` writable.
+    assert_eq!(
+        unsafe { kvc_engine_publisher_endpoint(engine, endpoint.as_mut_ptr(), endpoint.len(), &mut n) },
+        kvc_status::Ok
+    );
+    let endpoint: String = endpoint[..n].iter().map(|c| *c as u8 as char).collect();
+
+    let serve = |first: u32| {
+        let tokens: Vec<u32> = (first..first + 9).collect();
+        let request = kvc_request {
+            tokens: tokens.as_ptr(),
+            tokens_len: tokens.len(),
+            lora_id: 0,
+            has_lora_id: false,
+            dummy: false,
+            lora_name: kvc_bytes { ptr: std::ptr::null(), len: 0 },
+            cache_salt: kvc_bytes { ptr: std::ptr::null(), len: 0 },
+            items: std::ptr::null(),
+            items_len: 0,
+            uuids: std::ptr::null(),
+            uuids_len: 0,
+        };
+        let mut a = MaybeUninit::<kvc_admission>::uninit();
+        let mut copies = 0usize;
+        // SAFETY: live engine; `request` points to `tokens`, alive for the call; out params writable.
+        unsafe {
+            assert_eq!(kvc_engine_add_request(engine, &request, a.as_mut_ptr()), kvc_status::Ok);
+            let id = a.assume_init().request_id;
+            assert_eq!(kvc_engine_commit(engine, id, 9), kvc_status::Ok);
+            assert_eq!(kvc_engine_finish(engine, id), kvc_status::Ok);
+            assert_eq!(kvc_engine_step(engine, &mut copies), kvc_status::Ok);
+        }
+    };
+    let drain_wire = || -> Vec<Vec<u8>> {
+        let mut need = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        // SAFETY: live engine; `buf` holds 64 KiB; `need` writable.
+        assert_eq!(
+            unsafe { kvc_engine_drain_events_wire(engine, buf.as_mut_ptr(), buf.len(), &mut need) },
+            kvc_status::Ok
+        );
+        let mut payloads = Vec::new();
+        let mut at = 0;
+        while at < need {
+            let len = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
+            payloads.push(buf[at + 4..at + 4 + len].to_vec());
+            at += 4 + len;
+        }
+        payloads
+    };
+
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.connect(&endpoint).unwrap();
+    // ZMQ's slow joiner: serve until the subscriber sees a batch.
+    sub.set_rcvtimeo(20).unwrap();
+    let mut joined = false;
+    for i in 0..500 {
+        serve(10_000 + i * 16);
+        if sub.recv_multipart(0).is_ok() {
+            joined = true;
+            break;
+        }
+    }
+    assert!(joined, "the subscriber never received a batch");
+    sub.set_rcvtimeo(5000).unwrap();
+    while sub.recv_multipart(zmq::DONTWAIT).is_ok() {}
+    drop(drain_wire());
+
+    serve(1);
+    let frames = sub.recv_multipart(0).expect("the batch of the last step within 5 s");
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let received = decode_message(&refs).expect("a valid message");
+    let drained = drain_wire();
+    assert_eq!(drained.len(), 1, "one step, one payload");
+    let drained = decode_payload(&drained[0]).expect("a valid payload");
+    assert_eq!(received.batch.events, drained.events);
+    assert_eq!(received.batch.events.len(), 1, "one BlockStored for the two full blocks");
+
+    // SAFETY: live engine, stopped then freed once.
+    unsafe {
+        assert_eq!(kvc_engine_publisher_stop(engine), kvc_status::Ok);
+        kvc_engine_free(engine);
+    }
+}

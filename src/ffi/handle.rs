@@ -47,6 +47,8 @@ pub(crate) struct EngineState {
     pub copies: Vec<kvc_block_copy>,
     /// Closed events flattened to records, not yet drained.
     pub events: VecDeque<kvc_event>,
+    /// Closed batches encoded as wire payloads, not yet drained.
+    pub wire: VecDeque<Vec<u8>>,
 }
 
 /// How KV data moves between workers (`kvc_config.kv_transfer_role`). Anything
@@ -251,6 +253,7 @@ pub unsafe extern "C" fn kvc_engine_new(config: *const kvc_config, engine_out: *
                 poisoned: false,
                 copies: Vec::new(),
                 events: VecDeque::new(),
+                wire: VecDeque::new(),
             };
             out.write(Box::into_raw(Box::new(kvc_engine { state: Mutex::new(state) })));
             Ok(())

@@ -13,6 +13,7 @@
 //! | `handle.rs` | `kvc_config`, `kvc_engine_new`/`_free`, `kvc_engine_last_error`, `kvc_engine_model_info` |
 //! | `request.rs` | add, UUID list, info, block table, grow, commit, finish, cancel |
 //! | `step.rs` | step, block copies, event records, evict, clear, counters |
+//! | `publisher.rs` | wire-encoded drain, ZMQ publisher start/stop/endpoint/stats |
 //! | `version.rs` | `KVCORE_VERSION_*`, `kvc_version` |
 //!
 //! Rules every export follows:
@@ -29,6 +30,7 @@
 
 pub(crate) mod boundary;
 pub mod handle;
+pub mod publisher;
 pub mod request;
 pub mod status;
 pub mod step;

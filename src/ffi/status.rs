@@ -9,7 +9,7 @@
 //! | 1xx | the caller's arguments or handles |
 //! | 2xx | a configured capacity was reached |
 //! | 3xx | the GPU (none yet) |
-//! | 4xx | events and the publisher (none yet) |
+//! | 4xx | events and the publisher |
 //! | 9xx | kvcore itself (a bug) |
 //!
 //! A retired code stays listed here as a comment so that it is never handed
@@ -69,6 +69,13 @@ pub enum kvc_status {
     RequestTooLong = 203,
     /// The request has more than `mm_items_per_request_max` image items.
     TooManyItemsPerRequest = 204,
+    /// `kvc_engine_publisher_start` on an engine whose publisher already runs.
+    PublisherRunning = 400,
+    /// The publisher could not start: an endpoint ZMQ refused, a rank that
+    /// cannot offset the endpoint's port, or its thread could not be spawned.
+    PublisherStartFailed = 401,
+    /// A publisher call on an engine with no publisher running.
+    PublisherNotRunning = 402,
     /// kvcore panicked inside this call (a broken invariant). The engine is
     /// now poisoned; only `kvc_engine_last_error` and `kvc_engine_free` remain useful.
     Panic = 900,
@@ -101,6 +108,9 @@ impl kvc_status {
             (S::TooManyItems, c"the image item table is full"),
             (S::RequestTooLong, c"the request is longer than tokens_per_request_max"),
             (S::TooManyItemsPerRequest, c"the request has too many image items"),
+            (S::PublisherRunning, c"a publisher is already running"),
+            (S::PublisherStartFailed, c"the publisher could not start"),
+            (S::PublisherNotRunning, c"no publisher is running"),
             (S::Panic, c"kvcore panicked; the engine is poisoned"),
             (S::Poisoned, c"the engine is poisoned by an earlier panic"),
             (S::Internal, c"internal error"),
@@ -190,8 +200,10 @@ mod tests {
     /// their origin's range; checked by walking the table.
     #[test]
     fn every_status_is_described_once() {
-        let codes =
-            [0u32, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 200, 201, 202, 203, 204, 900, 901, 902];
+        let codes = [
+            0u32, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 200, 201, 202, 203, 204, 400, 401, 402,
+            900, 901, 902,
+        ];
         let mut seen = std::collections::HashSet::new();
         for c in codes {
             let d = kvc_status::describe(c);

@@ -1,0 +1,353 @@
+//! Events out of the process: the encoded wire form, and the ZMQ publisher.
+//!
+//! Both reuse `events::codec` and `events::publisher` as they are; this file
+//! only converts C arguments. The wire bytes handed out by
+//! `kvc_engine_drain_events_wire` are the payloads a ZMQ subscriber receives
+//! as the third frame of each message, so an application that ships events
+//! its own way can still feed any router that speaks the format.
+
+use std::ffi::{CStr, c_char};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::events::codec::{EncodeOptions, EventForm, encode_events};
+use crate::events::publisher::{Publisher, PublisherConfig};
+
+use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
+use super::handle::kvc_engine;
+use super::request::kvc_bytes;
+use super::status::{Failure, kvc_status};
+
+/// How the publisher binds and encodes. Fill it with
+/// `kvc_publisher_config_default`, then change what you need.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvc_publisher_config {
+    /// Where the `PUB` socket binds (e.g. "tcp://0.0.0.0:5557"; port `*` picks a
+    /// free one), NUL-terminated; NULL means the engine's `kv_events_endpoint`.
+    pub endpoint: *const c_char,
+    /// Where the replay `ROUTER` socket binds, NUL-terminated; NULL turns replay off.
+    pub replay_endpoint: *const c_char,
+    /// The topic frame of every message (absent: empty topic).
+    pub topic: kvc_bytes,
+    /// The data-parallel rank, read when `has_data_parallel_rank`; the TCP
+    /// port becomes `port + rank`.
+    pub data_parallel_rank: u32,
+    /// Whether `data_parallel_rank` is set.
+    pub has_data_parallel_rank: bool,
+    /// Whether `BlockStored` carries `token_ids` (and `block_mm_infos`).
+    pub token_ids: bool,
+    /// Positional (array) events instead of maps, for consumers older than vLLM 0.26.
+    pub array_form: bool,
+    /// Published batches kept for replay.
+    pub buffer_steps: u32,
+    /// Batches that may wait for the publisher thread before new ones are dropped.
+    pub queue_capacity: u32,
+    /// The `PUB` socket's send high-water mark, in messages.
+    pub send_hwm: i32,
+}
+
+/// A publisher's counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kvc_publisher_stats {
+    /// Batches handed to the publisher (sequence numbers reserved).
+    pub batches_reserved: u64,
+    /// Batches sent on the `PUB` socket.
+    pub batches_sent: u64,
+    /// Batches dropped because the publisher queue was full.
+    pub dropped_queue_full: u64,
+    /// Batches whose send failed.
+    pub dropped_send_failed: u64,
+    /// Replay requests served.
+    pub replays_served: u64,
+    /// Snapshot requests served.
+    pub snapshots_served: u64,
+    /// Malformed requests on the replay socket.
+    pub bad_requests: u64,
+}
+
+fn optional_cstr(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null (checked above); the export's contract makes the caller
+    // guarantee a NUL-terminated string readable for the call.
+    let s = unsafe { CStr::from_ptr(ptr) };
+    s.to_str()
+        .map(|s| Some(s.to_owned()))
+        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`{name}` is not valid UTF-8")))
+}
+
+/// Writes the default publisher configuration into `*config_out`: the
+/// engine's endpoint, no replay, empty topic, no rank, token ids on, map
+/// form, 10000 replay batches, a queue of 100000 batches, HWM 100000.
+///
+/// Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
+///
+/// # Safety
+///
+/// `config_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_publisher_config_default(config_out: *mut kvc_publisher_config) -> kvc_status {
+    ffi_boundary!({
+        let run = || -> Result<(), Failure> {
+            let out = try_out!(config_out);
+            let d = PublisherConfig::default();
+            out.write(kvc_publisher_config {
+                endpoint: std::ptr::null(),
+                replay_endpoint: std::ptr::null(),
+                topic: kvc_bytes { ptr: std::ptr::null(), len: 0 },
+                data_parallel_rank: 0,
+                has_data_parallel_rank: false,
+                token_ids: d.encode.token_ids,
+                array_form: d.encode.form == EventForm::Array,
+                buffer_steps: d.buffer_steps as u32,
+                queue_capacity: d.queue_capacity as u32,
+                send_hwm: d.send_hwm,
+            });
+            Ok(())
+        };
+        run().err().map_or(kvc_status::Ok, |f| f.status)
+    })
+}
+
+/// Starts publishing the engine's events over ZMQ: binds the sockets now and
+/// from then on sends each step's batch from a background thread (the step
+/// never blocks on the network). Closed batches stay drainable as well.
+///
+/// Ownership: the publisher belongs to the engine; `kvc_engine_publisher_stop`
+/// or `kvc_engine_free` stops it. The strings in `config` are copied.
+/// Threading: one thread at a time per engine, as for every engine call.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+/// `KVC_STATUS_INVALID_ARGUMENT` (no endpoint here nor in the engine config,
+/// or a topic with a NULL pointer); `KVC_STATUS_INVALID_UTF8`;
+/// `KVC_STATUS_PUBLISHER_RUNNING`; `KVC_STATUS_PUBLISHER_START_FAILED` (bind
+/// refused, bad endpoint, thread not started; the message says which);
+/// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `config` is NULL or a valid config whose
+/// strings are NULL or NUL-terminated and whose topic describes readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_publisher_start(
+    engine: *mut kvc_engine,
+    config: *const kvc_publisher_config,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let c = try_ref!(config);
+            if st.engine.publisher().is_some() {
+                return Err(Failure::new(kvc_status::PublisherRunning, "a publisher is already running"));
+            }
+            let endpoint = match optional_cstr(c.endpoint, "config.endpoint")? {
+                Some(e) => e,
+                None => st.deployment.kv_events_endpoint.clone().ok_or_else(|| {
+                    Failure::new(
+                        kvc_status::InvalidArgument,
+                        "no endpoint: set config.endpoint or the engine's kv_events_endpoint",
+                    )
+                })?,
+            };
+            let topic: &[u8] = if c.topic.ptr.is_null() && c.topic.len != 0 {
+                return Err(Failure::new(kvc_status::InvalidArgument, "`config.topic.ptr` is NULL with a length"));
+            } else {
+                try_slice!(c.topic.ptr, c.topic.len, "config.topic")
+            };
+            let pc = PublisherConfig {
+                endpoint,
+                replay_endpoint: optional_cstr(c.replay_endpoint, "config.replay_endpoint")?,
+                topic: topic.to_vec(),
+                data_parallel_rank: c.has_data_parallel_rank.then_some(c.data_parallel_rank),
+                buffer_steps: c.buffer_steps as usize,
+                queue_capacity: c.queue_capacity as usize,
+                send_hwm: c.send_hwm,
+                encode: EncodeOptions {
+                    form: if c.array_form { EventForm::Array } else { EventForm::Map },
+                    token_ids: c.token_ids,
+                },
+            };
+            let publisher = Publisher::bind(pc)
+                .map_err(|e| Failure::new(kvc_status::PublisherStartFailed, format!("publisher: {e}")))?;
+            // The bound endpoint (a `*` port resolved) is what model_info advertises.
+            st.deployment.kv_events_endpoint = Some(publisher.endpoint().to_owned());
+            st.engine.attach_publisher(publisher);
+            Ok(())
+        })
+    })
+}
+
+/// Stops the publisher: batches already handed to it are sent (waiting up
+/// to one second), then its sockets close and its threads end.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+/// `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_publisher_stop(engine: *mut kvc_engine) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let publisher = st
+                .engine
+                .detach_publisher()
+                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?;
+            publisher.flush(std::time::Duration::from_secs(1));
+            drop(publisher);
+            Ok(())
+        })
+    })
+}
+
+/// Copies the running publisher's bound endpoint (e.g.
+/// "tcp://127.0.0.1:40123") as a NUL-terminated string; `*n_out` receives
+/// its length. With `buf` NULL and `len` 0 only the length is reported.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+/// `KVC_STATUS_BUFFER_TOO_SMALL`; `KVC_STATUS_NULL_ARGUMENT`;
+/// `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
+/// (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_publisher_endpoint(
+    engine: *mut kvc_engine,
+    buf: *mut c_char,
+    len: usize,
+    n_out: *mut usize,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let out = try_out!(n_out);
+            let dst = try_slice_out!(buf, len);
+            let publisher = st
+                .engine
+                .publisher()
+                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?;
+            let endpoint = publisher.endpoint().as_bytes();
+            if !buf.is_null() {
+                if dst.len() <= endpoint.len() {
+                    return Err(Failure::new(
+                        kvc_status::BufferTooSmall,
+                        format!("the endpoint needs {} bytes", endpoint.len() + 1),
+                    ));
+                }
+                for (d, s) in dst.iter_mut().zip(endpoint) {
+                    d.write(*s as c_char);
+                }
+                dst[endpoint.len()].write(0);
+            }
+            out.write(endpoint.len());
+            Ok(())
+        })
+    })
+}
+
+/// Reads the running publisher's counters into `*stats_out`.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
+/// `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `stats_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_publisher_stats(
+    engine: *mut kvc_engine,
+    stats_out: *mut kvc_publisher_stats,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let out = try_out!(stats_out);
+            let s = st
+                .engine
+                .publisher()
+                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?
+                .stats();
+            out.write(kvc_publisher_stats {
+                batches_reserved: s.batches_reserved,
+                batches_sent: s.batches_sent,
+                dropped_queue_full: s.dropped_queue_full,
+                dropped_send_failed: s.dropped_send_failed,
+                replays_served: s.replays_served,
+                snapshots_served: s.snapshots_served,
+                bad_requests: s.bad_requests,
+            });
+            Ok(())
+        })
+    })
+}
+
+/// Moves closed event batches into `buf` as encoded wire payloads, oldest
+/// first: each is a 4-byte little-endian length followed by that many bytes
+/// of msgpack `[ts, events, data_parallel_rank]` (map form, token ids
+/// included), exactly the payload frame a ZMQ subscriber receives. Only whole
+/// payloads are written; `*n_out` receives the bytes written, 0 when there is
+/// nothing to drain. With `buf` NULL and `len` 0 nothing is taken and
+/// `*n_out` receives the bytes all waiting payloads need.
+///
+/// This and `kvc_engine_drain_events` take from the same closed batches: an
+/// application uses one of the two.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_BUFFER_TOO_SMALL` (the oldest
+/// payload alone does not fit; nothing taken); `KVC_STATUS_NULL_ARGUMENT`;
+/// `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
+/// (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_drain_events_wire(
+    engine: *mut kvc_engine,
+    buf: *mut u8,
+    len: usize,
+    n_out: *mut usize,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let out = try_out!(n_out);
+            let dst = try_slice_out!(buf, len);
+            // Encode newly closed batches once, stamping them now, so that a
+            // size query and the copy that follows see the same bytes.
+            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            for batch in st.engine.drain_batches() {
+                let mut payload = Vec::new();
+                encode_events(&batch.events, ts, None, &EncodeOptions::default(), &mut payload);
+                st.wire.push_back(payload);
+            }
+            let framed = |p: &Vec<u8>| 4 + p.len();
+            if buf.is_null() {
+                out.write(st.wire.iter().map(framed).sum());
+                return Ok(());
+            }
+            let mut written = 0;
+            while let Some(p) = st.wire.front() {
+                if written + framed(p) > dst.len() {
+                    break;
+                }
+                let len_le = (p.len() as u32).to_le_bytes();
+                for (d, s) in dst[written..].iter_mut().zip(len_le.iter().chain(p.iter())) {
+                    d.write(*s);
+                }
+                written += framed(p);
+                st.wire.pop_front();
+            }
+            if written == 0
+                && let Some(p) = st.wire.front()
+            {
+                return Err(Failure::new(
+                    kvc_status::BufferTooSmall,
+                    format!("the oldest payload needs {} bytes, the buffer has {}", framed(p), dst.len()),
+                ));
+            }
+            out.write(written);
+            Ok(())
+        })
+    })
+}
