@@ -249,10 +249,8 @@ fn c_publisher_stream_matches_wire_drain() {
     let mut endpoint = [0 as std::ffi::c_char; 128];
     let mut n = 0usize;
     // SAFETY: live engine, 128-byte buffer, `n` writable.
-    assert_eq!(
-        unsafe { kvc_engine_publisher_endpoint(engine, endpoint.as_mut_ptr(), endpoint.len(), &mut n) },
-        kvc_status::Ok
-    );
+    let status = unsafe { kvc_engine_publisher_endpoint(engine, endpoint.as_mut_ptr(), endpoint.len(), &mut n) };
+    assert_eq!(status, kvc_status::Ok);
     let endpoint: String = endpoint[..n].iter().map(|c| *c as u8 as char).collect();
 
     let serve = |first: u32| {
@@ -285,10 +283,8 @@ fn c_publisher_stream_matches_wire_drain() {
         let mut need = 0usize;
         let mut buf = vec![0u8; 1 << 16];
         // SAFETY: live engine; `buf` holds 64 KiB; `need` writable.
-        assert_eq!(
-            unsafe { kvc_engine_drain_events_wire(engine, buf.as_mut_ptr(), buf.len(), &mut need) },
-            kvc_status::Ok
-        );
+        let status = unsafe { kvc_engine_drain_events_wire(engine, buf.as_mut_ptr(), buf.len(), &mut need) };
+        assert_eq!(status, kvc_status::Ok);
         let mut payloads = Vec::new();
         let mut at = 0;
         while at < need {
