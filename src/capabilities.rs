@@ -25,8 +25,9 @@ use crate::config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN};
 use crate::keys::BLOCK_KEY_ALGORITHM;
 
 /// The version of image routing this crate implements (the value of
-/// `extra.image_routing_version` when every gate holds).
-pub const IMAGE_ROUTING_VERSION: u32 = 1;
+/// `extra.image_routing_version` when every gate holds): the version of the
+/// `image_routing` metadata the codec writes on the wire.
+pub use crate::events::wire::IMAGE_ROUTING_VERSION;
 
 /// A model family whose image-token layout has been validated against kvcore's
 /// block keys.
