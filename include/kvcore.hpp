@@ -303,6 +303,41 @@ public:
         return doc;
     }
 
+    // Takes every drainable batch as wire payloads: each a 4-byte little-endian
+    // length and the msgpack payload (see kvc_engine_drain_events_wire).
+    std::vector<uint8_t> drain_events_wire() {
+        size_t n = 0;
+        check(kvc_engine_drain_events_wire(engine_, nullptr, 0, &n));
+        std::vector<uint8_t> bytes(n);
+        if (n != 0) {
+            check(kvc_engine_drain_events_wire(engine_, bytes.data(), bytes.size(), &n));
+            bytes.resize(n);
+        }
+        return bytes;
+    }
+
+    // Starts the ZMQ publisher (kvc_publisher_config_default gives the defaults).
+    void start_publisher(const kvc_publisher_config &config) { check(kvc_engine_publisher_start(engine_, &config)); }
+
+    // Stops the publisher, sending what it holds first (up to one second).
+    void stop_publisher() { check(kvc_engine_publisher_stop(engine_)); }
+
+    // The publisher's bound endpoint, a `*` port resolved.
+    std::string publisher_endpoint() {
+        size_t n = 0;
+        check(kvc_engine_publisher_endpoint(engine_, nullptr, 0, &n));
+        std::string endpoint(n + 1, '\0');
+        check(kvc_engine_publisher_endpoint(engine_, &endpoint[0], endpoint.size(), &n));
+        endpoint.resize(n);
+        return endpoint;
+    }
+
+    kvc_publisher_stats publisher_stats() {
+        kvc_publisher_stats s{};
+        check(kvc_engine_publisher_stats(engine_, &s));
+        return s;
+    }
+
 private:
     void check(kvc_status s) const {
         if (s != KVC_STATUS_OK) {

@@ -1,7 +1,7 @@
 // The C++ wrapper (kvcore.hpp): a serving loop through kvc::Engine, failures
 // as kvc::Error with the right status and a message, UUID lists as
-// optionals, move-only ownership (ASan would flag a double free), and several
-// engines held in one container.
+// optionals, move-only ownership (ASan would flag a double free), several
+// engines held in one container, and the publisher and wire drain.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -153,10 +153,32 @@ static void ownership() {
     }
 }
 
+static void publisher() {
+    kvc::Engine engine(config());
+    kvc_publisher_config pc;
+    kvc_publisher_config_default(&pc);
+    pc.endpoint = "tcp://127.0.0.1:*";
+    engine.start_publisher(pc);
+    CHECK(engine.publisher_endpoint().rfind("tcp://127.0.0.1:", 0) == 0);
+    expect_error([&] { engine.start_publisher(pc); }, KVC_STATUS_PUBLISHER_RUNNING, __LINE__);
+    const std::vector<uint32_t> prompt = {1, 2, 3, 4, 5};
+    kvc_admission a = engine.add(kvc::Request(prompt));
+    engine.commit(a.request_id, 5);
+    engine.finish(a.request_id);
+    engine.step();
+    CHECK(engine.publisher_stats().batches_reserved == 1);
+    std::vector<uint8_t> wire = engine.drain_events_wire();
+    CHECK(wire.size() > 4 && wire[4] == 0x93);
+    CHECK(engine.drain_events_wire().empty());
+    engine.stop_publisher();
+    expect_error([&] { engine.stop_publisher(); }, KVC_STATUS_PUBLISHER_NOT_RUNNING, __LINE__);
+}
+
 int main() {
     serving_loop();
     errors();
     ownership();
+    publisher();
     if (failures != 0) {
         std::fprintf(stderr, "wrapper: %d check(s) failed\n", failures);
         return 1;
