@@ -1,0 +1,77 @@
+// Batched KV block copy: one launch moves a batch of blocks between pages of
+// the device pool and the pinned host tier (offload, onboard) or within the
+// device pool (partial reuse copies a leading-token prefix).
+//
+// Layout (see KvPoolLayout in src/gpu/pool.rs): each region (a layer, or a
+// layer's K or V tensor) has a base address; page p of a region starts at
+// base + p * block_bytes. A block is `planes` equal planes, each holding the
+// block's tokens in order, token_bytes each. A full copy moves block_bytes in
+// one run; a prefix copy of k tokens moves the first k * token_bytes bytes of
+// every plane.
+//
+// One warp moves one (copy, region) pair at a time, lanes striding over
+// 16-byte words with UNROLL loads in flight before the stores, so that a few
+// thread blocks keep enough requests outstanding over PCIe. The host tier is
+// mapped pinned memory, addressed directly. Copies in one launch must not
+// overlap (the Rust side splits a batch into conflict-free waves).
+
+#define COPY_UNROLL 8
+
+// Must match `CopyOp` in src/gpu/launch.rs.
+struct CopyOp {
+    u32 src_page;
+    u32 dst_page;
+    u32 tokens;   // leading tokens to copy (tokens_per_block = whole block)
+    u32 media;    // bit 0: source in the host tier; bit 1: destination in the host tier
+};
+
+__device__ __forceinline__ void copy_run_vec(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
+    for (u64 i = lane; i < words; i += 32 * COPY_UNROLL) {
+        uint4 v[COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++) {
+            u64 k = i + (u64)u * 32;
+            if (k < words) v[u] = src[k];
+        }
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++) {
+            u64 k = i + (u64)u * 32;
+            if (k < words) dst[k] = v[u];
+        }
+    }
+}
+
+__device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u64 n, u32 lane) {
+    for (u64 i = lane; i < n; i += 32) dst[i] = src[i];
+}
+
+extern "C" __global__ void kv_block_copy(
+    const CopyOp* __restrict__ ops, u32 n_ops,
+    const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    const u64 work = (u64)n_ops * regions;
+    const u64 plane_bytes = block_bytes / planes;
+    for (u64 w = warp; w < work; w += warps) {
+        const u32 op_index = (u32)(w / regions);
+        const u32 region = (u32)(w - (u64)op_index * regions);
+        const CopyOp op = ops[op_index];
+        const u64 sb = (op.media & 1) ? host_bases[region] : device_bases[region];
+        const u64 db = (op.media & 2) ? host_bases[region] : device_bases[region];
+        const u8* src = (const u8*)(sb + (u64)op.src_page * block_bytes);
+        u8* dst = (u8*)(db + (u64)op.dst_page * block_bytes);
+        if (op.tokens >= tokens_per_block) {
+            if (vec16) copy_run_vec((uint4*)dst, (const uint4*)src, block_bytes / 16, lane);
+            else copy_run_bytes(dst, src, block_bytes, lane);
+        } else {
+            const u64 n = (u64)op.tokens * token_bytes;
+            for (u32 p = 0; p < planes; p++) {
+                const u64 off = (u64)p * plane_bytes;
+                if (vec16) copy_run_vec((uint4*)(dst + off), (const uint4*)(src + off), n / 16, lane);
+                else copy_run_bytes(dst + off, src + off, n, lane);
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Kernel identities, their embedded sources, and the per-context module cache.
+//!
+//! Sources are embedded with `include_str!` and compiled by NVRTC the first
+//! time a context needs them (about 140 ms per module), for the device's own
+//! compute capability. Each [`Gpu`](super::Gpu) holds one [`ModuleCache`], so
+//! a module is compiled and loaded once per context, and two contexts never
+//! share a loaded module (a module belongs to the context that loaded it).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+
+use super::GpuError;
+
+/// A CUDA source file: one NVRTC compilation, one loaded module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModuleId {
+    /// `cuda/blake3.cu`.
+    Blake3,
+    /// `cuda/block_copy.cu`.
+    BlockCopy,
+}
+
+impl ModuleId {
+    /// Every module.
+    pub const ALL: [ModuleId; 2] = [ModuleId::Blake3, ModuleId::BlockCopy];
+
+    /// The full source NVRTC compiles: the shared header, then the file.
+    pub fn source(self) -> String {
+        let common = include_str!("../../cuda/common.cuh");
+        let body = match self {
+            ModuleId::Blake3 => include_str!("../../cuda/blake3.cu"),
+            ModuleId::BlockCopy => include_str!("../../cuda/block_copy.cu"),
+        };
+        format!("{common}\n{body}")
+    }
+
+    /// The file name, for error messages and NVRTC's program name.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ModuleId::Blake3 => "blake3.cu",
+            ModuleId::BlockCopy => "block_copy.cu",
+        }
+    }
+}
+
+/// A kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// Chunk chaining values and per-group folds (launch 1 of a digest batch).
+    Blake3Chunks,
+    /// Folds of the group values to the root (launch 2 of a digest batch).
+    Blake3Tree,
+    /// A wave of block copies.
+    KvBlockCopy,
+}
+
+impl KernelId {
+    /// Every kernel.
+    pub const ALL: [KernelId; 3] = [KernelId::Blake3Chunks, KernelId::Blake3Tree, KernelId::KvBlockCopy];
+
+    /// The module that holds the kernel.
+    pub fn module(self) -> ModuleId {
+        match self {
+            KernelId::Blake3Chunks | KernelId::Blake3Tree => ModuleId::Blake3,
+            KernelId::KvBlockCopy => ModuleId::BlockCopy,
+        }
+    }
+
+    /// The `extern "C"` name in the source.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelId::Blake3Chunks => "blake3_chunks",
+            KernelId::Blake3Tree => "blake3_tree",
+            KernelId::KvBlockCopy => "kv_block_copy",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The NVRTC target for a compute capability: the virtual architecture, so
+/// that the driver finishes compilation for the exact chip.
+pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (7, 0) => "compute_70",
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        _ => return None,
+    })
+}
+
+/// Compiles one module to PTX. Needs `libnvrtc` but no device.
+pub fn compile(module: ModuleId, arch: Option<&'static str>) -> Result<Ptx, GpuError> {
+    let opts = CompileOptions {
+        arch,
+        name: Some(module.file_name().to_owned()),
+        options: vec!["--std=c++17".to_owned()],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(module.source(), opts).map_err(|e| GpuError::Compile {
+        kernel: module.file_name(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        },
+    })
+}
+
+/// Compiled modules and loaded functions of one context.
+#[derive(Debug)]
+pub struct ModuleCache {
+    ctx: Arc<CudaContext>,
+    arch: Option<&'static str>,
+    modules: Mutex<[Option<Arc<CudaModule>>; ModuleId::ALL.len()]>,
+    functions: Mutex<[Option<CudaFunction>; KernelId::ALL.len()]>,
+}
+
+impl ModuleCache {
+    /// An empty cache for `ctx`, compiling for `arch`.
+    pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>) -> Self {
+        Self { ctx, arch, modules: Mutex::new([None, None]), functions: Mutex::new([None, None, None]) }
+    }
+
+    /// The kernel's function, compiling and loading its module on first use.
+    pub fn function(&self, id: KernelId) -> Result<CudaFunction, GpuError> {
+        let mut functions = self.functions.lock().expect("module cache lock is never poisoned by a panic inside");
+        if let Some(f) = &functions[id.index()] {
+            return Ok(f.clone());
+        }
+        let module = self.module(id.module())?;
+        let f = module.load_function(id.name())?;
+        functions[id.index()] = Some(f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, id: ModuleId) -> Result<Arc<CudaModule>, GpuError> {
+        let mut modules = self.modules.lock().expect("module cache lock is never poisoned by a panic inside");
+        let slot = &mut modules[id as usize];
+        if let Some(m) = slot {
+            return Ok(Arc::clone(m));
+        }
+        let m = self.ctx.load_module(compile(id, self.arch)?)?;
+        *slot = Some(Arc::clone(&m));
+        Ok(m)
+    }
+
+    /// Compiles and loads every module now, so that the first real call pays
+    /// no compilation.
+    pub fn warm(&self) -> Result<(), GpuError> {
+        for k in KernelId::ALL {
+            self.function(k)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,173 @@
+//! One typed wrapper per kernel. Each checks, with asserts, everything the
+//! kernel relies on that the host can see, then makes the single `unsafe`
+//! launch; its `SAFETY` comment argues from those asserts and from the
+//! invariant of the structure it takes (established by an `unsafe`
+//! constructor whose contract covers what the host cannot check: that caller
+//! addresses name live device memory).
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::GpuError;
+use super::device::{CopyEngine, DigestBatch, Gpu};
+use super::digest::{GROUP_CHUNKS, groups_of_len};
+use super::kernels::KernelId;
+use super::pool::CopyOp;
+
+/// One item of a digest batch as the kernels read it (`Blake3Item` in
+/// `cuda/blake3.cu`: 40 bytes, 8-byte aligned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Blake3Item {
+    /// Device address of the item's bytes.
+    pub data: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Device address of its 32-byte digest.
+    pub out: u64,
+    /// Index of its first group value in the scratch (items of one group use none).
+    pub cv_first: u64,
+    /// Global index of its first group (the first thread block of launch 1).
+    pub group_first: u32,
+    /// Groups of 64 chunks (at least 1).
+    pub groups: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Blake3Item>() == 40);
+const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
+
+/// Checks the table invariants both digest kernels rely on.
+fn check_digest_batch(batch: &DigestBatch) {
+    let t = &batch.table;
+    assert!(!t.is_empty(), "a batch has items");
+    assert_eq!(batch.table_dev.len(), t.len() * 40, "the device table holds the host table");
+    let (out_base, _s) = batch.out.device_ptr(batch.out.stream());
+    assert_eq!(batch.out.len(), 32 * t.len(), "one 32-byte output per item");
+    let mut group = 0u64;
+    let mut cv = 0u64;
+    for (i, it) in t.iter().enumerate() {
+        assert_eq!(it.groups as u64, groups_of_len(it.len), "item {i}: group count matches its length");
+        assert_eq!(it.group_first as u64, group, "item {i}: groups are consecutive from 0");
+        assert_eq!(it.out, out_base + 32 * i as u64, "item {i}: output inside the batch's buffer");
+        if it.groups > 1 {
+            assert_eq!(it.cv_first, cv, "item {i}: scratch ranges are consecutive");
+            cv += it.groups as u64;
+        }
+        group += it.groups as u64;
+    }
+    assert_eq!(group, batch.groups as u64, "total groups");
+    assert!(batch.cvs.len() as u64 >= 8 * cv, "scratch holds every group value");
+    assert!(batch.groups <= i32::MAX as u32, "grid fits");
+}
+
+/// Launch 1: `blake3_chunks(const Blake3Item* items, u32 n_items, u32* cvs)`,
+/// one block of 64 threads per group of 64 chunks.
+///
+/// Preconditions (asserted): the device table equals the host table, groups
+/// are numbered consecutively, outputs and scratch ranges lie inside the
+/// batch's buffers.
+pub fn blake3_chunks(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
+    check_digest_batch(batch);
+    let f = gpu.function(KernelId::Blake3Chunks)?;
+    let stream = gpu.stream();
+    let n_items = batch.table.len() as u32;
+    let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs);
+    // SAFETY: the argument list matches the .cu signature (pointer, u32,
+    // pointer). The asserts above show every block finds its item, reads the
+    // item's chunks only below its `len` (kernel bounds), and writes only its
+    // own 32 output bytes or its own scratch slot, all inside buffers the batch
+    // owns. Item addresses are valid device memory by the contract of
+    // `Gpu::prepare_digests`, the only constructor of a batch.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// Launch 2: `blake3_tree(const Blake3Item* items, u32* cvs)`, one block per
+/// item; items of one group return at once.
+///
+/// Preconditions (asserted): as launch 1; it runs after launch 1 on the same
+/// stream, so the group values it folds are written.
+pub fn blake3_tree(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
+    check_digest_batch(batch);
+    let f = gpu.function(KernelId::Blake3Tree)?;
+    let stream = gpu.stream();
+    let cfg = LaunchConfig { grid_dim: (batch.table.len() as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&batch.table_dev).arg(&batch.cvs);
+    // SAFETY: the argument list matches the .cu signature. Each block touches
+    // only its item's scratch range [cv_first, cv_first + groups) (asserted
+    // inside the scratch, disjoint between items) and its 32 output bytes.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// `kv_block_copy(const CopyOp* ops, u32 n_ops, const u64* device_bases,
+/// const u64* host_bases, u32 regions, u64 block_bytes, u32 planes,
+/// u64 token_bytes, u32 tokens_per_block, u32 vec16)`: one wave of copies.
+/// `grid` overrides the number of thread blocks (1024 threads each); by
+/// default a wave that touches the host tier uses 16, others 4 per SM.
+///
+/// Preconditions (asserted): every page is inside its pool, host pages only
+/// with a host tier attached, tokens at most a block, no page written twice
+/// or both read and written in the wave, the device ops equal `wave`, and at
+/// most 16 thread blocks when the host tier is involved.
+pub fn kv_block_copy(
+    gpu: &Gpu,
+    engine: &CopyEngine,
+    wave: &[CopyOp],
+    ops: &CudaSlice<u8>,
+    grid: Option<u32>,
+) -> Result<(), GpuError> {
+    if wave.is_empty() {
+        return Ok(());
+    }
+    let g = engine.device.geometry;
+    assert_eq!(ops.len(), wave.len() * 16, "device ops hold the wave");
+    let mut read = ahash::AHashSet::new();
+    let mut written = ahash::AHashSet::new();
+    for op in wave {
+        let src_host = op.media & 1 != 0;
+        let dst_host = op.media & 2 != 0;
+        assert!(op.media < 4, "media has two bits");
+        let blocks_host = engine.host.as_ref().map(|h| h.pool().blocks);
+        for (host, page) in [(src_host, op.src_page), (dst_host, op.dst_page)] {
+            let limit = if host { blocks_host.expect("host pages need a host tier") } else { engine.device.blocks };
+            assert!(page < limit, "page {page} inside its pool of {limit}");
+        }
+        assert!(op.tokens >= 1 && op.tokens <= g.tokens_per_block, "tokens within a block");
+        assert!(written.insert((dst_host, op.dst_page)), "no page written twice in a wave");
+        read.insert((src_host, op.src_page));
+    }
+    assert!(read.is_disjoint(&written), "no page both read and written in a wave");
+    let touches_host = wave.iter().any(CopyOp::touches_host);
+    let blocks = grid.unwrap_or(if touches_host { 16 } else { 4 * gpu.sm_count() });
+    assert!(blocks >= 1, "at least one thread block");
+    assert!(!touches_host || blocks <= 16, "host copies use at most 16 thread blocks");
+    let f = gpu.function(KernelId::KvBlockCopy)?;
+    let stream = gpu.stream();
+    let n_ops = wave.len() as u32;
+    let (regions, planes, tpb, vec16) = (g.regions, g.planes, g.tokens_per_block, u32::from(engine.vec16));
+    let (block_bytes, token_bytes) = (g.block_bytes, g.token_bytes());
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let mut b = stream.launch_builder(&f);
+    b.arg(ops)
+        .arg(&n_ops)
+        .arg(&engine.device_bases_dev)
+        .arg(&engine.host_bases_dev)
+        .arg(&regions)
+        .arg(&block_bytes)
+        .arg(&planes)
+        .arg(&token_bytes)
+        .arg(&tpb)
+        .arg(&vec16);
+    // SAFETY: the argument list matches the .cu signature. Every address the
+    // kernel forms is base[region] + page * block_bytes + (at most block_bytes),
+    // with page inside its pool (asserted), so it stays inside a region that
+    // `Gpu::attach` (device pool, by its contract) or `HostTier::new` (pinned,
+    // owned by the engine through an Arc) made valid for blocks * block_bytes
+    // bytes. 16-byte accesses are used only when `vec16` proved every base and
+    // size aligned. No two copies of the wave race (asserted disjoint).
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}

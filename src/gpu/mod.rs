@@ -1,0 +1,61 @@
+//! GPU kernels and their bit-exact CPU twins.
+//!
+//! Three kernels, in two CUDA sources under `cuda/` compiled at run time by
+//! NVRTC (no `nvcc` is needed to build the crate):
+//!
+//! | kernel | what | CPU twin |
+//! |---|---|---|
+//! | `blake3_chunks` + `blake3_tree` | BLAKE3-256 of many device-resident byte strings, two launches | [`digest::digest_grouped_cpu`] |
+//! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
+//!
+//! Why twins: the crate must build and pass every test where no CUDA exists,
+//! and a kernel is only trusted when it agrees bit for bit with a CPU
+//! computation that follows the same decomposition. The twins are also what
+//! the engine uses when no GPU is present.
+//!
+//! `libcuda` and `libnvrtc` are loaded when first used ([`Gpu::probe`]), so a
+//! machine without them gets an error value, never a panic, and callers fall
+//! back to the CPU path.
+
+pub mod digest;
+pub mod pool;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+pub mod kernels;
+#[cfg(feature = "cuda")]
+pub mod launch;
+
+#[cfg(feature = "cuda")]
+pub use device::{CopyEngine, DeviceBytes, DigestBatch, Gpu, HostTier, launch_copy_wave};
+pub use digest::digest_grouped_cpu;
+pub use pool::{BlockGeometry, CopyOp, CpuKvPool, KvPool, copy_blocks_cpu, plan_copy_waves};
+
+use thiserror::Error;
+
+/// Why a GPU operation failed. Every variant leaves the caller free to fall
+/// back to the CPU path.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    /// No usable CUDA driver or device (library missing, no device, or the
+    /// crate was built without the `cuda` feature).
+    #[error("no CUDA device available: {0}")]
+    Unavailable(String),
+    /// A driver call failed.
+    #[cfg(feature = "cuda")]
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// NVRTC rejected a kernel source (the message holds its log).
+    #[error("kernel compilation failed for {kernel}: {log}")]
+    Compile {
+        /// The module that failed.
+        kernel: &'static str,
+        /// The compiler's log.
+        log: String,
+    },
+    /// An argument is out of range or inconsistent (a page past the pool, a
+    /// host copy without a host tier, mismatched geometry...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}

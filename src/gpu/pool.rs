@@ -1,0 +1,255 @@
+//! The KV pool as the copy kernel sees it, copy planning, and the CPU twin of
+//! the copy kernel.
+//!
+//! ```text
+//! region r (a layer, or a layer's K or V tensor), base address B[r]
+//! page p:  B[r] + p * block_bytes
+//!          +-------- plane 0 --------+-------- plane 1 --------+ ...
+//!          | tok 0 | tok 1 | ... | tok n-1 | tok 0 | ...          (token_bytes each)
+//! ```
+//!
+//! A full copy moves a page of every region; a prefix copy of k tokens (partial
+//! reuse) moves the first k tokens of every plane. The host tier has the same
+//! geometry with its own bases and page count.
+//!
+//! Why waves: the engine queues copies in the order its decisions were made,
+//! and one step's list can chain through a page (offload block A out of page 7,
+//! then onboard block B into page 7; or onboard from a host page that a later
+//! offload reuses). One launch runs its copies concurrently, so
+//! [`plan_copy_waves`] cuts the list into waves in which no page is written
+//! that another copy of the wave reads or writes. Waves run in order, giving
+//! exactly the sequential meaning of the list; a step usually needs one.
+
+use crate::resources::BlockCopy;
+use crate::tables::Medium;
+
+use super::GpuError;
+
+/// How a block is laid out, shared by the device pool and the host tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockGeometry {
+    /// Number of regions (base pointers): layers, or K and V tensors of each layer.
+    pub regions: u32,
+    /// Bytes of one block in one region.
+    pub block_bytes: u64,
+    /// Equal planes a block is made of (for example 2 for K and V interleaved
+    /// per block, or the number of KV heads in a head-major layout).
+    pub planes: u32,
+    /// Tokens per block (the engine's `block_size_tokens`).
+    pub tokens_per_block: u32,
+}
+
+impl BlockGeometry {
+    /// Checks that planes and tokens divide the block evenly.
+    pub fn validate(&self) -> Result<(), GpuError> {
+        let bad = |m: &str| Err(GpuError::InvalidArgument(m.to_owned()));
+        if self.regions == 0 || self.block_bytes == 0 || self.planes == 0 || self.tokens_per_block == 0 {
+            return bad("regions, block_bytes, planes and tokens_per_block must be non-zero");
+        }
+        if !self.block_bytes.is_multiple_of(self.planes as u64) {
+            return bad("block_bytes must be a multiple of planes");
+        }
+        if !self.plane_bytes().is_multiple_of(self.tokens_per_block as u64) {
+            return bad("a plane's bytes must be a multiple of tokens_per_block");
+        }
+        Ok(())
+    }
+
+    /// Bytes of one plane.
+    pub fn plane_bytes(&self) -> u64 {
+        self.block_bytes / self.planes as u64
+    }
+
+    /// Bytes of one token in one plane.
+    pub fn token_bytes(&self) -> u64 {
+        self.plane_bytes() / self.tokens_per_block as u64
+    }
+
+    /// Bytes a copy of `tokens` leading tokens moves in one region.
+    pub fn copy_bytes(&self, tokens: u32) -> u64 {
+        if tokens >= self.tokens_per_block {
+            self.block_bytes
+        } else {
+            tokens as u64 * self.token_bytes() * self.planes as u64
+        }
+    }
+}
+
+/// A paged KV pool the caller owns and attaches: one base address per region
+/// (device addresses, or device-mapped addresses of pinned host memory), the
+/// block geometry and the number of blocks (pages) in each region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvPool {
+    /// Base address of each region; `geometry.regions` entries.
+    pub region_bases: Vec<u64>,
+    /// Pages in each region.
+    pub blocks: u32,
+    /// The block layout.
+    pub geometry: BlockGeometry,
+}
+
+impl KvPool {
+    /// Checks the geometry and that there is one base per region.
+    pub fn validate(&self) -> Result<(), GpuError> {
+        self.geometry.validate()?;
+        if self.region_bases.len() != self.geometry.regions as usize {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} region bases given for {} regions",
+                self.region_bases.len(),
+                self.geometry.regions
+            )));
+        }
+        if self.blocks == 0 {
+            return Err(GpuError::InvalidArgument("a pool needs at least one block".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// One copy as the kernel reads it (`CopyOp` in `cuda/block_copy.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CopyOp {
+    /// Source page.
+    pub src_page: u32,
+    /// Destination page.
+    pub dst_page: u32,
+    /// Leading tokens to copy (`tokens_per_block` or more: the whole block).
+    pub tokens: u32,
+    /// Bit 0: the source is in the host tier; bit 1: the destination is.
+    pub media: u32,
+}
+
+impl CopyOp {
+    /// Whether either end is in the host tier.
+    pub fn touches_host(&self) -> bool {
+        self.media != 0
+    }
+}
+
+/// Validates `copies` against the pools' page counts (`blocks_host` is `None`
+/// when there is no host tier) and cuts them into conflict-free waves (see the
+/// module docs). Copies of zero tokens and copies of a page onto itself do
+/// nothing and are left out.
+pub fn plan_copy_waves(
+    copies: &[BlockCopy],
+    geometry: &BlockGeometry,
+    blocks_device: u32,
+    blocks_host: Option<u32>,
+) -> Result<Vec<Vec<CopyOp>>, GpuError> {
+    let mut waves: Vec<Vec<CopyOp>> = Vec::new();
+    let mut read = ahash::AHashSet::new();
+    let mut written = ahash::AHashSet::new();
+    for (i, c) in copies.iter().enumerate() {
+        for end in [c.src, c.dst] {
+            let limit = match end.medium {
+                Medium::Gpu => Some(blocks_device),
+                Medium::Cpu => blocks_host,
+            };
+            match limit {
+                None => {
+                    return Err(GpuError::InvalidArgument(format!("copy {i} uses the host tier, which is not attached")));
+                }
+                Some(n) if end.page >= n => {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "copy {i}: page {} is past the {n} pages of the {:?} pool",
+                        end.page, end.medium
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        if c.tokens > geometry.tokens_per_block {
+            return Err(GpuError::InvalidArgument(format!(
+                "copy {i}: {} tokens, more than the block's {}",
+                c.tokens, geometry.tokens_per_block
+            )));
+        }
+        if c.tokens == 0 || c.src == c.dst {
+            continue;
+        }
+        let conflict = written.contains(&c.src) || read.contains(&c.dst) || written.contains(&c.dst);
+        if conflict || waves.is_empty() {
+            waves.push(Vec::new());
+            read.clear();
+            written.clear();
+        }
+        read.insert(c.src);
+        written.insert(c.dst);
+        let media = u32::from(c.src.medium == Medium::Cpu) | (u32::from(c.dst.medium == Medium::Cpu) << 1);
+        waves.last_mut().expect("a wave was pushed").push(CopyOp {
+            src_page: c.src.page,
+            dst_page: c.dst.page,
+            tokens: c.tokens,
+            media,
+        });
+    }
+    Ok(waves)
+}
+
+/// A KV pool in host memory: the CPU twin's stand-in for device memory or the
+/// pinned host tier. `data[r]` holds region r's pages back to back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuKvPool {
+    /// Bytes of each region.
+    pub data: Vec<Vec<u8>>,
+    /// Pages per region.
+    pub blocks: u32,
+}
+
+impl CpuKvPool {
+    /// A zeroed pool of `blocks` pages in every region of `geometry`.
+    pub fn zeroed(geometry: &BlockGeometry, blocks: u32) -> Self {
+        let bytes = geometry.block_bytes as usize * blocks as usize;
+        Self { data: vec![vec![0; bytes]; geometry.regions as usize], blocks }
+    }
+}
+
+/// Copies one region's `copy` bytes from a source page to a destination,
+/// plane by plane for prefixes, exactly as the kernel does.
+fn copy_region(geometry: &BlockGeometry, src: &[u8], dst: &mut [u8], tokens: u32) {
+    if tokens >= geometry.tokens_per_block {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let n = tokens as usize * geometry.token_bytes() as usize;
+    let plane = geometry.plane_bytes() as usize;
+    for p in 0..geometry.planes as usize {
+        dst[p * plane..p * plane + n].copy_from_slice(&src[p * plane..p * plane + n]);
+    }
+}
+
+/// The CPU twin of the batched copy: plans the same waves, and within a wave
+/// reads every source before writing any destination (a launch's copies are
+/// unordered, so a wave must not depend on its own order; reading first makes
+/// a planning mistake visible in tests instead of hiding it).
+pub fn copy_blocks_cpu(
+    geometry: &BlockGeometry,
+    device: &mut CpuKvPool,
+    mut host: Option<&mut CpuKvPool>,
+    copies: &[BlockCopy],
+) -> Result<(), GpuError> {
+    geometry.validate()?;
+    let waves = plan_copy_waves(copies, geometry, device.blocks, host.as_ref().map(|h| h.blocks))?;
+    let bb = geometry.block_bytes as usize;
+    for wave in waves {
+        let mut staged = Vec::with_capacity(wave.len() * geometry.regions as usize);
+        for op in &wave {
+            for r in 0..geometry.regions as usize {
+                let pool: &CpuKvPool = if op.media & 1 != 0 { host.as_deref().expect("planned") } else { device };
+                let s = op.src_page as usize * bb;
+                staged.push(pool.data[r][s..s + bb].to_vec());
+            }
+        }
+        let mut staged = staged.into_iter();
+        for op in &wave {
+            for r in 0..geometry.regions as usize {
+                let src = staged.next().expect("one staged block per op and region");
+                let pool: &mut CpuKvPool = if op.media & 2 != 0 { host.as_deref_mut().expect("planned") } else { device };
+                let d = op.dst_page as usize * bb;
+                copy_region(geometry, &src, &mut pool.data[r][d..d + bb], op.tokens);
+            }
+        }
+    }
+    Ok(())
+}

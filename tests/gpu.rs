@@ -1,0 +1,222 @@
+//! GPU kernels against their CPU twins and the `blake3` crate.
+//!
+//! Tests that need a device skip themselves, saying so, where no CUDA driver
+//! or device is found; the CPU-twin tests run everywhere.
+
+use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu, plan_copy_waves};
+use kvcore::resources::{BlockCopy, PageRef};
+use kvcore::tables::Medium;
+use rand::{Rng, RngCore, SeedableRng, rngs::StdRng};
+
+fn page(medium: Medium, page: u32) -> PageRef {
+    PageRef { medium, page }
+}
+
+fn random_pool(rng: &mut StdRng, g: &BlockGeometry, blocks: u32) -> CpuKvPool {
+    let mut p = CpuKvPool::zeroed(g, blocks);
+    for r in &mut p.data {
+        rng.fill_bytes(r);
+    }
+    p
+}
+
+/// Random copies between the two tiers, full and prefix, with pages reused
+/// so that chains through a page occur.
+fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: usize) -> Vec<BlockCopy> {
+    (0..n)
+        .map(|_| {
+            let pick = |rng: &mut StdRng| {
+                if rng.random_bool(0.5) { page(Medium::Gpu, rng.random_range(0..dev)) } else { page(Medium::Cpu, rng.random_range(0..host)) }
+            };
+            let tokens = if rng.random_bool(0.6) { g.tokens_per_block } else { rng.random_range(1..=g.tokens_per_block) };
+            BlockCopy { src: pick(rng), dst: pick(rng), tokens }
+        })
+        .collect()
+}
+
+/// The straightforward meaning of a copy list: one copy after another.
+fn sequential_reference(g: &BlockGeometry, dev: &mut CpuKvPool, host: &mut CpuKvPool, copies: &[BlockCopy]) {
+    let bb = g.block_bytes as usize;
+    let plane = g.plane_bytes() as usize;
+    for c in copies {
+        for r in 0..g.regions as usize {
+            let src_pool = if c.src.medium == Medium::Gpu { &*dev } else { &*host };
+            let s = c.src.page as usize * bb;
+            let block = src_pool.data[r][s..s + bb].to_vec();
+            let dst_pool = if c.dst.medium == Medium::Gpu { &mut *dev } else { &mut *host };
+            let d = c.dst.page as usize * bb;
+            for p in 0..g.planes as usize {
+                let n = if c.tokens >= g.tokens_per_block { plane } else { c.tokens as usize * g.token_bytes() as usize };
+                dst_pool.data[r][d + p * plane..d + p * plane + n].copy_from_slice(&block[p * plane..p * plane + n]);
+            }
+        }
+    }
+}
+
+/// The CPU twin (waves, each read-all-then-write-all) must give the sequential
+/// meaning of any copy list, including lists that chain through pages: this
+/// is what makes the wave planning safe for a concurrent kernel.
+#[test]
+fn copy_twin_equals_sequential_meaning() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let g = BlockGeometry { regions: 3, block_bytes: 256, planes: 2, tokens_per_block: 8 };
+    for round in 0..200 {
+        let (dev_n, host_n) = (rng.random_range(2..10), rng.random_range(2..10));
+        let mut dev = random_pool(&mut rng, &g, dev_n);
+        let mut host = random_pool(&mut rng, &g, host_n);
+        let n = rng.random_range(0..30);
+        let copies = random_copies(&mut rng, &g, dev_n, host_n, n);
+        let (mut dev_ref, mut host_ref) = (dev.clone(), host.clone());
+        sequential_reference(&g, &mut dev_ref, &mut host_ref, &copies);
+        copy_blocks_cpu(&g, &mut dev, Some(&mut host), &copies).unwrap();
+        assert_eq!(dev, dev_ref, "round {round}: device pool");
+        assert_eq!(host, host_ref, "round {round}: host pool");
+    }
+}
+
+/// Waves never hold a page that one copy writes and another reads or writes,
+/// and bad copies are refused with an error, not a panic.
+#[test]
+fn waves_are_conflict_free_and_bad_copies_are_refused() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let g = BlockGeometry { regions: 1, block_bytes: 64, planes: 1, tokens_per_block: 4 };
+    for _ in 0..200 {
+        let copies = random_copies(&mut rng, &g, 6, 6, 40);
+        let waves = plan_copy_waves(&copies, &g, 6, Some(6)).unwrap();
+        for w in &waves {
+            let mut written = std::collections::HashSet::new();
+            let reads: std::collections::HashSet<_> = w.iter().map(|o| (o.media & 1, o.src_page)).collect();
+            for o in w {
+                assert!(written.insert((o.media >> 1, o.dst_page)), "a page written twice in a wave");
+                assert!(!reads.contains(&(o.media >> 1, o.dst_page)), "a page read and written in a wave");
+            }
+        }
+    }
+    let full = |src, dst| BlockCopy { src, dst, tokens: 4 };
+    let g_copy = full(page(Medium::Gpu, 0), page(Medium::Cpu, 0));
+    assert!(plan_copy_waves(&[g_copy], &g, 6, None).is_err(), "host copy without a host tier");
+    assert!(plan_copy_waves(&[full(page(Medium::Gpu, 6), page(Medium::Gpu, 0))], &g, 6, None).is_err(), "page past the pool");
+    let too_many = BlockCopy { tokens: 5, ..full(page(Medium::Gpu, 1), page(Medium::Gpu, 0)) };
+    assert!(plan_copy_waves(&[too_many], &g, 6, None).is_err(), "more tokens than a block");
+    let bad = BlockGeometry { planes: 3, ..g };
+    assert!(bad.validate().is_err(), "planes must divide the block");
+}
+
+#[cfg(feature = "cuda")]
+mod device {
+    use super::*;
+    use cudarc::driver::DevicePtr;
+    use kvcore::gpu::kernels::{ModuleId, compile};
+    use kvcore::gpu::{DeviceBytes, Gpu, HostTier, KvPool};
+    use std::sync::Arc;
+
+    fn gpu() -> Option<Arc<Gpu>> {
+        match Gpu::probe(0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("skipping: no GPU ({e})");
+                None
+            }
+        }
+    }
+
+    /// Every kernel source compiles with NVRTC for Hopper (needs libnvrtc,
+    /// not a device); skipped where libnvrtc is absent.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipping: libnvrtc not found");
+            return;
+        }
+        for m in ModuleId::ALL {
+            if let Err(e) = compile(m, Some("compute_90")) {
+                panic!("{e}");
+            }
+        }
+    }
+
+    /// BLAKE3 on the GPU equals the `blake3` crate for lengths around block,
+    /// chunk, group and tree boundaries and for large random inputs, at aligned
+    /// and unaligned addresses, all in one batch and one item at a time.
+    #[test]
+    fn digest_matches_blake3_crate() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(3);
+        let big = 300 << 20;
+        let mut data = vec![0u8; big + 64];
+        rng.fill_bytes(&mut data);
+        let dev = gpu.stream().clone_htod(&data).unwrap();
+        let (base, _s) = dev.device_ptr(gpu.stream());
+        let mut lengths = vec![0u64, 1, 31, 32, 63, 64, 65, 127, 128, 129, 1000];
+        for b in [1u64 << 10, 2 << 10, 3 << 10, 31 << 10, 32 << 10, 33 << 10, 63 << 10, 64 << 10, 65 << 10, 127 << 10, 128 << 10, 129 << 10, 192 << 10, 1 << 20, 3 << 20, 4 << 20, 64 << 20] {
+            lengths.extend([b - 1, b, b + 1, b + 64]);
+        }
+        for _ in 0..40 {
+            lengths.push(rng.random_range(0..(8u64 << 20)));
+        }
+        lengths.extend([100 << 20, 256 << 20, (300 << 20) - 7]);
+        let mut items = Vec::new();
+        for (i, &len) in lengths.iter().enumerate() {
+            let offset = if i % 3 == 0 { (i as u64 * 7) % 61 } else { 0 };
+            items.push(DeviceBytes { ptr: base + offset, len });
+        }
+        // SAFETY: every item lies inside `dev`, alive for the whole test.
+        let got = unsafe { gpu.digest_device(&items) }.unwrap();
+        for (it, d) in items.iter().zip(&got) {
+            let off = (it.ptr - base) as usize;
+            let want = blake3::hash(&data[off..off + it.len as usize]);
+            assert_eq!(d, want.as_bytes(), "batched, length {} offset {off}", it.len);
+        }
+        for it in items.iter().filter(|it| it.len < (8 << 20)).step_by(5) {
+            // SAFETY: as above.
+            let one = unsafe { gpu.digest_device(std::slice::from_ref(it)) }.unwrap();
+            let off = (it.ptr - base) as usize;
+            assert_eq!(&one[0], blake3::hash(&data[off..off + it.len as usize]).as_bytes(), "alone, length {}", it.len);
+        }
+    }
+
+    /// Batched block copies on the GPU (full and prefix, both tiers, chained
+    /// pages) leave exactly the bytes the CPU twin leaves.
+    #[test]
+    fn block_copy_matches_cpu_twin() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(9);
+        for g in [
+            BlockGeometry { regions: 4, block_bytes: 8192, planes: 2, tokens_per_block: 16 },
+            BlockGeometry { regions: 2, block_bytes: 96 * 3, planes: 3, tokens_per_block: 4 },
+        ] {
+            let (dev_n, host_n) = (64u32, 48u32);
+            let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
+            let mut cpu_host = random_pool(&mut rng, &g, host_n);
+            let dev_flat: Vec<u8> = cpu_dev.data.concat();
+            let dev_buf = gpu.stream().clone_htod(&dev_flat).unwrap();
+            let (dev_base, _s) = dev_buf.device_ptr(gpu.stream());
+            let region_bytes = g.block_bytes * dev_n as u64;
+            let tier = HostTier::new(&gpu, g, host_n).unwrap();
+            gpu.synchronize().unwrap();
+            // SAFETY: the tier was just allocated and nothing else uses it yet.
+            let host_ptr = tier.host_ptr().unwrap() as *mut u8;
+            let flat_host = cpu_host.data.concat();
+            // SAFETY: the tier holds regions * host_n * block_bytes bytes, which is flat_host's length.
+            unsafe { std::ptr::copy_nonoverlapping(flat_host.as_ptr(), host_ptr, flat_host.len()) };
+            let pool = KvPool {
+                region_bases: (0..g.regions as u64).map(|r| dev_base + r * region_bytes).collect(),
+                blocks: dev_n,
+                geometry: g,
+            };
+            // SAFETY: the regions tile dev_buf, which outlives the engine's launches (synchronized below).
+            let engine = unsafe { gpu.attach(pool, Some(Arc::clone(&tier))) }.unwrap();
+            for _ in 0..5 {
+                let copies = random_copies(&mut rng, &g, dev_n, host_n, 300);
+                gpu.copy_blocks(&engine, &copies).unwrap();
+                copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
+            }
+            gpu.synchronize().unwrap();
+            let got_dev = gpu.stream().clone_dtoh(&dev_buf).unwrap();
+            gpu.synchronize().unwrap();
+            assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({g:?})");
+            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs from the CPU twin ({g:?})");
+        }
+    }
+}
