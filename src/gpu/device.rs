@@ -95,6 +95,11 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 
+    /// The module cache of this context.
+    pub fn modules(&self) -> &ModuleCache {
+        &self.modules
+    }
+
     pub(super) fn function(&self, id: KernelId) -> Result<cudarc::driver::CudaFunction, GpuError> {
         self.modules.function(id)
     }
@@ -138,7 +143,9 @@ impl Gpu {
         drop(_sync);
         let table_dev = self.stream.clone_htod(bytemuck::cast_slice::<Blake3Item, u8>(&table))?;
         let cvs: CudaSlice<u32> = self.stream.alloc_zeros((8 * cv_next).max(8) as usize)?;
-        Ok(DigestBatch { table, table_dev, cvs, out, groups: group_next as u32, multi })
+        let batch = DigestBatch { table, table_dev, cvs, out, groups: group_next as u32, multi };
+        launch::check_digest_batch(&batch);
+        Ok(batch)
     }
 
     /// Launches a prepared batch: launch 1 always, launch 2 only when some
@@ -208,7 +215,20 @@ impl Gpu {
             && device.region_bases.iter().chain(&host_bases).all(|b| b.is_multiple_of(16));
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
-        Ok(CopyEngine { device, host, device_bases_dev, host_bases_dev, vec16 })
+        let id = NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16 })
+    }
+
+    /// Checks a wave against `engine` (see [`launch::check_wave`]) and uploads it.
+    pub fn prepare_wave(&self, engine: &CopyEngine, ops: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
+        launch::check_wave(engine, &ops)?;
+        let ops_dev = if ops.is_empty() {
+            self.stream.alloc_zeros(16)?
+        } else {
+            self.stream.clone_htod(bytemuck::cast_slice::<CopyOp, u8>(&ops))?
+        };
+        let touches_host = ops.iter().any(CopyOp::touches_host);
+        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, ops })
     }
 
     /// Performs a step's copies: validates them, cuts them into conflict-free
@@ -222,11 +242,12 @@ impl Gpu {
             engine.device.blocks,
             engine.host.as_ref().map(|h| h.pool.blocks),
         )?;
-        for wave in &waves {
-            let ops = self.stream.clone_htod(bytemuck::cast_slice::<CopyOp, u8>(wave))?;
-            launch::kv_block_copy(self, engine, wave, &ops, None)?;
+        let n = waves.len();
+        for ops in waves {
+            let wave = self.prepare_wave(engine, ops)?;
+            launch::kv_block_copy(self, engine, &wave, None)?;
         }
-        Ok(waves.len())
+        Ok(n)
     }
 }
 
@@ -336,9 +357,34 @@ impl HostTier {
     }
 }
 
+static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A checked, uploaded wave of copies for one [`CopyEngine`]: no page is
+/// written twice or both read and written, every page is inside its pool.
+#[derive(Debug)]
+pub struct CopyWave {
+    pub(super) engine_id: u64,
+    pub(super) ops: Vec<CopyOp>,
+    pub(super) ops_dev: CudaSlice<u8>,
+    pub(super) touches_host: bool,
+}
+
+impl CopyWave {
+    /// Copies in the wave.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the wave is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
 /// An attached KV pool, with its host tier if any, ready for block copies.
 #[derive(Debug)]
 pub struct CopyEngine {
+    pub(super) id: u64,
     pub(super) device: KvPool,
     pub(super) host: Option<Arc<HostTier>>,
     pub(super) device_bases_dev: CudaSlice<u64>,
@@ -363,14 +409,8 @@ impl CopyEngine {
     }
 }
 
-/// Launches one prepared wave with an explicit grid (for benchmarks that sweep
-/// the number of thread blocks).
-pub fn launch_copy_wave(
-    gpu: &Gpu,
-    engine: &CopyEngine,
-    wave: &[CopyOp],
-    ops: &CudaSlice<u8>,
-    grid: Option<u32>,
-) -> Result<(), GpuError> {
-    launch::kv_block_copy(gpu, engine, wave, ops, grid)
+/// Launches one prepared wave with an explicit number of thread blocks (for
+/// benchmarks that sweep it); `None` takes the default.
+pub fn launch_copy_wave(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) -> Result<(), GpuError> {
+    launch::kv_block_copy(gpu, engine, wave, grid)
 }

@@ -5,10 +5,10 @@
 //! constructor whose contract covers what the host cannot check: that caller
 //! addresses name live device memory).
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::GpuError;
-use super::device::{CopyEngine, DigestBatch, Gpu};
+use super::device::{CopyEngine, CopyWave, DigestBatch, Gpu};
 use super::digest::{GROUP_CHUNKS, groups_of_len};
 use super::kernels::KernelId;
 use super::pool::CopyOp;
@@ -35,8 +35,10 @@ pub struct Blake3Item {
 const _: () = assert!(std::mem::size_of::<Blake3Item>() == 40);
 const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
 
-/// Checks the table invariants both digest kernels rely on.
-fn check_digest_batch(batch: &DigestBatch) {
+/// Checks the table invariants both digest kernels rely on. Run once by
+/// `Gpu::prepare_digests`, the only constructor of a batch; a batch is
+/// immutable afterwards, so the launches need only check that it is whole.
+pub(super) fn check_digest_batch(batch: &DigestBatch) {
     let t = &batch.table;
     assert!(!t.is_empty(), "a batch has items");
     assert_eq!(batch.table_dev.len(), t.len() * 40, "the device table holds the host table");
@@ -59,14 +61,26 @@ fn check_digest_batch(batch: &DigestBatch) {
     assert!(batch.groups <= i32::MAX as u32, "grid fits");
 }
 
+/// The O(1) part of the batch invariant, checked at every launch.
+fn assert_whole(batch: &DigestBatch) {
+    let n = batch.table.len();
+    assert!(n > 0, "a batch has items");
+    assert_eq!(batch.table_dev.len(), n * 40, "the device table holds the host table");
+    assert_eq!(batch.out.len(), 32 * n, "one 32-byte output per item");
+    let last = batch.table[n - 1];
+    assert_eq!(last.group_first as u64 + last.groups as u64, batch.groups as u64, "groups cover the grid");
+    assert!(batch.groups >= 1 && batch.groups <= i32::MAX as u32, "grid fits");
+}
+
 /// Launch 1: `blake3_chunks(const Blake3Item* items, u32 n_items, u32* cvs)`,
 /// one block of 64 threads per group of 64 chunks.
 ///
-/// Preconditions (asserted): the device table equals the host table, groups
-/// are numbered consecutively, outputs and scratch ranges lie inside the
-/// batch's buffers.
+/// Preconditions: the device table equals the host table, groups are
+/// numbered consecutively, outputs and scratch ranges lie inside the batch's
+/// buffers (asserted by [`check_digest_batch`] when the batch was made; the
+/// sizes are asserted again here).
 pub fn blake3_chunks(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
-    check_digest_batch(batch);
+    assert_whole(batch);
     let f = gpu.function(KernelId::Blake3Chunks)?;
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
@@ -89,7 +103,7 @@ pub fn blake3_chunks(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
 /// Preconditions (asserted): as launch 1; it runs after launch 1 on the same
 /// stream, so the group values it folds are written.
 pub fn blake3_tree(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
-    check_digest_batch(batch);
+    assert_whole(batch);
     let f = gpu.function(KernelId::Blake3Tree)?;
     let stream = gpu.stream();
     let cfg = LaunchConfig { grid_dim: (batch.table.len() as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
@@ -102,56 +116,73 @@ pub fn blake3_tree(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// Checks a wave against its engine: pages inside their pools, host pages
+/// only with a host tier, tokens within a block, and no page written twice or
+/// both read and written. Run once by `Gpu::prepare_wave`, the only
+/// constructor of a [`CopyWave`](super::CopyWave).
+pub(super) fn check_wave(engine: &CopyEngine, wave: &[CopyOp]) -> Result<(), GpuError> {
+    let bad = |m: String| Err(GpuError::InvalidArgument(m));
+    let g = engine.device.geometry;
+    let blocks_host = engine.host.as_ref().map(|h| h.pool().blocks);
+    let mut read = ahash::AHashSet::new();
+    let mut written = ahash::AHashSet::new();
+    for (i, op) in wave.iter().enumerate() {
+        if op.media >= 4 {
+            return bad(format!("op {i}: media has two bits"));
+        }
+        let (src_host, dst_host) = (op.media & 1 != 0, op.media & 2 != 0);
+        for (host, page) in [(src_host, op.src_page), (dst_host, op.dst_page)] {
+            let limit = if host { blocks_host } else { Some(engine.device.blocks) };
+            match limit {
+                None => return bad(format!("op {i}: host page without a host tier")),
+                Some(n) if page >= n => return bad(format!("op {i}: page {page} past the pool of {n}")),
+                Some(_) => {}
+            }
+        }
+        if op.tokens == 0 || op.tokens > g.tokens_per_block {
+            return bad(format!("op {i}: {} tokens; a block holds {}", op.tokens, g.tokens_per_block));
+        }
+        if !written.insert((dst_host, op.dst_page)) {
+            return bad(format!("op {i}: page {} written twice in one wave", op.dst_page));
+        }
+        read.insert((src_host, op.src_page));
+    }
+    if !read.is_disjoint(&written) {
+        return bad("a page is both read and written in one wave".to_owned());
+    }
+    Ok(())
+}
+
 /// `kv_block_copy(const CopyOp* ops, u32 n_ops, const u64* device_bases,
 /// const u64* host_bases, u32 regions, u64 block_bytes, u32 planes,
 /// u64 token_bytes, u32 tokens_per_block, u32 vec16)`: one wave of copies.
 /// `grid` overrides the number of thread blocks (1024 threads each); by
 /// default a wave that touches the host tier uses 16, others 4 per SM.
 ///
-/// Preconditions (asserted): every page is inside its pool, host pages only
-/// with a host tier attached, tokens at most a block, no page written twice
-/// or both read and written in the wave, the device ops equal `wave`, and at
-/// most 16 thread blocks when the host tier is involved.
-pub fn kv_block_copy(
-    gpu: &Gpu,
-    engine: &CopyEngine,
-    wave: &[CopyOp],
-    ops: &CudaSlice<u8>,
-    grid: Option<u32>,
-) -> Result<(), GpuError> {
-    if wave.is_empty() {
+/// Preconditions: every page is inside its pool, host pages only with a host
+/// tier attached, tokens at most a block, no page written twice or both read
+/// and written in the wave (checked by [`check_wave`] when the wave was made
+/// for this engine); asserted here: the wave belongs to this engine, its
+/// device copy is whole, and at most 16 thread blocks touch the host tier.
+pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) -> Result<(), GpuError> {
+    if wave.ops.is_empty() {
         return Ok(());
     }
     let g = engine.device.geometry;
-    assert_eq!(ops.len(), wave.len() * 16, "device ops hold the wave");
-    let mut read = ahash::AHashSet::new();
-    let mut written = ahash::AHashSet::new();
-    for op in wave {
-        let src_host = op.media & 1 != 0;
-        let dst_host = op.media & 2 != 0;
-        assert!(op.media < 4, "media has two bits");
-        let blocks_host = engine.host.as_ref().map(|h| h.pool().blocks);
-        for (host, page) in [(src_host, op.src_page), (dst_host, op.dst_page)] {
-            let limit = if host { blocks_host.expect("host pages need a host tier") } else { engine.device.blocks };
-            assert!(page < limit, "page {page} inside its pool of {limit}");
-        }
-        assert!(op.tokens >= 1 && op.tokens <= g.tokens_per_block, "tokens within a block");
-        assert!(written.insert((dst_host, op.dst_page)), "no page written twice in a wave");
-        read.insert((src_host, op.src_page));
-    }
-    assert!(read.is_disjoint(&written), "no page both read and written in a wave");
-    let touches_host = wave.iter().any(CopyOp::touches_host);
+    assert_eq!(wave.engine_id, engine.id, "the wave was checked against this engine");
+    assert_eq!(wave.ops_dev.len(), wave.ops.len() * 16, "device ops hold the wave");
+    let touches_host = wave.touches_host;
     let blocks = grid.unwrap_or(if touches_host { 16 } else { 4 * gpu.sm_count() });
     assert!(blocks >= 1, "at least one thread block");
     assert!(!touches_host || blocks <= 16, "host copies use at most 16 thread blocks");
     let f = gpu.function(KernelId::KvBlockCopy)?;
     let stream = gpu.stream();
-    let n_ops = wave.len() as u32;
+    let n_ops = wave.ops.len() as u32;
     let (regions, planes, tpb, vec16) = (g.regions, g.planes, g.tokens_per_block, u32::from(engine.vec16));
     let (block_bytes, token_bytes) = (g.block_bytes, g.token_bytes());
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
-    b.arg(ops)
+    b.arg(&wave.ops_dev)
         .arg(&n_ops)
         .arg(&engine.device_bases_dev)
         .arg(&engine.host_bases_dev)
@@ -163,11 +194,12 @@ pub fn kv_block_copy(
         .arg(&vec16);
     // SAFETY: the argument list matches the .cu signature. Every address the
     // kernel forms is base[region] + page * block_bytes + (at most block_bytes),
-    // with page inside its pool (asserted), so it stays inside a region that
+    // with page inside its pool (checked when the wave was made for this
+    // engine, whose id is asserted above), so it stays inside a region that
     // `Gpu::attach` (device pool, by its contract) or `HostTier::new` (pinned,
     // owned by the engine through an Arc) made valid for blocks * block_bytes
     // bytes. 16-byte accesses are used only when `vec16` proved every base and
-    // size aligned. No two copies of the wave race (asserted disjoint).
+    // size aligned. No two copies of the wave race (checked disjoint).
     unsafe { b.launch(cfg) }?;
     Ok(())
 }

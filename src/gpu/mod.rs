@@ -28,7 +28,7 @@ pub mod kernels;
 pub mod launch;
 
 #[cfg(feature = "cuda")]
-pub use device::{CopyEngine, DeviceBytes, DigestBatch, Gpu, HostTier, launch_copy_wave};
+pub use device::{CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostTier, launch_copy_wave};
 pub use digest::digest_grouped_cpu;
 pub use pool::{BlockGeometry, CopyOp, CpuKvPool, KvPool, copy_blocks_cpu, plan_copy_waves};
 

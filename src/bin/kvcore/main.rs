@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod events;
+mod gpu_bench;
 
 /// kvcore: a KV-cache engine core for LLM serving.
 #[derive(Parser)]
@@ -19,6 +20,15 @@ enum Command {
     Demo,
     /// Tail, record or replay a KV event stream.
     Events(events::EventsArgs),
+    /// Measures the GPU kernels against the device's copy limits (JSON report).
+    GpuBench {
+        /// Where to write the JSON report (stdout when absent).
+        #[arg(long)]
+        out: Option<String>,
+        /// Smaller sizes, for a smoke run.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() {
@@ -31,5 +41,6 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Some(Command::GpuBench { out, quick }) => std::process::exit(gpu_bench::run_cli(out.as_deref(), quick)),
     }
 }

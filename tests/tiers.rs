@@ -1,0 +1,270 @@
+//! Model-based proptests of the tier state machine (device pool, pinned host
+//! tier, offload, onboard, host eviction), driven through the Engine API on
+//! the CPU path: the copies `Engine::step` returns are applied with the CPU
+//! twin of the copy kernel to a byte model of both tiers, and a forward pass
+//! writes each token's KV as a value that depends on the whole prefix.
+//!
+//! Checked after every step:
+//! 1. no key is cached in two tiers at once, and Stored/Removed events
+//!    balance per key and per medium (a router replaying the events holds
+//!    exactly the engine's cache, tier included);
+//! 2. no lost block: every cached block's page holds the KV it was stored
+//!    with, wherever it moved since, and every live request's computed tokens
+//!    are intact in its pages;
+//! 3. the engine's own invariants.
+
+use std::collections::HashMap;
+
+use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu};
+use kvcore::keys::BlockKey;
+use kvcore::tables::Medium;
+use kvcore::{Engine, EngineConfig, KvEvent, RequestId, RequestSpec};
+use proptest::prelude::*;
+
+const BS: u32 = 4;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit { base: u8, len: u8, twist: Option<u8> },
+    Grow { req: u8, tokens: u8 },
+    Step,
+    Finish { req: u8 },
+    Evict { n: u8 },
+    Clear,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..3, 1u8..24, proptest::option::weighted(0.3, 0u8..24))
+            .prop_map(|(base, len, twist)| Op::Admit { base, len, twist }),
+        1 => (any::<u8>(), 1u8..6).prop_map(|(req, tokens)| Op::Grow { req, tokens }),
+        4 => Just(Op::Step),
+        3 => any::<u8>().prop_map(|req| Op::Finish { req }),
+        1 => (1u8..4).prop_map(|n| Op::Evict { n }),
+        1 => Just(Op::Clear).prop_filter("rare", |_| true),
+    ]
+}
+
+/// The KV value of the token at `pos`: a hash of the whole prefix, so that a
+/// block's data identifies its chain position, not only its own tokens.
+fn kv_values(tokens: &[u32]) -> Vec<u32> {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    tokens
+        .iter()
+        .map(|t| {
+            h = (h ^ *t as u64).wrapping_mul(0x0100_0000_01b3);
+            (h >> 17) as u32
+        })
+        .collect()
+}
+
+struct Harness {
+    engine: Engine,
+    geometry: BlockGeometry,
+    device: CpuKvPool,
+    host: Option<CpuKvPool>,
+    live: Vec<(RequestId, Vec<u32>)>,
+    /// Events replayed: the tier each key is advertised in, per a router.
+    advertised: HashMap<BlockKey, Medium>,
+    /// KV each key was stored with.
+    expected: HashMap<BlockKey, [u8; 16]>,
+}
+
+impl Harness {
+    fn new(blocks_device: u32, blocks_host: u32) -> Self {
+        let engine = Engine::new(EngineConfig {
+            block_size_tokens: BS,
+            blocks_device,
+            blocks_host,
+            requests_max: 64,
+            ..Default::default()
+        })
+        .unwrap();
+        let geometry = BlockGeometry { regions: 1, block_bytes: 4 * BS as u64, planes: 1, tokens_per_block: BS };
+        Self {
+            device: CpuKvPool::zeroed(&geometry, blocks_device),
+            host: (blocks_host > 0).then(|| CpuKvPool::zeroed(&geometry, blocks_host)),
+            engine,
+            geometry,
+            live: Vec::new(),
+            advertised: HashMap::new(),
+            expected: HashMap::new(),
+        }
+    }
+
+    fn page_bytes(&self, medium: Medium, page: u32) -> [u8; 16] {
+        let pool = match medium {
+            Medium::Gpu => &self.device,
+            Medium::Cpu => self.host.as_ref().expect("host pages exist only with a host tier"),
+        };
+        pool.data[0][page as usize * 16..page as usize * 16 + 16].try_into().unwrap()
+    }
+
+    /// Closes a step: copies, checks, forward pass, commit, event replay.
+    fn step(&mut self) {
+        let copies = self.engine.step();
+        copy_blocks_cpu(&self.geometry, &mut self.device, self.host.as_mut(), &copies).unwrap();
+        self.replay_events();
+        self.check_data();
+        // The forward pass writes the KV of every token not yet computed.
+        for (id, tokens) in &self.live {
+            let info = self.engine.request_info(*id).unwrap();
+            let table = self.engine.block_table(*id).unwrap();
+            let values = kv_values(tokens);
+            for pos in info.tokens_computed as usize..tokens.len() {
+                let page = table[pos / BS as usize] as usize;
+                let at = page * 16 + (pos % BS as usize) * 4;
+                self.device.data[0][at..at + 4].copy_from_slice(&values[pos].to_le_bytes());
+            }
+            self.engine.commit(*id, tokens.len() as u64).unwrap();
+        }
+        // Commits advertise in the next step's batch; record what they store now.
+        let cache = self.engine.cache();
+        for (key, id) in &cache.index.map {
+            let b = &cache.blocks.rows[*id];
+            if b.medium == Medium::Gpu && !self.advertised.contains_key(key) {
+                let data = self.page_bytes(Medium::Gpu, b.page);
+                if let Some(old) = self.expected.insert(*key, data) {
+                    assert_eq!(old, data, "a key always stands for the same KV");
+                }
+            }
+        }
+    }
+
+    fn replay_events(&mut self) {
+        for e in self.engine.drain_events() {
+            match e {
+                KvEvent::BlockStored(s) => {
+                    for k in s.keys {
+                        let prev = self.advertised.insert(k, s.medium);
+                        assert!(prev.is_none(), "key stored in {:?} while advertised in {prev:?}", s.medium);
+                    }
+                }
+                KvEvent::BlockRemoved(r) => {
+                    for k in r.keys {
+                        let prev = self.advertised.remove(&k);
+                        assert_eq!(prev, Some(r.medium), "removal in {:?} of a key not advertised there", r.medium);
+                    }
+                }
+                KvEvent::AllBlocksCleared(_) => self.advertised.clear(),
+            }
+        }
+        // The replayed view is the engine's cache, tier by tier.
+        let cache = self.engine.cache();
+        assert_eq!(self.advertised.len(), cache.index.map.len(), "routers see as many blocks as are cached");
+        for (key, medium) in &self.advertised {
+            assert_eq!(self.engine.cached_medium(key), Some(*medium), "advertised tier is the cached tier");
+        }
+    }
+
+    fn check_data(&self) {
+        let cache = self.engine.cache();
+        for (key, id) in &cache.index.map {
+            let b = &cache.blocks.rows[*id];
+            let want = self.expected.get(key).expect("every cached key was stored with known KV");
+            assert_eq!(&self.page_bytes(b.medium, b.page), want, "cached block lost its KV ({:?} page {})", b.medium, b.page);
+        }
+        for (id, tokens) in &self.live {
+            let info = self.engine.request_info(*id).unwrap();
+            let table = self.engine.block_table(*id).unwrap();
+            let values = kv_values(tokens);
+            for pos in 0..info.tokens_computed as usize {
+                let page = table[pos / BS as usize];
+                let at = (pos % BS as usize) * 4;
+                let got = u32::from_le_bytes(self.page_bytes(Medium::Gpu, page)[at..at + 4].try_into().unwrap());
+                assert_eq!(got, values[pos], "request's computed token {pos} lost its KV");
+            }
+        }
+    }
+
+    fn apply(&mut self, op: &Op, bases: &[Vec<u32>; 3]) {
+        match *op {
+            Op::Admit { base, len, twist } => {
+                let mut tokens = bases[base as usize][..len as usize].to_vec();
+                if let Some(t) = twist.filter(|t| (*t as usize) < tokens.len()) {
+                    tokens[t as usize] ^= 0x5a5a;
+                }
+                if let Ok(a) = self.engine.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }) {
+                    self.live.push((a.id, tokens));
+                }
+            }
+            Op::Grow { req, tokens } => {
+                if self.live.is_empty() {
+                    return;
+                }
+                let i = req as usize % self.live.len();
+                let more: Vec<u32> = (0..tokens as u32).map(|k| 900 + k + self.live[i].1.len() as u32).collect();
+                if self.engine.grow(self.live[i].0, &more).is_ok() {
+                    self.live[i].1.extend_from_slice(&more);
+                }
+            }
+            Op::Step => self.step(),
+            Op::Finish { req } => {
+                if self.live.is_empty() {
+                    return;
+                }
+                let (id, _) = self.live.remove(req as usize % self.live.len());
+                self.engine.finish(id).unwrap();
+            }
+            Op::Evict { n } => {
+                self.engine.evict(n as usize);
+            }
+            Op::Clear => self.engine.clear(),
+        }
+        self.engine.check_invariants();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random admissions sharing prefixes, growth, finishes, evictions and
+    /// clears under device pressure, with and without a host tier: the three
+    /// properties in the module docs hold after every step.
+    #[test]
+    #[cfg_attr(miri, ignore)] // proptest runs thousands of engine steps: far too slow under Miri
+    fn tiers_keep_blocks_and_events_consistent(
+        blocks_device in 8u32..20,
+        blocks_host in prop_oneof![Just(0u32), 1u32..12],
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| (b as u32 * 1000) + (i % 7) * 3 + i).collect());
+        let mut h = Harness::new(blocks_device, blocks_host);
+        for op in &ops {
+            h.apply(op, &bases);
+        }
+        h.step();
+        // Finish everything and step: nothing is lost when requests are gone.
+        for (id, _) in std::mem::take(&mut h.live) {
+            h.engine.finish(id).unwrap();
+        }
+        h.step();
+        h.step();
+    }
+}
+
+/// Offload then onboard, step by step: a block evicted to the host tier comes
+/// back with its KV intact when a prompt matches it, and the events tell a
+/// router Removed(GPU), Stored(CPU), then Removed(CPU), Stored(GPU).
+#[test]
+fn offload_and_onboard_round_trip() {
+    let mut h = Harness::new(3, 4);
+    let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
+    h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases); // 3 blocks, 2 full ones become cached
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Finish { req: 0 }, &bases);
+    h.apply(&Op::Step, &bases);
+    assert_eq!(h.engine.blocks_cached(), (2, 0));
+    h.apply(&Op::Admit { base: 1, len: 9, twist: None }, &bases); // needs all 3 pages: both cached blocks offload
+    assert_eq!(h.engine.blocks_cached(), (0, 2));
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Finish { req: 0 }, &bases);
+    h.apply(&Op::Step, &bases);
+    let counters = h.engine.counters();
+    assert_eq!(counters.blocks_offloaded, 2);
+    h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases); // matches 2 host blocks: onboard
+    assert_eq!(h.engine.counters().blocks_onboarded, 2);
+    h.apply(&Op::Step, &bases); // checks the onboarded KV
+    let info = h.engine.request_info(h.live[0].0).unwrap();
+    assert_eq!(info.tokens_cached, 8);
+}
