@@ -1,21 +1,29 @@
-// BLAKE3-256 of many device-resident byte strings in two launches.
+// BLAKE3-256 of many device-resident byte strings in one launch.
 //
-// Launch 1 (blake3_chunks): one thread per 1 KiB chunk, one thread block per
-// group of 64 consecutive chunks of one item. Each thread compresses its chunk
-// (16 blocks, sequential by definition of BLAKE3), then the block folds its 64
-// chaining values pairwise into the group's subtree value in shared memory.
-// An aligned group of 64 chunks is a complete subtree of the BLAKE3 tree, and
-// a trailing partial group folds exactly as the level-by-level merge of the
-// whole tree does (pairs left to right, an odd last node carried up), so the
-// group value is the tree's node for it. An item of one group is finished
-// here, root flag included.
+// One thread per 1 KiB chunk, one thread block per group of 64 consecutive
+// chunks of one item. Each thread compresses its chunk (16 blocks, sequential
+// by definition of BLAKE3), then the block folds its 64 chaining values
+// pairwise into the group's value in shared memory. Above that, values are
+// folded 64 at a time, level by level, by whichever block finishes a set last
+// (an atomic counter per set, after a fence: the classic last-block
+// reduction), so no second launch and no idle tree stage are needed. The top
+// fold carries the root flag; an item of one chunk sets it on its last block.
 //
-// Launch 2 (blake3_tree): one thread block per item of more than one group,
-// folding the group values level by level in place in global scratch; the
-// last merge carries the root flag.
+// Why folding sets of 64 is the BLAKE3 tree: the tree is what merging values
+// level by level gives, pairing left to right and carrying an odd last value
+// up unchanged. An aligned set of 64 values is then a complete subtree, and a
+// trailing partial set folds to the node the whole-tree fold gives it.
 //
 // Byte order: BLAKE3 words are little-endian, as is the GPU, so 16-byte loads
 // give message words directly.
+//
+// Two entry points differ only in how additions are issued. In
+// blake3_digest_throughput some go through multiply-add by a run-time 1
+// (`one`, a kernel argument the compiler cannot fold), moving them from the
+// integer ALU pipe, where the XORs and rotates already queue, to the FMA pipe:
+// more hashes per second when every SM is full. blake3_digest_latency leaves
+// them as plain additions, whose latency is shorter: a faster single image,
+// where a few warps per SM wait on their own dependency chains.
 
 #define B3_CHUNK_START 1u
 #define B3_CHUNK_END 2u
@@ -24,14 +32,15 @@
 #define B3_GROUP_LOG2 6
 #define B3_GROUP (1u << B3_GROUP_LOG2)
 
-// Must match `Blake3Item` in src/gpu/launch.rs (40 bytes, 8-byte aligned).
+// Must match `Blake3Item` in src/gpu/launch.rs (48 bytes, 8-byte aligned).
 struct Blake3Item {
-    u64 data;       // device address of the item's bytes
-    u64 len;        // bytes
-    u64 out;        // device address of its 32-byte digest
-    u64 cv_first;   // index (in 8-word values) of its first group value in the scratch
-    u32 group_first;// global index of its first group
-    u32 groups;     // number of groups (at least 1)
+    u64 data;        // device address of the item's bytes
+    u64 len;         // bytes
+    u64 out;         // device address of its 32-byte digest
+    u64 cv_first;    // first of its values (8 words each) in the scratch, all levels
+    u64 ctr_first;   // first of its set counters (all levels)
+    u32 group_first; // global index of its first group
+    u32 groups;      // number of groups (at least 1)
 };
 
 __device__ __constant__ u32 B3_IV[8] = {
@@ -44,15 +53,19 @@ __device__ __forceinline__ u32 rotr8(u32 x) { return __byte_perm(x, 0, 0x0321); 
 __device__ __forceinline__ u32 rotr12(u32 x) { return __funnelshift_r(x, x, 12); }
 __device__ __forceinline__ u32 rotr7(u32 x) { return __funnelshift_r(x, x, 7); }
 
+// MODE 0: plain additions; MODE 1: additions as multiply-adds by `one`.
+#define B3_ADD3(a, b, x) (MODE == 0 ? (a + b + (x)) : ((x) * one + (b * one + a)))
+#define B3_ADD2(c, d) (MODE == 0 ? (c + d) : (d * one + c))
+
 #define B3_G(a, b, c, d, x, y)          \
     do {                                \
-        a = a + b + (x);                \
+        a = B3_ADD3(a, b, x);           \
         d = rotr16(d ^ a);              \
-        c = c + d;                      \
+        c = B3_ADD2(c, d);              \
         b = rotr12(b ^ c);              \
-        a = a + b + (y);                \
+        a = B3_ADD3(a, b, y);           \
         d = rotr8(d ^ a);               \
-        c = c + d;                      \
+        c = B3_ADD2(c, d);              \
         b = rotr7(b ^ c);               \
     } while (0)
 
@@ -70,7 +83,8 @@ __device__ __forceinline__ u32 rotr7(u32 x) { return __funnelshift_r(x, x, 7); }
     } while (0)
 
 // Compresses one 64-byte block into the chaining value cv (first 8 output words).
-__device__ __forceinline__ void b3_compress(u32 cv[8], const u32 m[16], u64 counter, u32 block_len, u32 flags) {
+template <int MODE>
+__device__ __forceinline__ void b3_compress(u32 cv[8], const u32 m[16], u64 counter, u32 block_len, u32 flags, u32 one) {
     u32 v0 = cv[0], v1 = cv[1], v2 = cv[2], v3 = cv[3];
     u32 v4 = cv[4], v5 = cv[5], v6 = cv[6], v7 = cv[7];
     u32 v8 = B3_IV[0], v9 = B3_IV[1], v10 = B3_IV[2], v11 = B3_IV[3];
@@ -88,13 +102,14 @@ __device__ __forceinline__ void b3_compress(u32 cv[8], const u32 m[16], u64 coun
 }
 
 // Parent node: cv = compress(IV, left || right, 0, 64, PARENT | extra).
-__device__ __forceinline__ void b3_parent(u32 out[8], const u32 left[8], const u32 right[8], u32 extra_flags) {
+template <int MODE>
+__device__ __forceinline__ void b3_parent(u32 out[8], const u32 left[8], const u32 right[8], u32 extra_flags, u32 one) {
     u32 m[16];
 #pragma unroll
     for (int i = 0; i < 8; i++) { m[i] = left[i]; m[8 + i] = right[i]; }
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = B3_IV[i];
-    b3_compress(out, m, 0, 64, B3_PARENT | extra_flags);
+    b3_compress<MODE>(out, m, 0, 64, B3_PARENT | extra_flags, one);
 }
 
 __device__ __forceinline__ void b3_load_full(u32 m[16], const u8* p, bool aligned) {
@@ -130,7 +145,8 @@ __device__ __forceinline__ void b3_load_partial(u32 m[16], const u8* p, u32 n) {
 // The chaining value of chunk `chunk` (of `chunk_len` bytes, 1..=1024, or 0 for
 // the empty input) at p. With `root`, the last block carries the root flag and
 // the result is the digest.
-__device__ void b3_chunk(u32 cv[8], const u8* p, u32 chunk_len, u64 chunk, bool aligned, bool root) {
+template <int MODE>
+__device__ void b3_chunk(u32 cv[8], const u8* p, u32 chunk_len, u64 chunk, bool aligned, bool root, u32 one) {
 #pragma unroll
     for (int i = 0; i < 8; i++) cv[i] = B3_IV[i];
     u32 blocks = chunk_len == 0 ? 1 : (chunk_len + 63) / 64;
@@ -152,7 +168,7 @@ __device__ void b3_chunk(u32 cv[8], const u8* p, u32 chunk_len, u64 chunk, bool 
 #pragma unroll
         for (int i = 0; i < 16; i++) cur[i] = m[i];
         if (j + 1 < full) b3_load_full(m, p + 64 * (j + 1), aligned);
-        b3_compress(cv, cur, chunk, len, flags);
+        b3_compress<MODE>(cv, cur, chunk, len, flags, one);
     }
 }
 
@@ -166,34 +182,12 @@ __device__ __forceinline__ u32 b3_find_item(const Blake3Item* items, u32 n_items
     return lo;
 }
 
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_chunks(const Blake3Item* __restrict__ items, u32 n_items, u32* __restrict__ cvs) {
-    __shared__ u32 s_cv[B3_GROUP][9];  // padded against bank conflicts
-    __shared__ u32 s_item;
-    const u32 g = blockIdx.x;
-    if (threadIdx.x == 0) s_item = b3_find_item(items, n_items, g);
-    __syncthreads();
-    const Blake3Item it = items[s_item];
-    const u32 local_group = g - it.group_first;
-    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
-    const u64 first_chunk = (u64)local_group * B3_GROUP;
-    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-    const bool single = it.groups == 1;
-    const u8* base = (const u8*)it.data;
-    const bool aligned = (it.data & 15) == 0;
+// Folds s_cv[0..k) in place into s_cv[0] (pairs left to right, an odd last
+// value carried up); the last merge carries the root flag when `root`.
+// Every thread of the block calls it.
+template <int MODE>
+__device__ void b3_fold(u32 (*s_cv)[9], u32 k, bool root, u32 one) {
     const u32 t = threadIdx.x;
-    if (t < n) {
-        u64 c = first_chunk + t;
-        u64 off = c * 1024;
-        u32 len = (u32)min((u64)1024, it.len - off);
-        if (it.len == 0) len = 0;
-        u32 cv[8];
-        b3_chunk(cv, base + off, len, c, aligned, chunks == 1);
-#pragma unroll
-        for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
-    }
-    __syncthreads();
-    // Fold the group: pairs left to right, an odd last value carried up.
-    u32 k = n;
     while (k > 1) {
         u32 pairs = k / 2;
         u32 out[8];
@@ -201,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_chunks(const Blake
             u32 l[8], r[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) { l[i] = s_cv[2 * t][i]; r[i] = s_cv[2 * t + 1][i]; }
-            b3_parent(out, l, r, (single && k == 2) ? B3_ROOT : 0u);
+            b3_parent<MODE>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
         }
         u32 carry[8];
         if (t == 0 && (k & 1)) {
@@ -220,44 +214,84 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_chunks(const Blake
         __syncthreads();
         k = pairs + (k & 1);
     }
-    if (t < 8) {
-        if (single) {
-            ((u32*)it.out)[t] = s_cv[0][t];
-        } else {
-            cvs[(it.cv_first + local_group) * 8 + t] = s_cv[0][t];
+}
+
+template <int MODE>
+__device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    __shared__ u32 s_cv[B3_GROUP][9];  // padded against bank conflicts
+    __shared__ u32 s_item;
+    __shared__ u32 s_last;
+    const u32 g = blockIdx.x;
+    const u32 t = threadIdx.x;
+    if (t == 0) s_item = b3_find_item(items, n_items, g);
+    __syncthreads();
+    const Blake3Item it = items[s_item];
+    const u32 local_group = g - it.group_first;
+    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
+    const u64 first_chunk = (u64)local_group * B3_GROUP;
+    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
+    const bool single = it.groups == 1;
+    const u8* base = (const u8*)it.data;
+    const bool aligned = (it.data & 15) == 0;
+    if (t < n) {
+        u64 c = first_chunk + t;
+        u64 off = c * 1024;
+        u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
+        u32 cv[8];
+        b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
+    }
+    __syncthreads();
+    b3_fold<MODE>(s_cv, n, single, one);
+    if (single) {
+        if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+        return;
+    }
+    // Climb: publish this value; the last of its set of 64 folds the set.
+    u32* vals = cvs + it.cv_first * 8;
+    u32* ctrs = counters + it.ctr_first;
+    u32 idx = local_group;
+    u32 count = it.groups;
+    while (true) {
+        if (t < 8) vals[(u64)idx * 8 + t] = s_cv[0][t];
+        __threadfence();
+        __syncthreads();
+        const u32 parent = idx / B3_GROUP;
+        const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+        const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+        if (t == 0) {
+            u32 old = atomicAdd(&ctrs[parent], 1u);
+            s_last = old == siblings - 1;
+            // Reset for the next use of the scratch: every sibling has counted.
+            if (s_last) ctrs[parent] = 0;
         }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        if (t < siblings) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[t][i] = __ldcg(&vals[((u64)parent * B3_GROUP + t) * 8 + i]);
+        }
+        __syncthreads();
+        b3_fold<MODE>(s_cv, siblings, parents == 1, one);
+        if (parents == 1) {
+            if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+            return;
+        }
+        vals += (u64)count * 8;
+        ctrs += parents;
+        idx = parent;
+        count = parents;
     }
 }
 
-extern "C" __global__ void blake3_tree(const Blake3Item* __restrict__ items, u32* __restrict__ cvs) {
-    const Blake3Item it = items[blockIdx.x];
-    if (it.groups <= 1) return;
-    u32* cv = cvs + it.cv_first * 8;
-    u32 k = it.groups;
-    const u32 t = threadIdx.x;
-    while (k > 1) {
-        u32 pairs = k / 2;
-        for (u32 base = 0; base < pairs; base += blockDim.x) {
-            u32 i = base + t;
-            u32 out[8];
-            if (i < pairs) {
-                u32 l[8], r[8];
-#pragma unroll
-                for (int w = 0; w < 8; w++) { l[w] = cv[16 * i + w]; r[w] = cv[16 * i + 8 + w]; }
-                b3_parent(out, l, r, k == 2 ? B3_ROOT : 0u);
-            }
-            // Reads of this pass (indices >= 2*base) finish before writes
-            // (indices base..base+blockDim) that may overlap them.
-            __syncthreads();
-            if (i < pairs) {
-#pragma unroll
-                for (int w = 0; w < 8; w++) cv[8 * i + w] = out[w];
-            }
-            __syncthreads();
-        }
-        if ((k & 1) && t < 8) cv[8 * pairs + t] = cv[8 * (k - 1) + t];
-        __syncthreads();
-        k = pairs + (k & 1);
-    }
-    if (t < 8) ((u32*)it.out)[t] = cv[t];
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_latency(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<0>(items, n_items, cvs, counters, one);
+}
+
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_throughput(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1>(items, n_items, cvs, counters, one);
 }

@@ -15,7 +15,9 @@
 // mapped pinned memory, addressed directly. Copies in one launch must not
 // overlap (the Rust side splits a batch into conflict-free waves).
 
+#ifndef COPY_UNROLL
 #define COPY_UNROLL 8
+#endif
 
 // Must match `CopyOp` in src/gpu/launch.rs.
 struct CopyOp {
@@ -45,7 +47,7 @@ __device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* _
     for (u64 i = lane; i < n; i += 32) dst[i] = src[i];
 }
 
-extern "C" __global__ void kv_block_copy(
+extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
     u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16) {

@@ -105,9 +105,8 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
 #[cfg(feature = "cuda")]
 mod device {
     use super::*;
-    use cudarc::driver::DevicePtr;
-    use kvcore::gpu::kernels::{ModuleId, compile};
-    use kvcore::gpu::{DeviceBytes, Gpu, HostTier, KvPool};
+    use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
+    use kvcore::gpu::{Gpu, HostTier};
     use std::sync::Arc;
 
     fn gpu() -> Option<Arc<Gpu>> {
@@ -124,56 +123,71 @@ mod device {
     /// not a device); skipped where libnvrtc is absent.
     #[test]
     fn kernels_compile_with_nvrtc() {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if !nvrtc_available() {
             eprintln!("skipping: libnvrtc not found");
             return;
         }
         for m in ModuleId::ALL {
-            if let Err(e) = compile(m, Some("compute_90")) {
-                panic!("{e}");
+            for copy_unroll in [4, 8, 16] {
+                let options = KernelOptions { copy_unroll };
+                if let Err(e) = compile(m, Some("compute_90"), &options) {
+                    panic!("{e}");
+                }
             }
         }
+        let bad = KernelOptions { copy_unroll: 0 };
+        assert!(compile(ModuleId::Blake3, None, &bad).is_err(), "unsupported options are refused");
     }
 
     /// BLAKE3 on the GPU equals the `blake3` crate for lengths around block,
     /// chunk, group and tree boundaries and for large random inputs, at aligned
-    /// and unaligned addresses, all in one batch and one item at a time.
+    /// and unaligned addresses, all in one batch and one item at a time, with
+    /// both kernel variants.
     #[test]
     fn digest_matches_blake3_crate() {
         let Some(gpu) = gpu() else { return };
+        digest_check(&gpu, 300 << 20);
+    }
+
+    fn digest_check(gpu: &Arc<Gpu>, big: usize) {
         let mut rng = StdRng::seed_from_u64(3);
-        let big = 300 << 20;
         let mut data = vec![0u8; big + 64];
         rng.fill_bytes(&mut data);
-        let dev = gpu.stream().clone_htod(&data).unwrap();
-        let (base, _s) = dev.device_ptr(gpu.stream());
+        let dev = Arc::new(gpu.stream().clone_htod(&data).unwrap());
         let mut lengths = vec![0u64, 1, 31, 32, 63, 64, 65, 127, 128, 129, 1000];
-        for b in [1u64 << 10, 2 << 10, 3 << 10, 31 << 10, 32 << 10, 33 << 10, 63 << 10, 64 << 10, 65 << 10, 127 << 10, 128 << 10, 129 << 10, 192 << 10, 1 << 20, 3 << 20, 4 << 20, 64 << 20] {
+        for b in [1u64 << 10, 2 << 10, 3 << 10, 31 << 10, 32 << 10, 33 << 10, 63 << 10, 64 << 10, 65 << 10, 127 << 10, 128 << 10, 129 << 10, 192 << 10, 1 << 20, 3 << 20, 4 << 20, (4 << 20) + (64 << 10), 8 << 20, 64 << 20, 256 << 20] {
             lengths.extend([b - 1, b, b + 1, b + 64]);
         }
         for _ in 0..40 {
             lengths.push(rng.random_range(0..(8u64 << 20)));
         }
-        lengths.extend([100 << 20, 256 << 20, (300 << 20) - 7]);
-        let mut items = Vec::new();
-        for (i, &len) in lengths.iter().enumerate() {
-            let offset = if i % 3 == 0 { (i as u64 * 7) % 61 } else { 0 };
-            items.push(DeviceBytes { ptr: base + offset, len });
+        lengths.retain(|l| *l <= big as u64);
+        lengths.extend([(big as u64) / 3 + 5, (big as u64) - 7]);
+        if big >= 256 << 20 {
+            lengths.extend([256 << 20, (256 << 20) + 1]);
         }
-        // SAFETY: every item lies inside `dev`, alive for the whole test.
-        let got = unsafe { gpu.digest_device(&items) }.unwrap();
-        for (it, d) in items.iter().zip(&got) {
-            let off = (it.ptr - base) as usize;
-            let want = blake3::hash(&data[off..off + it.len as usize]);
-            assert_eq!(d, want.as_bytes(), "batched, length {} offset {off}", it.len);
+        // Every third item starts at an odd offset, which takes the kernel's unaligned path.
+        let items: Vec<(u64, u64)> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (if i % 3 == 0 { (i as u64 * 7) % 61 } else { 0 }, len))
+            .collect();
+        let batch = gpu.prepare_digests_in(Arc::clone(&dev), &items).unwrap();
+        for variant in [KernelId::Blake3Throughput, KernelId::Blake3Latency] {
+            // Launching the same batch again must work too: the kernel resets its counters.
+            kvcore::gpu::launch::blake3_digest(gpu, &batch, variant).unwrap();
+            let got = gpu.read_digests(&batch).unwrap();
+            for ((off, len), d) in items.iter().zip(&got) {
+                let want = blake3::hash(&data[*off as usize..(off + len) as usize]);
+                assert_eq!(d, want.as_bytes(), "{variant:?}, batched, length {len} offset {off}");
+            }
         }
-        for it in items.iter().filter(|it| it.len < (8 << 20)).step_by(5) {
-            // SAFETY: as above.
-            let one = unsafe { gpu.digest_device(std::slice::from_ref(it)) }.unwrap();
-            let off = (it.ptr - base) as usize;
-            assert_eq!(&one[0], blake3::hash(&data[off..off + it.len as usize]).as_bytes(), "alone, length {}", it.len);
+        for (off, len) in items.iter().filter(|(_, len)| *len < (8 << 20)).step_by(5) {
+            let one = gpu.digest_views(&[dev.slice(*off as usize..(off + len) as usize)]).unwrap();
+            assert_eq!(&one[0], blake3::hash(&data[*off as usize..(off + len) as usize]).as_bytes(), "alone, length {len}");
         }
+        let past = gpu.prepare_digests_in(Arc::clone(&dev), &[(data.len() as u64 - 10, 11)]);
+        assert!(past.is_err(), "a range past the buffer is refused");
     }
 
     /// Batched block copies on the GPU (full and prefix, both tiers, chained
@@ -189,31 +203,18 @@ mod device {
             let (dev_n, host_n) = (64u32, 48u32);
             let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
             let mut cpu_host = random_pool(&mut rng, &g, host_n);
-            let dev_flat: Vec<u8> = cpu_dev.data.concat();
-            let dev_buf = gpu.stream().clone_htod(&dev_flat).unwrap();
-            let (dev_base, _s) = dev_buf.device_ptr(gpu.stream());
-            let region_bytes = g.block_bytes * dev_n as u64;
-            let tier = HostTier::new(&gpu, g, host_n).unwrap();
-            gpu.synchronize().unwrap();
-            // SAFETY: the tier was just allocated and nothing else uses it yet.
-            let host_ptr = tier.host_ptr().unwrap() as *mut u8;
-            let flat_host = cpu_host.data.concat();
-            // SAFETY: the tier holds regions * host_n * block_bytes bytes, which is flat_host's length.
-            unsafe { std::ptr::copy_nonoverlapping(flat_host.as_ptr(), host_ptr, flat_host.len()) };
-            let pool = KvPool {
-                region_bases: (0..g.regions as u64).map(|r| dev_base + r * region_bytes).collect(),
-                blocks: dev_n,
-                geometry: g,
-            };
-            // SAFETY: the regions tile dev_buf, which outlives the engine's launches (synchronized below).
-            let engine = unsafe { gpu.attach(pool, Some(Arc::clone(&tier))) }.unwrap();
+            let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
+            let mut tier = HostTier::new(&gpu, g, host_n).unwrap();
+            tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
+            let tier = Arc::new(tier);
+            let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
             for _ in 0..5 {
                 let copies = random_copies(&mut rng, &g, dev_n, host_n, 300);
                 gpu.copy_blocks(&engine, &copies).unwrap();
                 copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
             }
             gpu.synchronize().unwrap();
-            let got_dev = gpu.stream().clone_dtoh(&dev_buf).unwrap();
+            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
             gpu.synchronize().unwrap();
             assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({g:?})");
             assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs from the CPU twin ({g:?})");

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice, sys};
 
-use super::digest::{CHUNK_BYTES, GROUP_CHUNKS, groups_of_len};
-use super::kernels::{KernelId, ModuleCache, arch_for};
+use super::digest::{CHUNK_BYTES, GROUP_CHUNKS, groups_of_len, scratch_of_len};
+use super::kernels::{KernelId, KernelOptions, ModuleCache, arch_for};
 use super::launch::{self, Blake3Item};
 use super::pool::{BlockGeometry, CopyOp, KvPool, plan_copy_waves};
 use super::GpuError;
@@ -38,6 +38,13 @@ impl Gpu {
     /// panicking) and a machine without a device both become
     /// [`GpuError::Unavailable`], so callers fall back to the CPU path.
     pub fn probe(ordinal: usize) -> Result<Arc<Gpu>, GpuError> {
+        Self::probe_with(ordinal, KernelOptions::default())
+    }
+
+    /// As [`Gpu::probe`], compiling the kernels with `options` (benchmarks
+    /// compare variants with one handle each).
+    pub fn probe_with(ordinal: usize, options: KernelOptions) -> Result<Arc<Gpu>, GpuError> {
+        options.validate()?;
         let opened = std::panic::catch_unwind(|| -> Result<Gpu, GpuError> {
             // SAFETY: `is_culib_present` only tries to dlopen the library by its
             // usual names and drops the handle; it touches no CUDA state.
@@ -54,7 +61,7 @@ impl Gpu {
                 ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
             let name = ctx.name()?;
             let stream = ctx.new_stream()?;
-            let modules = ModuleCache::new(Arc::clone(&ctx), arch_for(major, minor));
+            let modules = ModuleCache::new(Arc::clone(&ctx), arch_for(major, minor), options);
             Ok(Gpu { ctx, stream, modules, sm_count, name })
         });
         match opened {
@@ -104,8 +111,8 @@ impl Gpu {
         self.modules.function(id)
     }
 
-    /// Lays out a digest batch: the item table (uploaded), scratch for group
-    /// values, and the digests' output buffer.
+    /// Lays out a digest batch: the item table (uploaded), scratch for the
+    /// values and set counters above the groups, and the digests' output.
     ///
     /// # Safety
     /// Every `items[i]` must name `len` readable bytes of device memory of this
@@ -118,24 +125,23 @@ impl Gpu {
         let out: CudaSlice<u8> = self.stream.alloc_zeros(32 * items.len())?;
         let (out_base, _sync) = out.device_ptr(&self.stream);
         let mut table = Vec::with_capacity(items.len());
-        let (mut group_next, mut cv_next) = (0u64, 0u64);
-        let mut multi = false;
+        let (mut group_next, mut cv_next, mut ctr_next) = (0u64, 0u64, 0u64);
         for (i, it) in items.iter().enumerate() {
             let groups = groups_of_len(it.len);
+            let (values, counters) = scratch_of_len(it.len);
             table.push(Blake3Item {
                 data: it.ptr,
                 len: it.len,
                 out: out_base + 32 * i as u64,
                 cv_first: cv_next,
+                ctr_first: ctr_next,
                 group_first: u32::try_from(group_next)
                     .map_err(|_| GpuError::InvalidArgument("a digest batch has more than 2^32 groups".to_owned()))?,
                 groups: groups as u32,
             });
             group_next += groups;
-            if groups > 1 {
-                cv_next += groups;
-                multi = true;
-            }
+            cv_next += values;
+            ctr_next += counters;
         }
         if group_next > i32::MAX as u64 {
             return Err(GpuError::InvalidArgument("a digest batch is limited to 2^31 - 1 groups (128 TiB)".to_owned()));
@@ -143,19 +149,19 @@ impl Gpu {
         drop(_sync);
         let table_dev = self.stream.clone_htod(bytemuck::cast_slice::<Blake3Item, u8>(&table))?;
         let cvs: CudaSlice<u32> = self.stream.alloc_zeros((8 * cv_next).max(8) as usize)?;
-        let batch = DigestBatch { table, table_dev, cvs, out, groups: group_next as u32, multi };
+        let counters: CudaSlice<u32> = self.stream.alloc_zeros(ctr_next.max(1) as usize)?;
+        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next as u32, keep: None };
         launch::check_digest_batch(&batch);
         Ok(batch)
     }
 
-    /// Launches a prepared batch: launch 1 always, launch 2 only when some
-    /// item spans more than one group of 64 chunks.
+    /// Launches a prepared batch (one launch; a batch may be launched again).
+    /// A batch of at most two groups per SM leaves SMs idle and waits on
+    /// dependency chains, so it takes the latency kernel; larger ones take
+    /// the throughput kernel.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
-        launch::blake3_chunks(self, batch)?;
-        if batch.multi {
-            launch::blake3_tree(self, batch)?;
-        }
-        Ok(())
+        let variant = if batch.groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Throughput };
+        launch::blake3_digest(self, batch, variant)
     }
 
     /// Waits for the batch and returns its digests in item order.
@@ -177,6 +183,25 @@ impl Gpu {
         let batch = unsafe { self.prepare_digests(items)? };
         self.launch_digests(&batch)?;
         self.read_digests(&batch)
+    }
+
+    /// A digest batch over ranges `(offset, len)` of a device buffer the batch
+    /// keeps alive: the safe way to prepare a batch that is launched many
+    /// times (benchmarks). Ranges past the buffer are refused.
+    pub fn prepare_digests_in(&self, data: Arc<CudaSlice<u8>>, ranges: &[(u64, u64)]) -> Result<DigestBatch, GpuError> {
+        let base = data.device_ptr(&self.stream).0;
+        let mut items = Vec::with_capacity(ranges.len());
+        for (i, &(offset, len)) in ranges.iter().enumerate() {
+            if offset.checked_add(len).is_none_or(|end| end > data.len() as u64) {
+                return Err(GpuError::InvalidArgument(format!("range {i} ends past the buffer")));
+            }
+            items.push(DeviceBytes { ptr: base + offset, len });
+        }
+        // SAFETY: every range was checked to lie inside `data`, which the
+        // batch holds (Arc) until it is dropped, after its launches.
+        let mut batch = unsafe { self.prepare_digests(&items)? };
+        batch.keep = Some(data);
+        Ok(batch)
     }
 
     /// BLAKE3-256 of device buffers owned by Rust: the safe entry point.
@@ -216,7 +241,7 @@ impl Gpu {
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
         let id = NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16 })
+        Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16, keep: None })
     }
 
     /// Checks a wave against `engine` (see [`launch::check_wave`]) and uploads it.
@@ -229,6 +254,34 @@ impl Gpu {
         };
         let touches_host = ops.iter().any(CopyOp::touches_host);
         Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, ops })
+    }
+
+    /// Attaches a pool that lives in a device buffer the engine keeps alive:
+    /// `regions` regions of `blocks` pages tile the buffer from its start. The
+    /// safe way to attach a pool allocated from Rust (tests, benchmarks).
+    pub fn attach_in(
+        &self,
+        buf: Arc<CudaSlice<u8>>,
+        geometry: BlockGeometry,
+        blocks: u32,
+        host: Option<Arc<HostTier>>,
+    ) -> Result<CopyEngine, GpuError> {
+        geometry.validate()?;
+        let region_bytes = geometry.block_bytes * blocks as u64;
+        if region_bytes * geometry.regions as u64 > buf.len() as u64 {
+            return Err(GpuError::InvalidArgument("the pool does not fit in the buffer".to_owned()));
+        }
+        let base = buf.device_ptr(&self.stream).0;
+        let pool = KvPool {
+            region_bases: (0..geometry.regions as u64).map(|r| base + r * region_bytes).collect(),
+            blocks,
+            geometry,
+        };
+        // SAFETY: the regions were checked to tile `buf` without overlap, and
+        // the engine holds `buf` (Arc) for as long as it exists.
+        let mut engine = unsafe { self.attach(pool, host)? };
+        engine.keep = Some(buf);
+        Ok(engine)
     }
 
     /// Performs a step's copies: validates them, cuts them into conflict-free
@@ -252,16 +305,19 @@ impl Gpu {
 }
 
 /// A prepared digest batch: the item table (host and device copies), the
-/// group-value scratch and the digests' output. Built by
+/// scratch for values and set counters above the groups, and the digests'
+/// output. Built by
 /// [`Gpu::prepare_digests`], whose contract makes every item address valid.
 #[derive(Debug)]
 pub struct DigestBatch {
     pub(super) table: Vec<Blake3Item>,
     pub(super) table_dev: CudaSlice<u8>,
     pub(super) cvs: CudaSlice<u32>,
+    pub(super) counters: CudaSlice<u32>,
     pub(super) out: CudaSlice<u8>,
     pub(super) groups: u32,
-    pub(super) multi: bool,
+    /// The buffer the items live in, when the batch owns a reference to it.
+    keep: Option<Arc<CudaSlice<u8>>>,
 }
 
 impl DigestBatch {
@@ -280,14 +336,9 @@ impl DigestBatch {
         self.table.iter().map(|t| t.len).sum()
     }
 
-    /// Thread blocks of launch 1 (groups of 64 chunks).
+    /// Thread blocks of the launch (groups of 64 chunks).
     pub fn groups(&self) -> u32 {
         self.groups
-    }
-
-    /// Whether launch 2 runs.
-    pub fn needs_tree_launch(&self) -> bool {
-        self.multi
     }
 
     /// Chunk count of the batch's largest item, for reports.
@@ -295,7 +346,7 @@ impl DigestBatch {
         self.table.iter().map(|t| t.len.div_ceil(CHUNK_BYTES).max(1)).max().unwrap_or(0)
     }
 
-    /// Chunks per group (the block size of launch 1).
+    /// Chunks per group (the block size of the launch).
     pub const GROUP_CHUNKS: u64 = GROUP_CHUNKS;
 }
 
@@ -310,8 +361,9 @@ pub struct HostTier {
 }
 
 impl HostTier {
-    /// Allocates `blocks` host pages of `geometry` in every region.
-    pub fn new(gpu: &Gpu, geometry: BlockGeometry, blocks: u32) -> Result<Arc<HostTier>, GpuError> {
+    /// Allocates `blocks` host pages of `geometry` in every region. Wrap it
+    /// in an `Arc` to attach it.
+    pub fn new(gpu: &Gpu, geometry: BlockGeometry, blocks: u32) -> Result<HostTier, GpuError> {
         geometry.validate()?;
         let region_bytes = geometry
             .block_bytes
@@ -337,7 +389,7 @@ impl HostTier {
         // (just made), and dev is a valid out-pointer.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host_ptr.cast(), 0) }.result()?;
         let region_bases = (0..geometry.regions as u64).map(|r| dev + r * region_bytes).collect();
-        Ok(Arc::new(HostTier { buf, pool: KvPool { region_bases, blocks, geometry } }))
+        Ok(HostTier { buf, pool: KvPool { region_bases, blocks, geometry } })
     }
 
     /// The tier as a pool (device-mapped addresses).
@@ -351,9 +403,9 @@ impl HostTier {
         Ok(self.buf.as_slice()?)
     }
 
-    /// Host address of the tier's first byte (for copy-engine measurements).
-    pub fn host_ptr(&self) -> Result<*const u8, GpuError> {
-        Ok(self.buf.as_ptr()?)
+    /// The tier's bytes for writing, before it is shared with an engine.
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8], GpuError> {
+        Ok(self.buf.as_mut_slice()?)
     }
 }
 
@@ -390,6 +442,8 @@ pub struct CopyEngine {
     pub(super) device_bases_dev: CudaSlice<u64>,
     pub(super) host_bases_dev: CudaSlice<u64>,
     pub(super) vec16: bool,
+    /// The device buffer the pool lives in, when the engine owns a reference to it.
+    keep: Option<Arc<CudaSlice<u8>>>,
 }
 
 impl CopyEngine {

@@ -9,8 +9,8 @@
 //!
 //! Why the fold is right: BLAKE3's tree is what merging chaining values level
 //! by level gives, pairing left to right and carrying an odd last value up
-//! unchanged. An aligned group of 64 chunks is then a complete subtree, and a
-//! trailing partial group folds to the same node the whole-tree fold gives it.
+//! unchanged. An aligned set of 64 values is then a complete subtree, and a
+//! trailing partial set folds to the same node the whole-tree fold gives it.
 
 /// Chunks per group: the thread-block size of `blake3_chunks`.
 pub const GROUP_CHUNKS: u64 = 64;
@@ -118,8 +118,23 @@ pub fn groups_of_len(len: u64) -> u64 {
     len.div_ceil(CHUNK_BYTES).max(1).div_ceil(GROUP_CHUNKS)
 }
 
-/// BLAKE3-256 of `input`, computed in the GPU kernels' order: chunk values,
-/// one fold per group of 64 chunks, then a fold of the group values.
+/// Scratch an item of `len` bytes needs on the GPU above its groups: values
+/// of every level that has more than one (8 words each), and one counter per
+/// set of 64 of them. Items of one group need none.
+pub fn scratch_of_len(len: u64) -> (u64, u64) {
+    let mut count = groups_of_len(len);
+    let (mut values, mut counters) = (0, 0);
+    while count > 1 {
+        values += count;
+        count = count.div_ceil(GROUP_CHUNKS);
+        counters += count;
+    }
+    (values, counters)
+}
+
+/// BLAKE3-256 of `input`, computed in the GPU kernel's order: chunk values,
+/// one fold per group of 64 chunks, then folds of 64 values at a time, level
+/// by level.
 pub fn digest_grouped_cpu(input: &[u8]) -> [u8; 32] {
     let len = input.len() as u64;
     let chunks = len.div_ceil(CHUNK_BYTES).max(1);
@@ -136,7 +151,12 @@ pub fn digest_grouped_cpu(input: &[u8]) -> [u8; 32] {
             .collect();
         group_values.push(fold(cvs, single_group));
     }
-    let root = if single_group { group_values[0] } else { fold(group_values, true) };
+    let mut level = group_values;
+    while level.len() > 1 {
+        let top = level.len() as u64 <= GROUP_CHUNKS;
+        level = level.chunks(GROUP_CHUNKS as usize).map(|set| fold(set.to_vec(), top)).collect();
+    }
+    let root = level[0];
     let mut out = [0u8; 32];
     for (i, w) in root.iter().enumerate() {
         out[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
@@ -154,20 +174,29 @@ mod tests {
     #[test]
     fn grouped_cpu_matches_blake3_crate() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let max = 3 * 64 * 1024 + 5000;
+        let max = (4 << 20) + 70 * 1024;
         let data: Vec<u8> = (0..max).map(|_| rng.random()).collect();
         let mut lengths = vec![0usize, 1, 63, 64, 65, 127, 128, 1000];
         for base in [1024usize, 2048, 3072, 4096, 31 * 1024, 32 * 1024, 63 * 1024, 64 * 1024, 65 * 1024] {
             lengths.extend([base - 1, base, base + 1]);
         }
-        for base in [128 * 1024usize, 129 * 1024, 192 * 1024] {
+        for base in [128 * 1024usize, 129 * 1024, 192 * 1024, 4 << 20, (4 << 20) + 1024] {
             lengths.extend([base - 1, base, base + 1, base + 64]);
         }
         for _ in 0..20 {
-            lengths.push(rng.random_range(0..max));
+            lengths.push(rng.random_range(0..300 * 1024));
         }
         for len in lengths {
             assert_eq!(digest_grouped_cpu(&data[..len]), *blake3::hash(&data[..len]).as_bytes(), "length {len}");
         }
+    }
+
+    /// Scratch sizes follow the level counts: 4096 groups need 4096 + 64
+    /// values and 64 + 1 counters; one group needs none.
+    #[test]
+    fn scratch_sizes() {
+        assert_eq!(scratch_of_len(64 * 1024), (0, 0));
+        assert_eq!(scratch_of_len(64 * 1024 + 1), (2, 1));
+        assert_eq!(scratch_of_len(256 << 20), (4096 + 64, 64 + 1));
     }
 }

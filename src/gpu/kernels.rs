@@ -26,14 +26,17 @@ impl ModuleId {
     /// Every module.
     pub const ALL: [ModuleId; 2] = [ModuleId::Blake3, ModuleId::BlockCopy];
 
-    /// The full source NVRTC compiles: the shared header, then the file.
-    pub fn source(self) -> String {
+    /// The full source NVRTC compiles: the tuning defines, the shared
+    /// header, then the file.
+    pub fn source(self, options: &KernelOptions) -> String {
         let common = include_str!("../../cuda/common.cuh");
-        let body = match self {
-            ModuleId::Blake3 => include_str!("../../cuda/blake3.cu"),
-            ModuleId::BlockCopy => include_str!("../../cuda/block_copy.cu"),
+        let (defines, body) = match self {
+            ModuleId::Blake3 => (String::new(), include_str!("../../cuda/blake3.cu")),
+            ModuleId::BlockCopy => {
+                (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
+            }
         };
-        format!("{common}\n{body}")
+        format!("{defines}{common}\n{body}")
     }
 
     /// The file name, for error messages and NVRTC's program name.
@@ -45,25 +48,51 @@ impl ModuleId {
     }
 }
 
+/// Compile-time tuning of the kernels (benchmarks sweep them; the defaults
+/// are the measured best on an H200, see docs/benchmarks.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// 16-byte loads each lane keeps in flight in the copy kernel.
+    pub copy_unroll: u32,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self { copy_unroll: 8 }
+    }
+}
+
+impl KernelOptions {
+    /// Checks the values the sources accept.
+    pub fn validate(&self) -> Result<(), GpuError> {
+        if !(1..=16).contains(&self.copy_unroll) {
+            return Err(GpuError::InvalidArgument(format!("unsupported kernel options {self:?}")));
+        }
+        Ok(())
+    }
+}
+
 /// A kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
-    /// Chunk chaining values and per-group folds (launch 1 of a digest batch).
-    Blake3Chunks,
-    /// Folds of the group values to the root (launch 2 of a digest batch).
-    Blake3Tree,
+    /// A whole digest batch (chunk values, group folds, the tree above),
+    /// additions as plain adds: shortest latency, for batches that leave SMs idle.
+    Blake3Latency,
+    /// The same with additions spread over the ALU and FMA pipes: highest
+    /// throughput when every SM is full.
+    Blake3Throughput,
     /// A wave of block copies.
     KvBlockCopy,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 3] = [KernelId::Blake3Chunks, KernelId::Blake3Tree, KernelId::KvBlockCopy];
+    pub const ALL: [KernelId; 3] = [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::KvBlockCopy];
 
     /// The module that holds the kernel.
     pub fn module(self) -> ModuleId {
         match self {
-            KernelId::Blake3Chunks | KernelId::Blake3Tree => ModuleId::Blake3,
+            KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
             KernelId::KvBlockCopy => ModuleId::BlockCopy,
         }
     }
@@ -71,8 +100,8 @@ impl KernelId {
     /// The `extern "C"` name in the source.
     pub fn name(self) -> &'static str {
         match self {
-            KernelId::Blake3Chunks => "blake3_chunks",
-            KernelId::Blake3Tree => "blake3_tree",
+            KernelId::Blake3Latency => "blake3_digest_latency",
+            KernelId::Blake3Throughput => "blake3_digest_throughput",
             KernelId::KvBlockCopy => "kv_block_copy",
         }
     }
@@ -99,15 +128,23 @@ pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
     })
 }
 
+/// Whether `libnvrtc` can be loaded (compilation needs it, a device does not).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the library by its usual
+    // names and drops the handle; it touches no CUDA state.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
 /// Compiles one module to PTX. Needs `libnvrtc` but no device.
-pub fn compile(module: ModuleId, arch: Option<&'static str>) -> Result<Ptx, GpuError> {
+pub fn compile(module: ModuleId, arch: Option<&'static str>, options: &KernelOptions) -> Result<Ptx, GpuError> {
+    options.validate()?;
     let opts = CompileOptions {
         arch,
         name: Some(module.file_name().to_owned()),
         options: vec!["--std=c++17".to_owned()],
         ..Default::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(module.source(), opts).map_err(|e| GpuError::Compile {
+    cudarc::nvrtc::compile_ptx_with_opts(module.source(options), opts).map_err(|e| GpuError::Compile {
         kernel: module.file_name(),
         log: match e {
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
@@ -121,14 +158,20 @@ pub fn compile(module: ModuleId, arch: Option<&'static str>) -> Result<Ptx, GpuE
 pub struct ModuleCache {
     ctx: Arc<CudaContext>,
     arch: Option<&'static str>,
+    options: KernelOptions,
     modules: Mutex<[Option<Arc<CudaModule>>; ModuleId::ALL.len()]>,
     functions: Mutex<[Option<CudaFunction>; KernelId::ALL.len()]>,
 }
 
 impl ModuleCache {
-    /// An empty cache for `ctx`, compiling for `arch`.
-    pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>) -> Self {
-        Self { ctx, arch, modules: Mutex::new([None, None]), functions: Mutex::new([None, None, None]) }
+    /// An empty cache for `ctx`, compiling for `arch` with `options`.
+    pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>, options: KernelOptions) -> Self {
+        Self { ctx, arch, options, modules: Mutex::new([None, None]), functions: Mutex::new([None, None, None]) }
+    }
+
+    /// The options the modules are compiled with.
+    pub fn options(&self) -> KernelOptions {
+        self.options
     }
 
     /// The kernel's function, compiling and loading its module on first use.
@@ -149,7 +192,7 @@ impl ModuleCache {
         if let Some(m) = slot {
             return Ok(Arc::clone(m));
         }
-        let m = self.ctx.load_module(compile(id, self.arch)?)?;
+        let m = self.ctx.load_module(compile(id, self.arch, &self.options)?)?;
         *slot = Some(Arc::clone(&m));
         Ok(m)
     }

@@ -9,12 +9,12 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::GpuError;
 use super::device::{CopyEngine, CopyWave, DigestBatch, Gpu};
-use super::digest::{GROUP_CHUNKS, groups_of_len};
+use super::digest::{GROUP_CHUNKS, groups_of_len, scratch_of_len};
 use super::kernels::KernelId;
 use super::pool::CopyOp;
 
-/// One item of a digest batch as the kernels read it (`Blake3Item` in
-/// `cuda/blake3.cu`: 40 bytes, 8-byte aligned).
+/// One item of a digest batch as the kernel reads it (`Blake3Item` in
+/// `cuda/blake3.cu`: 48 bytes, 8-byte aligned).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Blake3Item {
@@ -24,15 +24,17 @@ pub struct Blake3Item {
     pub len: u64,
     /// Device address of its 32-byte digest.
     pub out: u64,
-    /// Index of its first group value in the scratch (items of one group use none).
+    /// Index of its first value in the scratch, all levels (items of one group use none).
     pub cv_first: u64,
+    /// Index of its first set counter in the scratch, all levels.
+    pub ctr_first: u64,
     /// Global index of its first group (the first thread block of launch 1).
     pub group_first: u32,
     /// Groups of 64 chunks (at least 1).
     pub groups: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Blake3Item>() == 40);
+const _: () = assert!(std::mem::size_of::<Blake3Item>() == 48);
 const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
 
 /// Checks the table invariants both digest kernels rely on. Run once by
@@ -41,23 +43,25 @@ const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
 pub(super) fn check_digest_batch(batch: &DigestBatch) {
     let t = &batch.table;
     assert!(!t.is_empty(), "a batch has items");
-    assert_eq!(batch.table_dev.len(), t.len() * 40, "the device table holds the host table");
+    assert_eq!(batch.table_dev.len(), t.len() * 48, "the device table holds the host table");
     let (out_base, _s) = batch.out.device_ptr(batch.out.stream());
     assert_eq!(batch.out.len(), 32 * t.len(), "one 32-byte output per item");
-    let mut group = 0u64;
-    let mut cv = 0u64;
+    let (mut group, mut cv, mut ctr) = (0u64, 0u64, 0u64);
     for (i, it) in t.iter().enumerate() {
         assert_eq!(it.groups as u64, groups_of_len(it.len), "item {i}: group count matches its length");
         assert_eq!(it.group_first as u64, group, "item {i}: groups are consecutive from 0");
         assert_eq!(it.out, out_base + 32 * i as u64, "item {i}: output inside the batch's buffer");
-        if it.groups > 1 {
-            assert_eq!(it.cv_first, cv, "item {i}: scratch ranges are consecutive");
-            cv += it.groups as u64;
+        let (values, counters) = scratch_of_len(it.len);
+        if values > 0 {
+            assert_eq!((it.cv_first, it.ctr_first), (cv, ctr), "item {i}: scratch ranges are consecutive");
         }
+        cv += values;
+        ctr += counters;
         group += it.groups as u64;
     }
     assert_eq!(group, batch.groups as u64, "total groups");
-    assert!(batch.cvs.len() as u64 >= 8 * cv, "scratch holds every group value");
+    assert!(batch.cvs.len() as u64 >= 8 * cv, "scratch holds every value of every level");
+    assert!(batch.counters.len() as u64 >= ctr, "scratch holds every set counter");
     assert!(batch.groups <= i32::MAX as u32, "grid fits");
 }
 
@@ -65,53 +69,43 @@ pub(super) fn check_digest_batch(batch: &DigestBatch) {
 fn assert_whole(batch: &DigestBatch) {
     let n = batch.table.len();
     assert!(n > 0, "a batch has items");
-    assert_eq!(batch.table_dev.len(), n * 40, "the device table holds the host table");
+    assert_eq!(batch.table_dev.len(), n * 48, "the device table holds the host table");
     assert_eq!(batch.out.len(), 32 * n, "one 32-byte output per item");
     let last = batch.table[n - 1];
     assert_eq!(last.group_first as u64 + last.groups as u64, batch.groups as u64, "groups cover the grid");
     assert!(batch.groups >= 1 && batch.groups <= i32::MAX as u32, "grid fits");
 }
 
-/// Launch 1: `blake3_chunks(const Blake3Item* items, u32 n_items, u32* cvs)`,
-/// one block of 64 threads per group of 64 chunks.
+/// `blake3_digest_latency` / `blake3_digest_throughput(const Blake3Item*
+/// items, u32 n_items, u32* cvs, u32* counters, u32 one)`: a whole digest
+/// batch in one launch, one block of 64 threads per group of 64 chunks;
+/// `variant` is one of the two BLAKE3 kernels.
 ///
 /// Preconditions: the device table equals the host table, groups are
-/// numbered consecutively, outputs and scratch ranges lie inside the batch's
-/// buffers (asserted by [`check_digest_batch`] when the batch was made; the
-/// sizes are asserted again here).
-pub fn blake3_chunks(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
+/// numbered consecutively, outputs and scratch ranges (values and counters,
+/// counters zero) lie inside the batch's buffers (asserted by
+/// [`check_digest_batch`] when the batch was made; the sizes are asserted
+/// again here). The kernel leaves the counters zero again, so a batch can be
+/// launched repeatedly.
+pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Result<(), GpuError> {
     assert_whole(batch);
-    let f = gpu.function(KernelId::Blake3Chunks)?;
+    assert!(
+        matches!(variant, KernelId::Blake3Latency | KernelId::Blake3Throughput),
+        "a BLAKE3 kernel has the BLAKE3 signature"
+    );
+    let f = gpu.function(variant)?;
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
+    let one = 1u32;
     let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
-    b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs);
+    b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,
-    // pointer). The asserts above show every block finds its item, reads the
-    // item's chunks only below its `len` (kernel bounds), and writes only its
-    // own 32 output bytes or its own scratch slot, all inside buffers the batch
-    // owns. Item addresses are valid device memory by the contract of
-    // `Gpu::prepare_digests`, the only constructor of a batch.
-    unsafe { b.launch(cfg) }?;
-    Ok(())
-}
-
-/// Launch 2: `blake3_tree(const Blake3Item* items, u32* cvs)`, one block per
-/// item; items of one group return at once.
-///
-/// Preconditions (asserted): as launch 1; it runs after launch 1 on the same
-/// stream, so the group values it folds are written.
-pub fn blake3_tree(gpu: &Gpu, batch: &DigestBatch) -> Result<(), GpuError> {
-    assert_whole(batch);
-    let f = gpu.function(KernelId::Blake3Tree)?;
-    let stream = gpu.stream();
-    let cfg = LaunchConfig { grid_dim: (batch.table.len() as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-    let mut b = stream.launch_builder(&f);
-    b.arg(&batch.table_dev).arg(&batch.cvs);
-    // SAFETY: the argument list matches the .cu signature. Each block touches
-    // only its item's scratch range [cv_first, cv_first + groups) (asserted
-    // inside the scratch, disjoint between items) and its 32 output bytes.
+    // pointer, pointer, u32). The batch invariant shows every block finds its
+    // item, reads the item's chunks only below its `len` (kernel bounds), and
+    // writes only its own 32 output bytes and its item's scratch ranges, all
+    // inside buffers the batch owns. Item addresses are valid device memory by
+    // the contract of `Gpu::prepare_digests`, the only constructor of a batch.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }

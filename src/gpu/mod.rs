@@ -1,11 +1,11 @@
 //! GPU kernels and their bit-exact CPU twins.
 //!
-//! Three kernels, in two CUDA sources under `cuda/` compiled at run time by
+//! Two kernels, in two CUDA sources under `cuda/` compiled at run time by
 //! NVRTC (no `nvcc` is needed to build the crate):
 //!
 //! | kernel | what | CPU twin |
 //! |---|---|---|
-//! | `blake3_chunks` + `blake3_tree` | BLAKE3-256 of many device-resident byte strings, two launches | [`digest::digest_grouped_cpu`] |
+//! | `blake3_chunks` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
 //!
 //! Why twins: the crate must build and pass every test where no CUDA exists,
@@ -26,6 +26,8 @@ mod device;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod launch;
+#[cfg(feature = "cuda")]
+pub mod measure;
 
 #[cfg(feature = "cuda")]
 pub use device::{CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostTier, launch_copy_wave};
