@@ -14,6 +14,12 @@
 // thread blocks keep enough requests outstanding over PCIe. The host tier is
 // mapped pinned memory, addressed directly. Copies in one launch must not
 // overlap (the Rust side splits a batch into conflict-free waves).
+//
+// A wave that writes the host tier and also reads it is sorted with the host
+// writes first (ops [0, split_at)), and the grid is split: the first half of
+// the blocks does those, the second half the rest. Measured on an H200, one
+// direction saturates PCIe from 4 thread blocks, but mixing both directions
+// on the same SMs loses a quarter of the two-way rate.
 
 #ifndef COPY_UNROLL
 #define COPY_UNROLL 8
@@ -50,15 +56,27 @@ __device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* _
 extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
-    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16) {
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
     const u32 lane = threadIdx.x & 31;
-    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    const u64 work = (u64)n_ops * regions;
+    u32 op_begin = 0, op_end = n_ops, block = blockIdx.x, grid = gridDim.x;
+    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
+        const u32 half = gridDim.x / 2;
+        if (blockIdx.x < half) {
+            op_end = split_at;
+            grid = half;
+        } else {
+            op_begin = split_at;
+            block = blockIdx.x - half;
+            grid = gridDim.x - half;
+        }
+    }
+    const u64 warp = ((u64)block * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)grid * blockDim.x) >> 5;
+    const u64 work = (u64)(op_end - op_begin) * regions;
     const u64 plane_bytes = block_bytes / planes;
     for (u64 w = warp; w < work; w += warps) {
-        const u32 op_index = (u32)(w / regions);
-        const u32 region = (u32)(w - (u64)op_index * regions);
+        const u32 op_index = op_begin + (u32)(w / regions);
+        const u32 region = (u32)(w - (u64)(op_index - op_begin) * regions);
         const CopyOp op = ops[op_index];
         const u64 sb = (op.media & 1) ? host_bases[region] : device_bases[region];
         const u64 db = (op.media & 2) ? host_bases[region] : device_bases[region];

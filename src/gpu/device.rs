@@ -244,16 +244,23 @@ impl Gpu {
         Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16, keep: None })
     }
 
-    /// Checks a wave against `engine` (see [`launch::check_wave`]) and uploads it.
-    pub fn prepare_wave(&self, engine: &CopyEngine, ops: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
+    /// Checks a wave against `engine` (see [`launch::check_wave`]) and uploads
+    /// it, host writes first so that the kernel can give each direction its
+    /// own thread blocks (copies of a wave are independent, so their order is
+    /// free).
+    pub fn prepare_wave(&self, engine: &CopyEngine, mut ops: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
         launch::check_wave(engine, &ops)?;
+        ops.sort_by_key(|op| op.media & 2 == 0);
+        let host_writes = ops.iter().take_while(|op| op.media & 2 != 0).count();
+        let reads_host = ops.iter().any(|op| op.media & 1 != 0);
+        let split_at = if host_writes > 0 && host_writes < ops.len() && reads_host { host_writes as u32 } else { 0 };
         let ops_dev = if ops.is_empty() {
             self.stream.alloc_zeros(16)?
         } else {
             self.stream.clone_htod(bytemuck::cast_slice::<CopyOp, u8>(&ops))?
         };
         let touches_host = ops.iter().any(CopyOp::touches_host);
-        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, ops })
+        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, split_at, ops })
     }
 
     /// Attaches a pool that lives in a device buffer the engine keeps alive:
@@ -419,6 +426,9 @@ pub struct CopyWave {
     pub(super) ops: Vec<CopyOp>,
     pub(super) ops_dev: CudaSlice<u8>,
     pub(super) touches_host: bool,
+    /// Ops before this index write the host tier and get their own half of
+    /// the grid; 0 when the wave is not split.
+    pub(super) split_at: u32,
 }
 
 impl CopyWave {

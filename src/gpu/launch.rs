@@ -149,7 +149,8 @@ pub(super) fn check_wave(engine: &CopyEngine, wave: &[CopyOp]) -> Result<(), Gpu
 
 /// `kv_block_copy(const CopyOp* ops, u32 n_ops, const u64* device_bases,
 /// const u64* host_bases, u32 regions, u64 block_bytes, u32 planes,
-/// u64 token_bytes, u32 tokens_per_block, u32 vec16)`: one wave of copies.
+/// u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at)`: one
+/// wave of copies.
 /// `grid` overrides the number of thread blocks (1024 threads each); by
 /// default a wave that touches the host tier uses 16, others 4 per SM.
 ///
@@ -166,6 +167,7 @@ pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Opti
     assert_eq!(wave.engine_id, engine.id, "the wave was checked against this engine");
     assert_eq!(wave.ops_dev.len(), wave.ops.len() * 16, "device ops hold the wave");
     let touches_host = wave.touches_host;
+    assert!(wave.split_at as usize <= wave.ops.len(), "the split point is inside the wave");
     let blocks = grid.unwrap_or(if touches_host { 16 } else { 4 * gpu.sm_count() });
     assert!(blocks >= 1, "at least one thread block");
     assert!(!touches_host || blocks <= 16, "host copies use at most 16 thread blocks");
@@ -185,7 +187,8 @@ pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Opti
         .arg(&planes)
         .arg(&token_bytes)
         .arg(&tpb)
-        .arg(&vec16);
+        .arg(&vec16)
+        .arg(&wave.split_at);
     // SAFETY: the argument list matches the .cu signature. Every address the
     // kernel forms is base[region] + page * block_bytes + (at most block_bytes),
     // with page inside its pool (checked when the wave was made for this
