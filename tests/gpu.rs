@@ -26,9 +26,14 @@ fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: us
     (0..n)
         .map(|_| {
             let pick = |rng: &mut StdRng| {
-                if rng.random_bool(0.5) { page(Medium::Gpu, rng.random_range(0..dev)) } else { page(Medium::Cpu, rng.random_range(0..host)) }
+                if rng.random_bool(0.5) {
+                    page(Medium::Gpu, rng.random_range(0..dev))
+                } else {
+                    page(Medium::Cpu, rng.random_range(0..host))
+                }
             };
-            let tokens = if rng.random_bool(0.6) { g.tokens_per_block } else { rng.random_range(1..=g.tokens_per_block) };
+            let tokens =
+                if rng.random_bool(0.6) { g.tokens_per_block } else { rng.random_range(1..=g.tokens_per_block) };
             BlockCopy { src: pick(rng), dst: pick(rng), tokens }
         })
         .collect()
@@ -46,7 +51,8 @@ fn sequential_reference(g: &BlockGeometry, dev: &mut CpuKvPool, host: &mut CpuKv
             let dst_pool = if c.dst.medium == Medium::Gpu { &mut *dev } else { &mut *host };
             let d = c.dst.page as usize * bb;
             for p in 0..g.planes as usize {
-                let n = if c.tokens >= g.tokens_per_block { plane } else { c.tokens as usize * g.token_bytes() as usize };
+                let n =
+                    if c.tokens >= g.tokens_per_block { plane } else { c.tokens as usize * g.token_bytes() as usize };
                 dst_pool.data[r][d + p * plane..d + p * plane + n].copy_from_slice(&block[p * plane..p * plane + n]);
             }
         }
@@ -95,7 +101,10 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
     let full = |src, dst| BlockCopy { src, dst, tokens: 4 };
     let g_copy = full(page(Medium::Gpu, 0), page(Medium::Cpu, 0));
     assert!(plan_copy_waves(&[g_copy], &g, 6, None).is_err(), "host copy without a host tier");
-    assert!(plan_copy_waves(&[full(page(Medium::Gpu, 6), page(Medium::Gpu, 0))], &g, 6, None).is_err(), "page past the pool");
+    assert!(
+        plan_copy_waves(&[full(page(Medium::Gpu, 6), page(Medium::Gpu, 0))], &g, 6, None).is_err(),
+        "page past the pool"
+    );
     let too_many = BlockCopy { tokens: 5, ..full(page(Medium::Gpu, 1), page(Medium::Gpu, 0)) };
     assert!(plan_copy_waves(&[too_many], &g, 6, None).is_err(), "more tokens than a block");
     let bad = BlockGeometry { planes: 3, ..g };
@@ -155,7 +164,28 @@ mod device {
         rng.fill_bytes(&mut data);
         let dev = Arc::new(gpu.stream().clone_htod(&data).unwrap());
         let mut lengths = vec![0u64, 1, 31, 32, 63, 64, 65, 127, 128, 129, 1000];
-        for b in [1u64 << 10, 2 << 10, 3 << 10, 31 << 10, 32 << 10, 33 << 10, 63 << 10, 64 << 10, 65 << 10, 127 << 10, 128 << 10, 129 << 10, 192 << 10, 1 << 20, 3 << 20, 4 << 20, (4 << 20) + (64 << 10), 8 << 20, 64 << 20, 256 << 20] {
+        for b in [
+            1u64 << 10,
+            2 << 10,
+            3 << 10,
+            31 << 10,
+            32 << 10,
+            33 << 10,
+            63 << 10,
+            64 << 10,
+            65 << 10,
+            127 << 10,
+            128 << 10,
+            129 << 10,
+            192 << 10,
+            1 << 20,
+            3 << 20,
+            4 << 20,
+            (4 << 20) + (64 << 10),
+            8 << 20,
+            64 << 20,
+            256 << 20,
+        ] {
             lengths.extend([b - 1, b, b + 1, b + 64]);
         }
         for _ in 0..40 {
@@ -184,7 +214,11 @@ mod device {
         }
         for (off, len) in items.iter().filter(|(_, len)| *len < (8 << 20)).step_by(5) {
             let one = gpu.digest_views(&[dev.slice(*off as usize..(off + len) as usize)]).unwrap();
-            assert_eq!(&one[0], blake3::hash(&data[*off as usize..(off + len) as usize]).as_bytes(), "alone, length {len}");
+            assert_eq!(
+                &one[0],
+                blake3::hash(&data[*off as usize..(off + len) as usize]).as_bytes(),
+                "alone, length {len}"
+            );
         }
         let past = gpu.prepare_digests_in(Arc::clone(&dev), &[(data.len() as u64 - 10, 11)]);
         assert!(past.is_err(), "a range past the buffer is refused");

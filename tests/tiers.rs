@@ -12,6 +12,8 @@
 //!    with, wherever it moved since, and every live request's computed tokens
 //!    are intact in its pages;
 //! 3. the engine's own invariants.
+//!
+//! A test also checks that partial reuse copies a prefix into a fresh block.
 
 use std::collections::HashMap;
 
@@ -71,11 +73,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(blocks_device: u32, blocks_host: u32) -> Self {
+    fn new(blocks_device: u32, blocks_host: u32, partial_reuse: bool) -> Self {
         let engine = Engine::new(EngineConfig {
             block_size_tokens: BS,
             blocks_device,
             blocks_host,
+            partial_reuse,
             requests_max: 64,
             ..Default::default()
         })
@@ -162,7 +165,13 @@ impl Harness {
         for (key, id) in &cache.index.map {
             let b = &cache.blocks.rows[*id];
             let want = self.expected.get(key).expect("every cached key was stored with known KV");
-            assert_eq!(&self.page_bytes(b.medium, b.page), want, "cached block lost its KV ({:?} page {})", b.medium, b.page);
+            assert_eq!(
+                &self.page_bytes(b.medium, b.page),
+                want,
+                "cached block lost its KV ({:?} page {})",
+                b.medium,
+                b.page
+            );
         }
         for (id, tokens) in &self.live {
             let info = self.engine.request_info(*id).unwrap();
@@ -219,17 +228,19 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Random admissions sharing prefixes, growth, finishes, evictions and
-    /// clears under device pressure, with and without a host tier: the three
+    /// clears under device pressure, with and without a host tier and partial
+    /// reuse (whose prefix copies go through the same copy list): the three
     /// properties in the module docs hold after every step.
     #[test]
     #[cfg_attr(miri, ignore)] // proptest runs thousands of engine steps: far too slow under Miri
     fn tiers_keep_blocks_and_events_consistent(
         blocks_device in 8u32..20,
         blocks_host in prop_oneof![Just(0u32), 1u32..12],
+        partial_reuse in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80),
     ) {
         let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| (b as u32 * 1000) + (i % 7) * 3 + i).collect());
-        let mut h = Harness::new(blocks_device, blocks_host);
+        let mut h = Harness::new(blocks_device, blocks_host, partial_reuse);
         for op in &ops {
             h.apply(op, &bases);
         }
@@ -248,7 +259,7 @@ proptest! {
 /// router Removed(GPU), Stored(CPU), then Removed(CPU), Stored(GPU).
 #[test]
 fn offload_and_onboard_round_trip() {
-    let mut h = Harness::new(3, 4);
+    let mut h = Harness::new(3, 4, false);
     let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
     h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases); // 3 blocks, 2 full ones become cached
     h.apply(&Op::Step, &bases);
@@ -267,4 +278,23 @@ fn offload_and_onboard_round_trip() {
     h.apply(&Op::Step, &bases); // checks the onboarded KV
     let info = h.engine.request_info(h.live[0].0).unwrap();
     assert_eq!(info.tokens_cached, 8);
+}
+
+/// Partial reuse through the copy list: a prompt that shares 2 of a cached
+/// block's 4 tokens gets a fresh block whose first 2 tokens' KV is copied in
+/// at the step, and only the rest is computed.
+#[test]
+fn partial_reuse_copies_the_shared_prefix() {
+    let mut h = Harness::new(8, 0, true);
+    let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
+    h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases);
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Finish { req: 0 }, &bases);
+    h.apply(&Op::Step, &bases);
+    // Same first block, then 2 of the second block's tokens, then a different token.
+    h.apply(&Op::Admit { base: 0, len: 9, twist: Some(6) }, &bases);
+    assert_eq!(h.engine.counters().blocks_partially_reused, 1);
+    let info = h.engine.request_info(h.live[0].0).unwrap();
+    assert_eq!(info.tokens_computed, 6, "one full block and 2 copied tokens");
+    h.apply(&Op::Step, &bases); // applies the prefix copy, then checks every computed token's KV
 }

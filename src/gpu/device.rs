@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice, sys};
 
+use super::GpuError;
 use super::digest::{CHUNK_BYTES, GROUP_CHUNKS, groups_of_len, scratch_of_len};
 use super::kernels::{KernelId, KernelOptions, ModuleCache, arch_for};
 use super::launch::{self, Blake3Item};
 use super::pool::{BlockGeometry, CopyOp, KvPool, plan_copy_waves};
-use super::GpuError;
 use crate::resources::BlockCopy;
 
 /// One CUDA device as kvcore uses it: its primary context, one stream on
@@ -160,7 +160,8 @@ impl Gpu {
     /// dependency chains, so it takes the latency kernel; larger ones take
     /// the throughput kernel.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
-        let variant = if batch.groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Throughput };
+        let variant =
+            if batch.groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Throughput };
         launch::blake3_digest(self, batch, variant)
     }
 
@@ -230,14 +231,17 @@ impl Gpu {
         if let Some(h) = &host
             && h.pool.geometry != device.geometry
         {
-            return Err(GpuError::InvalidArgument("the host tier's geometry differs from the device pool's".to_owned()));
+            return Err(GpuError::InvalidArgument(
+                "the host tier's geometry differs from the device pool's".to_owned(),
+            ));
         }
-        let host_bases = host.as_ref().map(|h| h.pool.region_bases.clone()).unwrap_or_else(|| device.region_bases.clone());
+        let host_bases =
+            host.as_ref().map(|h| h.pool.region_bases.clone()).unwrap_or_else(|| device.region_bases.clone());
         let g = device.geometry;
-        let vec16 = g.block_bytes.is_multiple_of(16)
-            && g.plane_bytes().is_multiple_of(16)
-            && g.token_bytes().is_multiple_of(16)
-            && device.region_bases.iter().chain(&host_bases).all(|b| b.is_multiple_of(16));
+        let vec16 = g.block_bytes % 16 == 0
+            && g.plane_bytes() % 16 == 0
+            && g.token_bytes() % 16 == 0
+            && device.region_bases.iter().chain(&host_bases).all(|b| b % 16 == 0);
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
         let id = NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

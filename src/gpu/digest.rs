@@ -17,16 +17,8 @@ pub const GROUP_CHUNKS: u64 = 64;
 /// BLAKE3 chunk length in bytes.
 pub const CHUNK_BYTES: u64 = 1024;
 
-const IV: [u32; 8] = [
-    0x6A09_E667,
-    0xBB67_AE85,
-    0x3C6E_F372,
-    0xA54F_F53A,
-    0x510E_527F,
-    0x9B05_688C,
-    0x1F83_D9AB,
-    0x5BE0_CD19,
-];
+const IV: [u32; 8] =
+    [0x6A09_E667, 0xBB67_AE85, 0x3C6E_F372, 0xA54F_F53A, 0x510E_527F, 0x9B05_688C, 0x1F83_D9AB, 0x5BE0_CD19];
 const MSG_PERMUTATION: [usize; 16] = [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8];
 const CHUNK_START: u32 = 1;
 const CHUNK_END: u32 = 2;
@@ -103,8 +95,7 @@ fn parent_cv(left: &[u32; 8], right: &[u32; 8], root: bool) -> [u32; 8] {
 fn fold(mut level: Vec<[u32; 8]>, root: bool) -> [u32; 8] {
     while level.len() > 1 {
         let last = level.len() == 2;
-        let mut next: Vec<[u32; 8]> =
-            level.chunks_exact(2).map(|p| parent_cv(&p[0], &p[1], root && last)).collect();
+        let mut next: Vec<[u32; 8]> = level.chunks_exact(2).map(|p| parent_cv(&p[0], &p[1], root && last)).collect();
         if level.len() % 2 == 1 {
             next.push(*level.last().expect("odd length is non-zero"));
         }

@@ -97,7 +97,8 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
     let one = 1u32;
-    let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,

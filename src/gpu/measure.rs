@@ -34,7 +34,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times `f` with events on `gpu`'s stream: `warm` untimed runs, then the
 /// median of `reps` timed ones, in milliseconds.
-pub fn time_ms(gpu: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64, GpuError> {
+pub fn time_ms(
+    gpu: &Gpu,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
     let ctx = gpu.context();
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);

@@ -16,11 +16,12 @@
 //! and one step's list can chain through a page (offload block A out of page 7,
 //! then onboard block B into page 7; or onboard from a host page that a later
 //! offload reuses). One launch runs its copies concurrently, so
-//! [`plan_copy_waves`] cuts the list into waves in which no page is written
-//! that another copy of the wave reads or writes. Waves run in order, giving
-//! exactly the sequential meaning of the list; a step usually needs one.
+//! [`plan_copy_waves`] cuts the list with the engine's `copy_waves` into waves
+//! in which no page is written that another copy of the wave reads or writes.
+//! Waves run in order, giving exactly the sequential meaning of the list; a
+//! step usually needs one.
 
-use crate::resources::BlockCopy;
+use crate::resources::{BlockCopy, copy_waves};
 use crate::tables::Medium;
 
 use super::GpuError;
@@ -46,10 +47,10 @@ impl BlockGeometry {
         if self.regions == 0 || self.block_bytes == 0 || self.planes == 0 || self.tokens_per_block == 0 {
             return bad("regions, block_bytes, planes and tokens_per_block must be non-zero");
         }
-        if !self.block_bytes.is_multiple_of(self.planes as u64) {
+        if self.block_bytes % self.planes as u64 != 0 {
             return bad("block_bytes must be a multiple of planes");
         }
-        if !self.plane_bytes().is_multiple_of(self.tokens_per_block as u64) {
+        if self.plane_bytes() % self.tokens_per_block as u64 != 0 {
             return bad("a plane's bytes must be a multiple of tokens_per_block");
         }
         Ok(())
@@ -128,18 +129,15 @@ impl CopyOp {
 }
 
 /// Validates `copies` against the pools' page counts (`blocks_host` is `None`
-/// when there is no host tier) and cuts them into conflict-free waves (see the
-/// module docs). Copies of zero tokens and copies of a page onto itself do
-/// nothing and are left out.
+/// when there is no host tier) and cuts them into conflict-free waves with
+/// the engine's [`copy_waves`] (see the module docs). Copies of zero tokens
+/// and copies of a page onto itself do nothing and are left out.
 pub fn plan_copy_waves(
     copies: &[BlockCopy],
     geometry: &BlockGeometry,
     blocks_device: u32,
     blocks_host: Option<u32>,
 ) -> Result<Vec<Vec<CopyOp>>, GpuError> {
-    let mut waves: Vec<Vec<CopyOp>> = Vec::new();
-    let mut read = ahash::AHashSet::new();
-    let mut written = ahash::AHashSet::new();
     for (i, c) in copies.iter().enumerate() {
         for end in [c.src, c.dst] {
             let limit = match end.medium {
@@ -148,7 +146,9 @@ pub fn plan_copy_waves(
             };
             match limit {
                 None => {
-                    return Err(GpuError::InvalidArgument(format!("copy {i} uses the host tier, which is not attached")));
+                    return Err(GpuError::InvalidArgument(format!(
+                        "copy {i} uses the host tier, which is not attached"
+                    )));
                 }
                 Some(n) if end.page >= n => {
                     return Err(GpuError::InvalidArgument(format!(
@@ -165,24 +165,24 @@ pub fn plan_copy_waves(
                 c.tokens, geometry.tokens_per_block
             )));
         }
-        if c.tokens == 0 || c.src == c.dst {
-            continue;
+    }
+    let mut waves = Vec::new();
+    let mut start = 0;
+    for end in copy_waves(copies) {
+        let wave: Vec<CopyOp> = copies[start..end]
+            .iter()
+            .filter(|c| c.tokens > 0 && c.src != c.dst)
+            .map(|c| CopyOp {
+                src_page: c.src.page,
+                dst_page: c.dst.page,
+                tokens: c.tokens,
+                media: u32::from(c.src.medium == Medium::Cpu) | (u32::from(c.dst.medium == Medium::Cpu) << 1),
+            })
+            .collect();
+        if !wave.is_empty() {
+            waves.push(wave);
         }
-        let conflict = written.contains(&c.src) || read.contains(&c.dst) || written.contains(&c.dst);
-        if conflict || waves.is_empty() {
-            waves.push(Vec::new());
-            read.clear();
-            written.clear();
-        }
-        read.insert(c.src);
-        written.insert(c.dst);
-        let media = u32::from(c.src.medium == Medium::Cpu) | (u32::from(c.dst.medium == Medium::Cpu) << 1);
-        waves.last_mut().expect("a wave was pushed").push(CopyOp {
-            src_page: c.src.page,
-            dst_page: c.dst.page,
-            tokens: c.tokens,
-            media,
-        });
+        start = end;
     }
     Ok(waves)
 }
@@ -245,7 +245,8 @@ pub fn copy_blocks_cpu(
         for op in &wave {
             for r in 0..geometry.regions as usize {
                 let src = staged.next().expect("one staged block per op and region");
-                let pool: &mut CpuKvPool = if op.media & 2 != 0 { host.as_deref_mut().expect("planned") } else { device };
+                let pool: &mut CpuKvPool =
+                    if op.media & 2 != 0 { host.as_deref_mut().expect("planned") } else { device };
                 let d = op.dst_page as usize * bb;
                 copy_region(geometry, &src, &mut pool.data[r][d..d + bb], op.tokens);
             }

@@ -4,14 +4,15 @@
 //! kernels' results, and writes one JSON report. Figures go into
 //! docs/benchmarks.md ("CUDA kernels").
 
+/// Runs the bench; returns the process exit code.
 #[cfg(not(feature = "cuda"))]
-pub fn main(_args: &[String]) -> i32 {
+pub fn run_cli(_out: Option<&str>, _quick: bool) -> i32 {
     eprintln!("gpu-bench: built without the cuda feature");
     2
 }
 
 #[cfg(feature = "cuda")]
-pub use imp::main;
+pub use imp::run_cli;
 
 #[cfg(feature = "cuda")]
 mod imp {
@@ -74,7 +75,13 @@ mod imp {
                 // (the kernel resets its counters).
                 again &= gpu.read_digests(&batch)? == got;
                 variants.insert(v.name().into(), json!({"us": t * 1e3, "TBps": bytes / (t * 1e-3) / 1e12}));
-                println!("blake3 {:<24} {:<26} {:>9.1} us  {:.3} TB/s", name, v.name(), t * 1e3, bytes / (t * 1e-3) / 1e12);
+                println!(
+                    "blake3 {:<24} {:<26} {:>9.1} us  {:.3} TB/s",
+                    name,
+                    v.name(),
+                    t * 1e3,
+                    bytes / (t * 1e-3) / 1e12
+                );
             }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
             let mut entry = json!({
@@ -137,7 +144,9 @@ mod imp {
             for mult in [1u32, 2, 4, 8] {
                 let grid = mult * gpu.sm_count();
                 let t = time_ms(gpu, 2, 10, || launch_copy_wave(gpu, &engine, &wave, Some(grid)))?;
-                sweep.push(json!({"blocks": grid, "us": t * 1e3, "GBps_read_plus_write": 2.0 * moved / (t * 1e-3) / 1e9}));
+                sweep.push(
+                    json!({"blocks": grid, "us": t * 1e3, "GBps_read_plus_write": 2.0 * moved / (t * 1e-3) / 1e9}),
+                );
             }
             let t = time_ms(gpu, 2, 10, || launch_copy_wave(gpu, &engine, &wave, None))?;
             let rate = 2.0 * moved / (t * 1e-3) / 1e9;
@@ -169,7 +178,8 @@ mod imp {
             let tier = Arc::new(HostTier::new(gpu, g, host_blocks)?);
             let (engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             let n = host_blocks;
-            let offload: Vec<CopyOp> = (0..n).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
+            let offload: Vec<CopyOp> =
+                (0..n).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
             let onboard: Vec<CopyOp> =
                 (0..n).map(|i| CopyOp { src_page: i, dst_page: dev_blocks - 1 - i, tokens: 16, media: 1 }).collect();
             let half = n / 2;
@@ -182,9 +192,11 @@ mod imp {
             }
             let per_op = 32.0 * bb as f64;
             let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll});
-            for (name, ops, limit) in
-                [("offload_d2h", offload, l.pinned_d2h), ("onboard_h2d", onboard, l.pinned_h2d), ("both_ways", mixed, l.pinned_both)]
-            {
+            for (name, ops, limit) in [
+                ("offload_d2h", offload, l.pinned_d2h),
+                ("onboard_h2d", onboard, l.pinned_h2d),
+                ("both_ways", mixed, l.pinned_both),
+            ] {
                 let moved = ops.len() as f64 * per_op;
                 let wave = gpu.prepare_wave(&engine, ops)?;
                 let mut sweep = Vec::new();
@@ -202,7 +214,8 @@ mod imp {
                     100.0 * rate / limit,
                     limit
                 );
-                entry[name] = json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved, "grid_sweep": sweep});
+                entry[name] =
+                    json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved, "grid_sweep": sweep});
             }
             out.push(entry);
         }
@@ -243,7 +256,7 @@ mod imp {
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
         for unroll in [4u32, 12, 16] {
-            let variant = Gpu::probe_with(0, KernelOptions { copy_unroll: unroll, ..KernelOptions::default() })?;
+            let variant = Gpu::probe_with(0, KernelOptions { copy_unroll: unroll })?;
             hc.extend(host_copies(&variant, &l, quick, &[16 << 10])?);
         }
         hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10])?);
@@ -257,22 +270,9 @@ mod imp {
         Ok(())
     }
 
-    /// Entry point; returns the process exit code.
-    pub fn main(args: &[String]) -> i32 {
-        let mut out = None;
-        let mut quick = false;
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            match a.as_str() {
-                "--out" => out = it.next().cloned(),
-                "--quick" => quick = true,
-                other => {
-                    eprintln!("gpu-bench: unknown argument {other}; usage: kvcore gpu-bench [--out FILE] [--quick]");
-                    return 2;
-                }
-            }
-        }
-        match run(out.as_deref(), quick) {
+    /// Runs the bench; returns the process exit code.
+    pub fn run_cli(out: Option<&str>, quick: bool) -> i32 {
+        match run(out, quick) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("gpu-bench: {e}");
