@@ -248,7 +248,7 @@ impl Gpu {
         Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16, keep: None })
     }
 
-    /// Checks a wave against `engine` (see [`launch::check_wave`]) and uploads
+    /// Checks a wave against `engine` (see `launch::check_wave`) and uploads
     /// it, host writes first so that the kernel can give each direction its
     /// own thread blocks (copies of a wave are independent, so their order is
     /// free).

@@ -84,7 +84,7 @@ fn assert_whole(batch: &DigestBatch) {
 /// Preconditions: the device table equals the host table, groups are
 /// numbered consecutively, outputs and scratch ranges (values and counters,
 /// counters zero) lie inside the batch's buffers (asserted by
-/// [`check_digest_batch`] when the batch was made; the sizes are asserted
+/// `check_digest_batch` when the batch was made; the sizes are asserted
 /// again here). The kernel leaves the counters zero again, so a batch can be
 /// launched repeatedly.
 pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Result<(), GpuError> {
@@ -157,7 +157,7 @@ pub(super) fn check_wave(engine: &CopyEngine, wave: &[CopyOp]) -> Result<(), Gpu
 ///
 /// Preconditions: every page is inside its pool, host pages only with a host
 /// tier attached, tokens at most a block, no page written twice or both read
-/// and written in the wave (checked by [`check_wave`] when the wave was made
+/// and written in the wave (checked by `check_wave` when the wave was made
 /// for this engine); asserted here: the wave belongs to this engine, its
 /// device copy is whole, and at most 16 thread blocks touch the host tier.
 pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) -> Result<(), GpuError> {
