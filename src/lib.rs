@@ -41,6 +41,7 @@ pub mod gpu;
 pub mod ids;
 pub mod keys;
 pub mod resources;
+pub mod router;
 pub mod systems;
 pub mod tables;
 

@@ -1,0 +1,968 @@
+//! The prefix indexer: which worker holds which block, in which tier, under
+//! router keys computed from event contents.
+//!
+//! ```text
+//!                 per worker                                  shared
+//!   engine hash ──► Node { router key, content, parent, tiers } ──► router key ──► holders: [worker|tiers]
+//!   parent hash ──► pending children (parent not known yet)
+//!   UUID ─────────► content digest (learned from image_routing items; ambiguous on conflict)
+//! ```
+//!
+//! Why this shape:
+//! - Removals name engine hashes, lookups name router keys, so each worker
+//!   keeps a map from its engine hashes to nodes, and one shared map goes from
+//!   router key to the workers (and tiers) holding it. A lookup is then one
+//!   probe per request block, stopping at the first key nobody holds.
+//! - A stored block whose parent the worker does not hold (the engine evicted
+//!   the parent first, or re-advertised an orphan after a tier move or in a
+//!   snapshot) cannot be chained yet. It is held as a *pending* node with its
+//!   8-byte content hash and gets its router key when the parent is stored.
+//!   That matches the engine: a block whose parent is gone is unreachable by a
+//!   prefix match until the parent returns.
+//! - The view of a worker (which engine hashes it holds in which tier) is
+//!   exact whatever the order of parents and children; only the keying waits.
+//! - An image block whose identity cannot be known (Dynamo's `block_mm_infos`
+//!   alone gives a 64-bit `mm_hash`, which may come from a UUID, not from the
+//!   pixels) is skipped and counted, together with the rest of its event (their
+//!   keys chain through it). Removing a hash the worker never held is a no-op,
+//!   so later removals of those blocks are harmless.
+//! - Memory is bounded: at most `blocks_per_worker_max` nodes per worker and
+//!   `uuids_max` learned UUIDs; what does not fit is dropped and counted, and
+//!   [`Indexer::memory`] reports the sizes.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+
+use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
+use crate::keys::{ImageDigest, ImageRun};
+use crate::router::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
+
+/// A cache tier as routers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Device memory (`medium` `"GPU"`, or absent).
+    Device = 0,
+    /// Any lower tier (`"CPU"`, disk...): reusable after an onboard copy.
+    Host = 1,
+}
+
+impl Tier {
+    /// The tier of a wire `medium`: absent or `"GPU"` is the device, any other
+    /// name a lower tier.
+    pub fn from_medium(medium: Option<&str>) -> Self {
+        match medium {
+            None => Tier::Device,
+            Some(m) if m.eq_ignore_ascii_case("GPU") => Tier::Device,
+            Some(_) => Tier::Host,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// A worker's dense index in the indexer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(pub u32);
+
+/// A hasher for keys that are already 64-bit hashes (engine hashes, router
+/// keys): one folded multiply, enough to spread hashes that engines made from
+/// small integers too.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct U64Hasher(u64);
+
+impl Hasher for U64Hasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64 ^ self.0.rotate_left(8));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let m = (x ^ self.0) as u128 * 0x9E37_79B9_7F4A_7C15u128;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+/// Builds [`U64Hasher`]s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildU64;
+
+impl BuildHasher for BuildU64 {
+    type Hasher = U64Hasher;
+    fn build_hasher(&self) -> U64Hasher {
+        U64Hasher(0)
+    }
+}
+
+type U64Map<V> = HashMap<u64, V, BuildU64>;
+
+/// Limits and the block size of the model this indexer serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexerConfig {
+    /// Tokens per block; events with another block size are rejected.
+    pub block_size: u32,
+    /// Most blocks (held or pending) per worker.
+    pub blocks_per_worker_max: usize,
+    /// Most UUIDs remembered (oldest forgotten first).
+    pub uuids_max: usize,
+}
+
+impl Default for IndexerConfig {
+    fn default() -> Self {
+        Self { block_size: 32, blocks_per_worker_max: 1 << 24, uuids_max: 1 << 20 }
+    }
+}
+
+/// What the indexer did with the events it was given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IndexerCounters {
+    /// `BlockStored` events applied.
+    pub stored_events: u64,
+    /// Blocks of those events now held (keyed or pending).
+    pub stored_blocks: u64,
+    /// `BlockRemoved` events applied.
+    pub removed_events: u64,
+    /// Blocks removed from a tier that held them.
+    pub removed_blocks: u64,
+    /// Removals of a hash (or tier) the worker did not hold: no-ops.
+    pub removed_unknown: u64,
+    /// `AllBlocksCleared` events applied.
+    pub cleared_events: u64,
+    /// Blocks stored while their parent was unknown (keyed later, if ever).
+    pub blocks_pending: u64,
+    /// Pending blocks keyed when their parent arrived.
+    pub blocks_resolved_late: u64,
+    /// Image blocks (and the rest of their event) skipped because no content
+    /// digest identifies their image.
+    pub image_blocks_unkeyable: u64,
+    /// Blocks skipped because their event carried no token ids.
+    pub blocks_without_tokens: u64,
+    /// Events rejected for a block size other than the configured one.
+    pub events_wrong_block_size: u64,
+    /// Events rejected as malformed (token count or image references wrong).
+    pub events_malformed: u64,
+    /// Blocks dropped because the worker was at `blocks_per_worker_max`.
+    pub blocks_dropped_full: u64,
+    /// UUIDs seen with two different digests (they resolve to nothing).
+    pub uuid_conflicts: u64,
+    /// UUIDs forgotten under `uuids_max`.
+    pub uuids_forgotten: u64,
+}
+
+/// Sizes of the indexer's tables, and an estimate of their memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryReport {
+    /// Nodes over all workers (held and pending blocks).
+    pub nodes: usize,
+    /// Of those, pending (not keyed yet).
+    pub pending: usize,
+    /// Distinct router keys held by some worker.
+    pub keys: usize,
+    /// UUIDs remembered.
+    pub uuids: usize,
+    /// Bytes allocated by the tables (capacity times entry size, an estimate).
+    pub bytes: usize,
+}
+
+const RESOLVED: u8 = 1 << 2;
+const TIER_BITS: u8 = 0b11;
+
+/// One block a worker holds.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    /// The router key, valid once `RESOLVED` is set.
+    key: u64,
+    /// The content hash, kept so a pending node can be keyed later.
+    content: u64,
+    /// The parent's engine hash, or the node's own scope seed with
+    /// `has_parent == false` for the first block of a chain.
+    parent: u64,
+    has_parent: bool,
+    /// Tier bits and `RESOLVED`.
+    flags: u8,
+}
+
+impl Node {
+    fn resolved(&self) -> bool {
+        self.flags & RESOLVED != 0
+    }
+    fn tiers(&self) -> u8 {
+        self.flags & TIER_BITS
+    }
+}
+
+/// The workers holding one router key: `worker << 2 | tier bits`, packed.
+#[derive(Clone, Debug)]
+enum Holders {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Holders {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Holders::One(x) => std::slice::from_ref(x),
+            Holders::Many(v) => v,
+        }
+    }
+}
+
+fn pack(worker: u32, tiers: u8) -> u32 {
+    worker << 2 | tiers as u32
+}
+
+#[derive(Debug, Default)]
+struct WorkerBlocks {
+    name: String,
+    live: bool,
+    nodes: U64Map<Node>,
+    pending: U64Map<Vec<u64>>,
+    pending_count: usize,
+}
+
+#[derive(Debug)]
+struct UuidEntry {
+    digest: ImageDigest,
+    ambiguous: bool,
+}
+
+/// UUIDs paired with digests by `image_routing` items, bounded, oldest first out.
+#[derive(Debug, Default)]
+struct UuidMap {
+    map: HashMap<Box<str>, UuidEntry, ahash::RandomState>,
+    order: VecDeque<Box<str>>,
+}
+
+impl UuidMap {
+    fn learn(&mut self, uuid: &str, digest: ImageDigest, max: usize, counters: &mut IndexerCounters) {
+        if max == 0 {
+            return;
+        }
+        if let Some(e) = self.map.get_mut(uuid) {
+            if e.digest != digest && !e.ambiguous {
+                e.ambiguous = true;
+                counters.uuid_conflicts += 1;
+            }
+            return;
+        }
+        while self.map.len() >= max {
+            let Some(old) = self.order.pop_front() else { break };
+            self.map.remove(&old);
+            counters.uuids_forgotten += 1;
+        }
+        let key: Box<str> = uuid.into();
+        self.order.push_back(key.clone());
+        self.map.insert(key, UuidEntry { digest, ambiguous: false });
+    }
+}
+
+/// The router's view of every worker's cache (see the module docs).
+#[derive(Debug)]
+pub struct Indexer {
+    config: IndexerConfig,
+    workers: Vec<WorkerBlocks>,
+    index: U64Map<Holders>,
+    uuids: UuidMap,
+    counters: IndexerCounters,
+    scratch: Vec<u8>,
+    runs: Vec<ImageRun>,
+    seed_cache: Option<(Option<String>, Option<String>, RouterKey)>,
+}
+
+/// A worker's overlap with a request: the longest prefix, in blocks, held in
+/// each tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Overlap {
+    /// The worker.
+    #[serde(serialize_with = "ser_worker")]
+    pub worker: WorkerId,
+    /// Leading blocks held on the device.
+    pub device_blocks: u32,
+    /// Leading blocks held on the device or a lower tier (at least
+    /// `device_blocks`): a host block is reused after an onboard copy.
+    pub any_tier_blocks: u32,
+}
+
+fn ser_worker<S: serde::Serializer>(w: &WorkerId, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(w.0)
+}
+
+impl Indexer {
+    /// An empty indexer.
+    pub fn new(config: IndexerConfig) -> Self {
+        Self {
+            config,
+            workers: Vec::new(),
+            index: U64Map::default(),
+            uuids: UuidMap::default(),
+            counters: IndexerCounters::default(),
+            scratch: Vec::with_capacity(1024),
+            runs: Vec::new(),
+            seed_cache: None,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IndexerConfig {
+        &self.config
+    }
+
+    /// Adds a worker; its name is only for reports.
+    pub fn add_worker(&mut self, name: &str) -> WorkerId {
+        self.workers.push(WorkerBlocks { name: name.to_owned(), live: true, ..Default::default() });
+        WorkerId(self.workers.len() as u32 - 1)
+    }
+
+    /// Workers added so far, removed ones included (their view is empty).
+    pub fn workers_len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The name a worker was added with.
+    pub fn worker_name(&self, worker: WorkerId) -> Option<&str> {
+        self.workers.get(worker.0 as usize).map(|w| w.name.as_str())
+    }
+
+    /// Forgets everything a worker holds and stops routing to it.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.clear_worker(worker);
+        if let Some(w) = self.workers.get_mut(worker.0 as usize) {
+            w.live = false;
+        }
+    }
+
+    /// Whether the worker is live (added and not removed).
+    pub fn is_live(&self, worker: WorkerId) -> bool {
+        self.workers.get(worker.0 as usize).is_some_and(|w| w.live)
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> IndexerCounters {
+        self.counters
+    }
+
+    /// Applies one decoded event from `worker`. Events from unknown or
+    /// removed workers are ignored.
+    pub fn apply(&mut self, worker: WorkerId, event: &WireEvent) {
+        if !self.is_live(worker) {
+            return;
+        }
+        match event {
+            WireEvent::BlockStored(s) => self.apply_stored(worker, s),
+            WireEvent::BlockRemoved(r) => self.apply_removed(worker, r),
+            WireEvent::AllBlocksCleared => {
+                self.counters.cleared_events += 1;
+                self.clear_worker(worker);
+            }
+        }
+    }
+
+    fn seed_for(&mut self, s: &WireBlockStored) -> RouterKey {
+        let lora = lora_identity(s.lora_name.as_deref(), s.lora_id.and_then(|i| u32::try_from(i).ok()));
+        if let Some((l, c, seed)) = &self.seed_cache
+            && *l == lora
+            && c.as_deref() == s.cache_salt.as_deref()
+        {
+            return *seed;
+        }
+        let seed = scope_seed(s.block_size, lora.as_deref(), s.cache_salt.as_deref());
+        self.seed_cache = Some((lora, s.cache_salt.clone(), seed));
+        seed
+    }
+
+    /// Applies a `BlockStored` (see the module docs for what is skipped).
+    pub fn apply_stored(&mut self, worker: WorkerId, s: &WireBlockStored) {
+        let w = worker.0 as usize;
+        if w >= self.workers.len() {
+            return;
+        }
+        let n = s.block_hashes.len();
+        if s.block_size != self.config.block_size {
+            self.counters.events_wrong_block_size += 1;
+            return;
+        }
+        let Some(tokens) = s.token_ids.as_deref() else {
+            self.counters.blocks_without_tokens += n as u64;
+            return;
+        };
+        let bs = s.block_size as usize;
+        let routing = s.image_routing.as_ref();
+        if tokens.len() != n * bs || routing.is_some_and(|r| !r.blocks.is_empty() && r.blocks.len() != n) {
+            self.counters.events_malformed += 1;
+            return;
+        }
+        self.counters.stored_events += 1;
+        if let Some(r) = routing {
+            for item in &r.items {
+                if let Some(u) = &item.uuid {
+                    self.uuids.learn(u, ImageDigest(item.digest), self.config.uuids_max, &mut self.counters);
+                }
+            }
+        }
+        let seed = self.seed_for(s);
+        let tier = Tier::from_medium(s.medium.as_deref());
+        // The parent's key, when known: the seed for a chain start.
+        let (mut parent_hash, mut has_parent) = (0u64, false);
+        let mut parent_key = match s.parent_block_hash {
+            None => Some(seed.0),
+            Some(p) => {
+                parent_hash = p as u64;
+                has_parent = true;
+                self.workers[w].nodes.get(&parent_hash).filter(|n| n.resolved()).map(|n| n.key)
+            }
+        };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut runs = std::mem::take(&mut self.runs);
+        for (i, &hash) in s.block_hashes.iter().enumerate() {
+            let hash = hash as u64;
+            let block = &tokens[i * bs..(i + 1) * bs];
+            runs.clear();
+            if let Some(r) = routing
+                && let Some(refs) = r.blocks.get(i)
+            {
+                let mut bad = false;
+                for x in refs {
+                    match r.items.get(x.item as usize) {
+                        Some(item) if x.block_offset as u64 + x.len as u64 <= bs as u64 => runs.push(ImageRun {
+                            digest: ImageDigest(item.digest),
+                            item_offset: x.item_offset,
+                            block_offset: x.block_offset,
+                            len: x.len,
+                        }),
+                        _ => bad = true,
+                    }
+                }
+                if bad {
+                    self.counters.events_malformed += 1;
+                    break;
+                }
+            } else if routing.is_none()
+                && let Some(Some(info)) = s.block_mm_infos.as_ref().and_then(|m| m.get(i))
+                && !info.mm_objects.is_empty()
+            {
+                // An image known only by `mm_hash`: no content identity.
+                self.counters.image_blocks_unkeyable += (n - i) as u64;
+                break;
+            }
+            let content = content_hash(block, &runs, &mut scratch);
+            let key = parent_key.map(|p| chain(RouterKey(p), content).0);
+            if !self.insert_node(w, hash, content, parent_hash, has_parent, key, tier) {
+                self.counters.blocks_dropped_full += (n - i) as u64;
+                break;
+            }
+            self.counters.stored_blocks += 1;
+            // The node may have kept a key from before (parent known then).
+            parent_key = self.workers[w].nodes.get(&hash).filter(|n| n.resolved()).map(|n| n.key);
+            parent_hash = hash;
+            has_parent = true;
+        }
+        self.scratch = scratch;
+        self.runs = runs;
+    }
+
+    /// Inserts or updates one node; returns false when the worker is full.
+    #[allow(clippy::too_many_arguments, reason = "one call site, all plain values")]
+    fn insert_node(
+        &mut self,
+        w: usize,
+        hash: u64,
+        content: u64,
+        parent: u64,
+        has_parent: bool,
+        key: Option<u64>,
+        tier: Tier,
+    ) -> bool {
+        let worker = &mut self.workers[w];
+        let full = worker.nodes.len() >= self.config.blocks_per_worker_max;
+        match worker.nodes.get_mut(&hash) {
+            Some(node) => {
+                let old_tiers = node.tiers();
+                node.flags |= tier.bit();
+                if node.resolved() {
+                    if node.tiers() != old_tiers {
+                        let (k, t) = (node.key, node.tiers());
+                        holders_set(&mut self.index, k, w as u32, t);
+                    }
+                    return true;
+                }
+                // A pending node stored again: take the new content and
+                // parent, and key it if the parent is known now.
+                let (old_parent, old_has_parent) = (node.parent, node.has_parent);
+                unlink_pending(worker, hash, old_parent, old_has_parent);
+                let node = worker.nodes.get_mut(&hash).expect("node exists: found above");
+                node.content = content;
+                node.parent = parent;
+                node.has_parent = has_parent;
+                match key {
+                    Some(k) => {
+                        node.key = k;
+                        node.flags |= RESOLVED;
+                        let t = node.tiers();
+                        holders_set(&mut self.index, k, w as u32, t);
+                        self.resolve_children(w, hash, k);
+                    }
+                    None => link_pending(worker, hash, parent),
+                }
+                true
+            }
+            None if full => false,
+            None => {
+                let mut node = Node { key: 0, content, parent, has_parent, flags: tier.bit() };
+                match key {
+                    Some(k) => {
+                        node.key = k;
+                        node.flags |= RESOLVED;
+                        worker.nodes.insert(hash, node);
+                        holders_set(&mut self.index, k, w as u32, tier.bit());
+                        if !worker.pending.is_empty() {
+                            self.resolve_children(w, hash, k);
+                        }
+                    }
+                    None => {
+                        worker.nodes.insert(hash, node);
+                        link_pending(worker, hash, parent);
+                        self.counters.blocks_pending += 1;
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Keys every pending descendant of `hash`, now that it has key `key`.
+    fn resolve_children(&mut self, w: usize, hash: u64, key: u64) {
+        let mut stack = vec![(hash, key)];
+        while let Some((h, k)) = stack.pop() {
+            let worker = &mut self.workers[w];
+            let Some(children) = worker.pending.remove(&h) else { continue };
+            for c in children {
+                let Some(node) = worker.nodes.get_mut(&c) else { continue };
+                if node.resolved() || !node.has_parent || node.parent != h {
+                    continue;
+                }
+                worker.pending_count -= 1;
+                node.key = chain(RouterKey(k), node.content).0;
+                node.flags |= RESOLVED;
+                let (ck, t) = (node.key, node.tiers());
+                holders_set(&mut self.index, ck, w as u32, t);
+                self.counters.blocks_resolved_late += 1;
+                stack.push((c, ck));
+            }
+        }
+    }
+
+    /// Applies a `BlockRemoved`: each hash leaves the event's tier; a block in
+    /// no tier is forgotten. Unknown hashes are no-ops.
+    pub fn apply_removed(&mut self, worker: WorkerId, r: &WireBlockRemoved) {
+        let w = worker.0 as usize;
+        if w >= self.workers.len() {
+            return;
+        }
+        self.counters.removed_events += 1;
+        let bit = Tier::from_medium(r.medium.as_deref()).bit();
+        for &hash in &r.block_hashes {
+            let hash = hash as u64;
+            let worker = &mut self.workers[w];
+            let Some(node) = worker.nodes.get_mut(&hash) else {
+                self.counters.removed_unknown += 1;
+                continue;
+            };
+            if node.flags & bit == 0 {
+                self.counters.removed_unknown += 1;
+                continue;
+            }
+            node.flags &= !bit;
+            self.counters.removed_blocks += 1;
+            let node = *node;
+            if node.resolved() {
+                holders_set(&mut self.index, node.key, w as u32, node.tiers());
+            }
+            if node.tiers() == 0 {
+                worker.nodes.remove(&hash);
+                if !node.resolved() {
+                    unlink_pending(worker, hash, node.parent, node.has_parent);
+                }
+            }
+        }
+    }
+
+    /// Forgets every block of one worker (its `AllBlocksCleared`, or a resync).
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        let w = worker.0 as usize;
+        let Some(wb) = self.workers.get_mut(w) else { return };
+        let nodes = std::mem::take(&mut wb.nodes);
+        wb.pending.clear();
+        wb.pending_count = 0;
+        for node in nodes.values() {
+            if node.resolved() {
+                holders_set(&mut self.index, node.key, w as u32, 0);
+            }
+        }
+        let mut nodes = nodes;
+        nodes.clear();
+        self.workers[w].nodes = nodes;
+    }
+
+    /// For each worker holding the request's first key, the longest prefix of
+    /// `keys` it holds, per tier. Workers holding nothing are left out.
+    pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
+        let mut out = Vec::new();
+        let Some(first) = keys.first().and_then(|k| self.index.get(&k.0)) else { return out };
+        // Candidates are the holders of the first key; a worker absent there
+        // cannot have a prefix of length > 0.
+        for &h in first.as_slice() {
+            let tiers = (h & 3) as u8;
+            out.push(Overlap {
+                worker: WorkerId(h >> 2),
+                device_blocks: (tiers & Tier::Device.bit() != 0) as u32,
+                any_tier_blocks: 1,
+            });
+        }
+        let mut slot: Vec<u32> = Vec::new();
+        if out.len() > 8 {
+            slot = vec![u32::MAX; self.workers.len()];
+            for (i, o) in out.iter().enumerate() {
+                slot[o.worker.0 as usize] = i as u32;
+            }
+        }
+        for (i, key) in keys.iter().enumerate().skip(1) {
+            let i = i as u32;
+            let Some(holders) = self.index.get(&key.0) else { break };
+            let mut advanced = false;
+            for &h in holders.as_slice() {
+                let (wid, tiers) = (h >> 2, (h & 3) as u8);
+                let found = if slot.is_empty() {
+                    out.iter_mut().find(|o| o.worker.0 == wid)
+                } else {
+                    match slot[wid as usize] {
+                        u32::MAX => None,
+                        s => out.get_mut(s as usize),
+                    }
+                };
+                if let Some(o) = found
+                    && o.any_tier_blocks == i
+                {
+                    o.any_tier_blocks += 1;
+                    if o.device_blocks == i && tiers & Tier::Device.bit() != 0 {
+                        o.device_blocks += 1;
+                    }
+                    advanced = true;
+                }
+            }
+            if !advanced {
+                break;
+            }
+        }
+        out.sort_by_key(|o| o.worker);
+        out
+    }
+
+    /// The engine hashes a worker holds in a tier (pending ones included),
+    /// sorted: the router's view, for checks and reports.
+    pub fn worker_blocks(&self, worker: WorkerId, tier: Tier) -> Vec<i64> {
+        let Some(w) = self.workers.get(worker.0 as usize) else { return Vec::new() };
+        let mut v: Vec<i64> =
+            w.nodes.iter().filter(|(_, n)| n.flags & tier.bit() != 0).map(|(h, _)| *h as i64).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The router key a worker's block was filed under, when it is keyed.
+    pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
+        let n = self.workers.get(worker.0 as usize)?.nodes.get(&(hash as u64))?;
+        n.resolved().then_some(RouterKey(n.key))
+    }
+
+    /// Table sizes and a memory estimate.
+    pub fn memory(&self) -> MemoryReport {
+        let mut r = MemoryReport { keys: self.index.len(), uuids: self.uuids.map.len(), ..Default::default() };
+        let mut bytes = self.index.capacity() * (8 + std::mem::size_of::<Holders>() + 1);
+        for w in &self.workers {
+            r.nodes += w.nodes.len();
+            r.pending += w.pending_count;
+            bytes += w.nodes.capacity() * (8 + std::mem::size_of::<Node>() + 1);
+            bytes += w.pending.capacity() * (8 + 24 + 1) + w.pending.values().map(|v| v.capacity() * 8).sum::<usize>();
+        }
+        bytes += self.uuids.map.capacity() * (16 + std::mem::size_of::<UuidEntry>() + 1)
+            + self.uuids.map.keys().map(|k| k.len() * 2).sum::<usize>()
+            + self.uuids.order.capacity() * 16;
+        for h in self.index.values() {
+            if let Holders::Many(v) = h {
+                bytes += v.capacity() * 4;
+            }
+        }
+        r.bytes = bytes;
+        r
+    }
+
+    /// Checks the indexer's invariants; panics naming the one broken.
+    ///
+    /// 1. Every keyed node with tiers is listed among its key's holders with
+    ///    exactly its tiers, and every holder entry is such a node.
+    /// 2. Every node holds at least one tier.
+    /// 3. The pending count equals the number of unkeyed nodes, each listed
+    ///    under its parent.
+    pub fn check_invariants(&self) {
+        let mut entries = 0usize;
+        for (wi, w) in self.workers.iter().enumerate() {
+            let mut pending = 0;
+            for (h, n) in &w.nodes {
+                assert!(n.tiers() != 0, "invariant 2: node {h:x} holds a tier");
+                if n.resolved() {
+                    let holders = self.index.get(&n.key).expect("invariant 1: keyed node is indexed");
+                    assert!(holders.as_slice().contains(&pack(wi as u32, n.tiers())), "invariant 1: holder entry");
+                    entries += 1;
+                } else {
+                    pending += 1;
+                    let listed = w.pending.get(&n.parent).is_some_and(|v| v.contains(h));
+                    assert!(n.has_parent && listed, "invariant 3: pending node {h:x} listed under its parent");
+                }
+            }
+            assert_eq!(pending, w.pending_count, "invariant 3: pending count of worker {wi}");
+        }
+        let total: usize = self.index.values().map(|h| h.as_slice().len()).sum();
+        // Two keyed nodes of one worker may share a router key only if their
+        // content and parent chain coincide, which content-addressed engines
+        // never send; so entries and holder slots match one to one.
+        assert!(total <= entries, "invariant 1: no stray holder entries ({total} > {entries})");
+    }
+}
+
+impl UuidResolver for Indexer {
+    fn resolve(&self, uuid: &str) -> UuidLookup {
+        match self.uuids.map.get(uuid) {
+            Some(e) if e.ambiguous => UuidLookup::Ambiguous,
+            Some(e) => UuidLookup::Digest(e.digest),
+            None => UuidLookup::Unknown,
+        }
+    }
+}
+
+/// Sets `worker`'s tiers for `key` (0 removes the worker; an empty holder
+/// list removes the key).
+fn holders_set(index: &mut U64Map<Holders>, key: u64, worker: u32, tiers: u8) {
+    use std::collections::hash_map::Entry;
+    match index.entry(key) {
+        Entry::Vacant(v) => {
+            if tiers != 0 {
+                v.insert(Holders::One(pack(worker, tiers)));
+            }
+        }
+        Entry::Occupied(mut o) => {
+            let h = o.get_mut();
+            match h {
+                Holders::One(x) if *x >> 2 == worker => {
+                    if tiers == 0 {
+                        o.remove();
+                    } else {
+                        *x = pack(worker, tiers);
+                    }
+                }
+                Holders::One(x) => {
+                    if tiers != 0 {
+                        *h = Holders::Many(vec![*x, pack(worker, tiers)]);
+                    }
+                }
+                Holders::Many(v) => {
+                    match v.iter().position(|x| *x >> 2 == worker) {
+                        Some(p) if tiers == 0 => {
+                            v.swap_remove(p);
+                        }
+                        Some(p) => v[p] = pack(worker, tiers),
+                        None if tiers != 0 => v.push(pack(worker, tiers)),
+                        None => {}
+                    }
+                    match v.len() {
+                        0 => {
+                            o.remove();
+                        }
+                        1 => *h = Holders::One(v[0]),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn link_pending(worker: &mut WorkerBlocks, hash: u64, parent: u64) {
+    worker.pending.entry(parent).or_default().push(hash);
+    worker.pending_count += 1;
+}
+
+fn unlink_pending(worker: &mut WorkerBlocks, hash: u64, parent: u64, has_parent: bool) {
+    if !has_parent {
+        return;
+    }
+    if let Some(v) = worker.pending.get_mut(&parent)
+        && let Some(p) = v.iter().position(|h| *h == hash)
+    {
+        v.swap_remove(p);
+        worker.pending_count -= 1;
+        if v.is_empty() {
+            worker.pending.remove(&parent);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::wire::{ImageRoutingV1, WireImageItem, WireImageRef, WireMmInfo, WireMmObject};
+    use crate::router::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
+
+    fn stored(hashes: &[i64], parent: Option<i64>, tokens: Vec<u32>, medium: &str) -> WireEvent {
+        WireEvent::BlockStored(WireBlockStored {
+            block_hashes: hashes.to_vec(),
+            parent_block_hash: parent,
+            token_ids: Some(tokens),
+            block_size: 4,
+            medium: Some(medium.into()),
+            ..Default::default()
+        })
+    }
+
+    fn removed(hashes: &[i64], medium: &str) -> WireEvent {
+        WireEvent::BlockRemoved(WireBlockRemoved { block_hashes: hashes.to_vec(), medium: Some(medium.into()) })
+    }
+
+    fn keys_of(tokens: &[u32]) -> Vec<RouterKey> {
+        let req = TokenRequest { tokens: tokens.to_vec(), ..Default::default() };
+        hash_request(&req, 4, 0, &NoUuids).unwrap().keys
+    }
+
+    fn config() -> IndexerConfig {
+        IndexerConfig { block_size: 4, ..Default::default() }
+    }
+
+    /// Stored blocks are found by the keys a request computes; removals,
+    /// tier moves and clears change the overlap as the engine's cache did.
+    #[test]
+    fn store_lookup_remove_per_tier() {
+        let mut ix = Indexer::new(config());
+        let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+        let tokens: Vec<u32> = (0..12).collect();
+        ix.apply(a, &stored(&[1, 2, 3], None, tokens.clone(), "GPU"));
+        ix.apply(b, &stored(&[1, 2], None, tokens[..8].to_vec(), "GPU"));
+        ix.check_invariants();
+        let keys = keys_of(&tokens);
+        let m = ix.find_matches(&keys);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].worker, m[0].device_blocks, m[0].any_tier_blocks), (a, 3, 3));
+        assert_eq!((m[1].worker, m[1].device_blocks, m[1].any_tier_blocks), (b, 2, 2));
+        // Offload a's middle block: device prefix 1, any-tier prefix 3.
+        ix.apply(a, &removed(&[2], "GPU"));
+        ix.apply(a, &stored(&[2], Some(1), tokens[4..8].to_vec(), "CPU"));
+        ix.check_invariants();
+        let m = ix.find_matches(&keys);
+        assert_eq!((m[0].device_blocks, m[0].any_tier_blocks), (1, 3));
+        // Removing an unknown hash or the wrong tier is a no-op.
+        ix.apply(a, &removed(&[99], "GPU"));
+        ix.apply(a, &removed(&[2], "GPU"));
+        assert_eq!(ix.counters().removed_unknown, 2);
+        assert_eq!(ix.worker_blocks(a, Tier::Host), vec![2]);
+        ix.apply(b, &WireEvent::AllBlocksCleared);
+        ix.check_invariants();
+        let m = ix.find_matches(&keys);
+        assert_eq!(m.len(), 1);
+        assert!(ix.worker_blocks(b, Tier::Device).is_empty());
+    }
+
+    /// A child stored before its parent (an orphan re-advertised) is held
+    /// but unkeyed until the parent is stored; then it is found.
+    #[test]
+    fn pending_children_are_keyed_when_the_parent_arrives() {
+        let mut ix = Indexer::new(config());
+        let a = ix.add_worker("a");
+        let tokens: Vec<u32> = (100..112).collect();
+        ix.apply(a, &stored(&[3], Some(2), tokens[8..].to_vec(), "GPU"));
+        ix.apply(a, &stored(&[2], Some(1), tokens[4..8].to_vec(), "CPU"));
+        assert_eq!(ix.memory().pending, 2);
+        ix.check_invariants();
+        assert_eq!(ix.worker_blocks(a, Tier::Device), vec![3]);
+        ix.apply(a, &stored(&[1], None, tokens[..4].to_vec(), "GPU"));
+        ix.check_invariants();
+        assert_eq!(ix.memory().pending, 0);
+        assert_eq!(ix.counters().blocks_resolved_late, 2);
+        let m = ix.find_matches(&keys_of(&tokens));
+        assert_eq!((m[0].device_blocks, m[0].any_tier_blocks), (1, 3));
+        // A pending node removed before its parent arrives is forgotten cleanly.
+        ix.apply(a, &stored(&[7], Some(6), tokens[..4].to_vec(), "GPU"));
+        ix.apply(a, &removed(&[7], "GPU"));
+        ix.check_invariants();
+        assert_eq!(ix.memory().pending, 0);
+    }
+
+    /// Image blocks are keyed by digest (a request with the bytes finds them,
+    /// one with other bytes does not); the UUID is learned; an image known
+    /// only by `mm_hash` is skipped and counted, and removing it is harmless.
+    #[test]
+    fn images_by_digest_and_unkeyable_mm_hash() {
+        let mut ix = Indexer::new(config());
+        let a = ix.add_worker("a");
+        let pixels = b"pixels".to_vec();
+        let digest = ImageDigest::of_content(&pixels);
+        let tokens = vec![1, 9, 9, 9, 9, 2, 3, 4];
+        let mut s = WireBlockStored {
+            block_hashes: vec![10, 11],
+            token_ids: Some(tokens.clone()),
+            block_size: 4,
+            image_routing: Some(ImageRoutingV1 {
+                items: vec![WireImageItem { digest: digest.0, uuid: Some("u1".into()) }],
+                blocks: vec![
+                    vec![WireImageRef { item: 0, item_offset: 0, block_offset: 1, len: 3 }],
+                    vec![WireImageRef { item: 0, item_offset: 3, block_offset: 0, len: 1 }],
+                ],
+            }),
+            ..Default::default()
+        };
+        ix.apply(a, &WireEvent::BlockStored(s.clone()));
+        let req = |image| TokenRequest {
+            tokens: tokens.clone(),
+            images: vec![ImagePlacement { image, runs: vec![(1, 4)] }],
+            ..Default::default()
+        };
+        let by_uuid = hash_request(&req(ImageRef::Uuid("u1".into())), 4, 9, &ix).unwrap();
+        assert_eq!(ix.find_matches(&by_uuid.keys)[0].device_blocks, 2);
+        let by_bytes = hash_request(&req(ImageRef::Bytes(pixels)), 4, 9, &ix).unwrap();
+        assert_eq!(by_bytes.keys, by_uuid.keys);
+        let other = hash_request(&req(ImageRef::Bytes(b"other".to_vec())), 4, 9, &ix).unwrap();
+        assert!(ix.find_matches(&other.keys).is_empty());
+        // Same UUID with other pixels on another event: ambiguous from then on.
+        s.block_hashes = vec![20, 21];
+        s.image_routing.as_mut().unwrap().items[0].digest = [5; 32];
+        ix.apply(a, &WireEvent::BlockStored(s.clone()));
+        assert_eq!(ix.resolve("u1"), UuidLookup::Ambiguous);
+        assert_eq!(ix.counters().uuid_conflicts, 1);
+        // Dynamo-style identity only: the image block and its successors are skipped.
+        s.block_hashes = vec![30, 31];
+        s.image_routing = None;
+        s.block_mm_infos =
+            Some(vec![Some(WireMmInfo { mm_objects: vec![WireMmObject { mm_hash: 7, offsets: vec![[1, 4]] }] }), None]);
+        ix.apply(a, &WireEvent::BlockStored(s));
+        assert_eq!(ix.counters().image_blocks_unkeyable, 2);
+        ix.apply(a, &removed(&[30, 31], "GPU"));
+        assert_eq!(ix.counters().removed_unknown, 2);
+        ix.check_invariants();
+    }
+
+    /// The per-worker bound drops what does not fit, counts it, and the
+    /// memory report tracks the tables.
+    #[test]
+    fn bounded_memory() {
+        let mut ix = Indexer::new(IndexerConfig { block_size: 4, blocks_per_worker_max: 2, uuids_max: 1 });
+        let a = ix.add_worker("a");
+        ix.apply(a, &stored(&[1, 2, 3], None, (0..12).collect(), "GPU"));
+        assert_eq!(ix.counters().blocks_dropped_full, 1);
+        assert_eq!(ix.worker_blocks(a, Tier::Device).len(), 2);
+        let m = ix.memory();
+        assert_eq!((m.nodes, m.keys), (2, 2));
+        assert!(m.bytes > 0);
+        ix.check_invariants();
+    }
+}

@@ -1,0 +1,26 @@
+//! The router: the consumer side of the event stream.
+//!
+//! It is built on the wire format alone ([`crate::events::wire`]), never on
+//! engine internals, so whatever it can do an outside router can do too.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`hashing`] | router keys, and a request's keys from token ids and image placements |
+//! | [`profiles`] | text and images to token ids: chat template and image placeholder expansion per model |
+//! | [`indexer`] | which worker holds which block in which tier; longest-prefix lookups |
+//! | [`scoring`] | the decision: overlap per tier against load |
+//! | [`subscriber`] | ZMQ SUB per worker, gap and restart detection, replay and snapshot recovery |
+//!
+//! See `docs/router.md` for the key scheme and the recovery protocol.
+
+pub mod hashing;
+pub mod indexer;
+pub mod profiles;
+pub mod scoring;
+
+pub use hashing::{
+    HashedRequest, ImagePlacement, ImageRef, KeyScope, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,
+};
+pub use indexer::{Indexer, IndexerConfig, IndexerCounters, MemoryReport, Overlap, Tier, WorkerId};
+pub use profiles::{ImageInput, Message, ModelProfile, Part};
+pub use scoring::{Decision, ScoringConfig, decide};
