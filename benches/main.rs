@@ -5,5 +5,6 @@ use criterion::criterion_main;
 mod core_engine;
 mod cpu_time;
 mod events;
+mod router;
 
-criterion_main!(core_engine::benches, events::codec_benches, events::publish_benches);
+criterion_main!(core_engine::benches, events::codec_benches, events::publish_benches, router::benches);

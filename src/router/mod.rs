@@ -10,6 +10,7 @@
 //! | [`indexer`] | which worker holds which block in which tier; longest-prefix lookups |
 //! | [`scoring`] | the decision: overlap per tier against load |
 //! | [`subscriber`] | ZMQ SUB per worker, gap and restart detection, replay and snapshot recovery |
+//! | [`workload`] | synthetic event workloads for benches and tests |
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
@@ -17,6 +18,7 @@ pub mod hashing;
 pub mod indexer;
 pub mod profiles;
 pub mod scoring;
+pub mod workload;
 
 pub use hashing::{
     HashedRequest, ImagePlacement, ImageRef, KeyScope, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,

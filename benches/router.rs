@@ -1,0 +1,61 @@
+//! Router benches: events applied, a 4096-token request hashed, 256 keys
+//! looked up, over the workload `tests/interop/dynamo_bench.py` gives Dynamo
+//! (the side-by-side figures come from `kvcore route-bench`).
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, Throughput};
+use kvcore::router::hashing::{NoUuids, RouterKey, TokenRequest, hash_request};
+use kvcore::router::workload::{WorkloadSpec, generate};
+use kvcore::router::{Indexer, IndexerConfig};
+
+fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore::router::WorkerId>) {
+    let mut ix = Indexer::new(IndexerConfig::default());
+    let ws = (0..n).map(|i| ix.add_worker(&format!("w{i}"))).collect();
+    (ix, ws)
+}
+
+/// Applies a whole workload to a fresh indexer, per size.
+fn apply(c: &mut Criterion) {
+    let mut g = c.benchmark_group("router/apply_stored");
+    for sequences in [16usize, 256] {
+        let w = generate(&WorkloadSpec { sequences, ..Default::default() });
+        g.throughput(Throughput::Elements(w.blocks as u64));
+        g.bench_function(format!("{sequences}x128_blocks"), |b| {
+            b.iter_batched(
+                || indexer_with_workers(4),
+                |(mut ix, ws)| {
+                    for (wi, e) in &w.events {
+                        ix.apply(ws[*wi], e);
+                    }
+                    ix
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+/// Hashes a 4096-token text request (128 blocks of 32).
+fn hash(c: &mut Criterion) {
+    let w = generate(&WorkloadSpec { sequences: 1, ..Default::default() });
+    let req = TokenRequest { tokens: w.sequences[0].1.clone(), ..Default::default() };
+    c.bench_function("router/hash_4096_tokens", |b| b.iter(|| hash_request(black_box(&req), 32, 0, &NoUuids)));
+}
+
+/// Looks up 256 keys (128 held by one worker, then 128 unseen).
+fn lookup(c: &mut Criterion) {
+    let w = generate(&WorkloadSpec { sequences: 256, ..Default::default() });
+    let (mut ix, ws) = indexer_with_workers(4);
+    for (wi, e) in &w.events {
+        ix.apply(ws[*wi], e);
+    }
+    let req = TokenRequest { tokens: w.sequences[0].1.clone(), ..Default::default() };
+    let mut keys = hash_request(&req, 32, 0, &NoUuids).expect("valid request").keys;
+    keys.extend((0..128u64).map(|i| RouterKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))));
+    assert_eq!(ix.find_matches(&keys)[0].device_blocks, 128);
+    c.bench_function("router/lookup_256_keys", |b| b.iter(|| ix.find_matches(black_box(&keys))));
+}
+
+criterion::criterion_group!(benches, apply, hash, lookup);
