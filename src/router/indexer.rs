@@ -148,6 +148,8 @@ pub struct IndexerCounters {
     pub events_malformed: u64,
     /// Blocks dropped because the worker was at `blocks_per_worker_max`.
     pub blocks_dropped_full: u64,
+    /// Events of a type this decoder does not know (ignored).
+    pub events_unknown: u64,
     /// UUIDs seen with two different digests (they resolve to nothing).
     pub uuid_conflicts: u64,
     /// UUIDs forgotten under `uuids_max`.
@@ -359,6 +361,8 @@ impl Indexer {
                 self.counters.cleared_events += 1;
                 self.clear_worker(worker);
             }
+            // A newer publisher's event type: nothing this router keys on.
+            WireEvent::Unknown { .. } => self.counters.events_unknown += 1,
         }
     }
 

@@ -18,6 +18,7 @@ pub mod hashing;
 pub mod indexer;
 pub mod profiles;
 pub mod scoring;
+pub mod subscriber;
 pub mod workload;
 
 pub use hashing::{
@@ -26,3 +27,4 @@ pub use hashing::{
 pub use indexer::{Indexer, IndexerConfig, IndexerCounters, MemoryReport, Overlap, Tier, WorkerId};
 pub use profiles::{ImageInput, Message, ModelProfile, Part};
 pub use scoring::{Decision, ScoringConfig, decide};
+pub use subscriber::{Subscriber, SubscriberConfig, SubscriberCounters};

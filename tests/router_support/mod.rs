@@ -63,3 +63,109 @@ pub fn temp_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
 }
+
+use std::time::{Duration, Instant};
+
+use kvcore::events::publisher::{Publisher, PublisherConfig};
+use kvcore::router::{Subscriber, Tier, WorkerId};
+use kvcore::{AdmitError, Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+
+/// An engine and its publisher on loopback, with a replay socket.
+pub struct Worker {
+    /// The engine.
+    pub engine: Engine,
+    /// Its publisher, fed one batch per step.
+    pub publisher: Publisher,
+}
+
+/// One image of a test request: content bytes, optional UUID, its run.
+pub type TestImage<'a> = (&'a [u8], Option<&'a str>, TokenRun);
+
+impl Worker {
+    /// A worker with `blocks_device` device blocks and `blocks_host` host
+    /// blocks of `block_size` tokens, retaining `buffer_steps` batches for replay.
+    pub fn new(block_size: u32, blocks_device: u32, blocks_host: u32, buffer_steps: usize) -> Self {
+        let engine = Engine::new(EngineConfig {
+            block_size_tokens: block_size,
+            blocks_device,
+            blocks_host,
+            ..Default::default()
+        })
+        .expect("valid engine config");
+        let publisher = Publisher::bind(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            buffer_steps,
+            ..Default::default()
+        })
+        .expect("bind loopback publisher");
+        Self { engine, publisher }
+    }
+
+    /// Closes a step and publishes its batch, if it has one.
+    pub fn step(&mut self) {
+        self.engine.step();
+        for b in self.engine.drain_batches() {
+            self.publisher.publish(b.events);
+        }
+    }
+
+    /// Runs one request to completion (admit, compute, finish) and steps.
+    pub fn run(&mut self, tokens: &[u32], images: &[TestImage<'_>]) -> Result<(), AdmitError> {
+        let spec = RequestSpec {
+            tokens,
+            items: images.iter().map(|(b, _, r)| MmItemSpec { content: MmContent::Bytes(b), runs: vec![*r] }).collect(),
+            uuids: (!images.is_empty()).then(|| images.iter().map(|(_, u, _)| u.map(str::as_bytes)).collect()),
+            ..Default::default()
+        };
+        let result = self.engine.add_request(&spec);
+        if let Ok(a) = &result {
+            self.engine.commit(a.id, tokens.len() as u64).expect("commit the whole prompt");
+            self.engine.finish(a.id).expect("finish a live request");
+        }
+        self.step();
+        result.map(|_| ())
+    }
+
+    /// The wire hashes the engine advertises as cached, per tier, sorted.
+    pub fn advertised(&self, tier: Tier) -> Vec<i64> {
+        let cache = self.engine.cache();
+        let mut v: Vec<i64> = cache
+            .index
+            .map
+            .iter()
+            .filter(|(_, id)| {
+                let m = cache.blocks.rows[**id].medium;
+                (m == kvcore::Medium::Gpu) == (tier == Tier::Device)
+            })
+            .map(|(k, _)| k.wire_hash().0)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Connects `sub` to this worker.
+    pub fn subscribe(&self, sub: &mut Subscriber, name: &str) -> WorkerId {
+        sub.connect(name, self.publisher.endpoint(), self.publisher.replay_endpoint()).expect("connect")
+    }
+}
+
+/// Publishes empty heartbeat batches until the subscriber has applied every
+/// batch of every worker (a lost last batch only shows at the next one), or
+/// `timeout` passes. Returns whether it synced.
+pub fn sync(sub: &mut Subscriber, workers: &mut [(&mut Worker, WorkerId)], timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        for (w, _) in workers.iter_mut() {
+            w.publisher.publish(Vec::new());
+            w.publisher.flush(Duration::from_secs(5));
+        }
+        let targets: Vec<(WorkerId, u64)> = workers.iter().map(|(w, id)| (*id, w.publisher.next_seq())).collect();
+        if sub.poll_until_synced(&targets, Duration::from_millis(300)).expect("poll") {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
