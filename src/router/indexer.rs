@@ -455,13 +455,13 @@ impl Indexer {
             }
             let content = content_hash(block, &runs, &mut scratch);
             let key = parent_key.map(|p| chain(RouterKey(p), content).0);
-            if !self.insert_node(w, hash, content, parent_hash, has_parent, key, tier) {
+            // The node may keep a key from before (its parent known then).
+            let Ok(kept) = self.insert_node(w, hash, content, parent_hash, has_parent, key, tier) else {
                 self.counters.blocks_dropped_full += (n - i) as u64;
                 break;
-            }
+            };
             self.counters.stored_blocks += 1;
-            // The node may have kept a key from before (parent known then).
-            parent_key = self.workers[w].nodes.get(&hash).filter(|n| n.resolved()).map(|n| n.key);
+            parent_key = kept;
             parent_hash = hash;
             has_parent = true;
         }
@@ -469,7 +469,8 @@ impl Indexer {
         self.runs = runs;
     }
 
-    /// Inserts or updates one node; returns false when the worker is full.
+    /// Inserts or updates one node. Returns the node's key when it has one,
+    /// or `Err` when the worker is full.
     #[allow(clippy::too_many_arguments, reason = "one call site, all plain values")]
     fn insert_node(
         &mut self,
@@ -480,62 +481,63 @@ impl Indexer {
         has_parent: bool,
         key: Option<u64>,
         tier: Tier,
-    ) -> bool {
+    ) -> Result<Option<u64>, ()> {
+        use std::collections::hash_map::Entry;
         let worker = &mut self.workers[w];
         let full = worker.nodes.len() >= self.config.blocks_per_worker_max;
-        match worker.nodes.get_mut(&hash) {
-            Some(node) => {
-                let old_tiers = node.tiers();
-                node.flags |= tier.bit();
-                if node.resolved() {
-                    if node.tiers() != old_tiers {
-                        let (k, t) = (node.key, node.tiers());
-                        holders_set(&mut self.index, k, w as u32, t);
-                    }
-                    return true;
-                }
-                // A pending node stored again: take the new content and
-                // parent, and key it if the parent is known now.
-                let (old_parent, old_has_parent) = (node.parent, node.has_parent);
-                unlink_pending(worker, hash, old_parent, old_has_parent);
-                let node = worker.nodes.get_mut(&hash).expect("node exists: found above");
-                node.content = content;
-                node.parent = parent;
-                node.has_parent = has_parent;
-                match key {
-                    Some(k) => {
-                        node.key = k;
-                        node.flags |= RESOLVED;
-                        let t = node.tiers();
-                        holders_set(&mut self.index, k, w as u32, t);
-                        self.resolve_children(w, hash, k);
-                    }
-                    None => link_pending(worker, hash, parent),
-                }
-                true
-            }
-            None if full => false,
-            None => {
+        let node = match worker.nodes.entry(hash) {
+            Entry::Vacant(_) if full => return Err(()),
+            Entry::Vacant(v) => {
                 let mut node = Node { key: 0, content, parent, has_parent, flags: tier.bit() };
                 match key {
                     Some(k) => {
                         node.key = k;
                         node.flags |= RESOLVED;
-                        worker.nodes.insert(hash, node);
+                        v.insert(node);
                         holders_set(&mut self.index, k, w as u32, tier.bit());
                         if !worker.pending.is_empty() {
                             self.resolve_children(w, hash, k);
                         }
                     }
                     None => {
-                        worker.nodes.insert(hash, node);
+                        v.insert(node);
                         link_pending(worker, hash, parent);
                         self.counters.blocks_pending += 1;
                     }
                 }
-                true
+                return Ok(key);
             }
+            Entry::Occupied(o) => o.into_mut(),
+        };
+        let old_tiers = node.tiers();
+        node.flags |= tier.bit();
+        if node.resolved() {
+            if node.tiers() != old_tiers {
+                let (k, t) = (node.key, node.tiers());
+                holders_set(&mut self.index, k, w as u32, t);
+            }
+            return Ok(Some(node.key));
         }
+        // A pending node stored again: take the new content and parent, and
+        // key it if the parent is known now.
+        let (old_parent, old_has_parent) = (node.parent, node.has_parent);
+        node.content = content;
+        node.parent = parent;
+        node.has_parent = has_parent;
+        if let Some(k) = key {
+            node.key = k;
+            node.flags |= RESOLVED;
+        }
+        let t = node.tiers();
+        unlink_pending(worker, hash, old_parent, old_has_parent);
+        match key {
+            Some(k) => {
+                holders_set(&mut self.index, k, w as u32, t);
+                self.resolve_children(w, hash, k);
+            }
+            None => link_pending(worker, hash, parent),
+        }
+        Ok(key)
     }
 
     /// Keys every pending descendant of `hash`, now that it has key `key`.

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod events;
 mod gpu_bench;
+mod route;
 
 /// kvcore: a KV-cache engine core for LLM serving.
 #[derive(Parser)]
@@ -29,6 +30,10 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// Hash a request and print each worker's overlap and the routing decision.
+    Route(route::RouteArgs),
+    /// Benchmark the router's indexer, side by side with Dynamo's (`--dynamo`).
+    RouteBench(route::BenchArgs),
 }
 
 fn main() {
@@ -42,5 +47,17 @@ fn main() {
             }
         }
         Some(Command::GpuBench { out, quick }) => std::process::exit(gpu_bench::run_cli(out.as_deref(), quick)),
+        Some(Command::Route(args)) => {
+            if let Err(e) = route::run(args) {
+                eprintln!("kvcore route: {e}");
+                std::process::exit(1);
+            }
+        }
+        Some(Command::RouteBench(args)) => {
+            if let Err(e) = route::bench(args) {
+                eprintln!("kvcore route-bench: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 }
