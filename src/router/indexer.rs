@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!                 per worker                                  shared
-//!   engine hash ──► Node { router key, content, parent, tiers } ──► router key ──► holders: [worker|tiers]
-//!   parent hash ──► pending children (parent not known yet)
+//!   engine hash ──► Keyed { router key, tiers } ──────────► router key ──► holders: [worker|tiers]
+//!   engine hash ──► Waiting { content, parent, tiers }   (parent not keyed yet)
+//!   parent hash ──► waiting children
 //!   UUID ─────────► content digest (learned from image_routing items; ambiguous on conflict)
 //! ```
 //!
@@ -171,45 +172,49 @@ pub struct MemoryReport {
     pub bytes: usize,
 }
 
-const RESOLVED: u8 = 1 << 2;
 const TIER_BITS: u8 = 0b11;
 
-/// One block a worker holds.
+/// A keyed block: its router key and tier bits (16 bytes, so that the map a
+/// store and a removal touch stays small and cache-resident).
 #[derive(Clone, Copy, Debug)]
-struct Node {
-    /// The router key, valid once `RESOLVED` is set.
+struct Keyed {
     key: u64,
-    /// The content hash, kept so a pending node can be keyed later.
+    tiers: u8,
+}
+
+/// A block waiting for its parent to be keyed: what it needs to be keyed
+/// later, without its tokens.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
     content: u64,
-    /// The parent's engine hash, or the node's own scope seed with
-    /// `has_parent == false` for the first block of a chain.
     parent: u64,
-    has_parent: bool,
-    /// Tier bits and `RESOLVED`.
-    flags: u8,
+    tiers: u8,
 }
 
-impl Node {
-    fn resolved(&self) -> bool {
-        self.flags & RESOLVED != 0
-    }
-    fn tiers(&self) -> u8 {
-        self.flags & TIER_BITS
-    }
+/// Marks a holder value that is an index into the overflow lists.
+const MANY: u64 = 1 << 63;
+
+/// The workers holding each router key. A value is one holder packed as
+/// `worker << 2 | tier bits`, or, with [`MANY`] set, an index into
+/// `overflow` where the holders of a key held by several workers are listed.
+#[derive(Debug, Default)]
+struct HolderIndex {
+    map: U64Map<u64>,
+    overflow: Vec<Vec<u32>>,
+    free: Vec<u32>,
 }
 
-/// The workers holding one router key: `worker << 2 | tier bits`, packed.
-#[derive(Clone, Debug)]
-enum Holders {
-    One(u32),
-    Many(Vec<u32>),
+/// The holders of one key, borrowed.
+enum HolderRef<'a> {
+    One([u32; 1]),
+    Many(&'a [u32]),
 }
 
-impl Holders {
+impl HolderRef<'_> {
     fn as_slice(&self) -> &[u32] {
         match self {
-            Holders::One(x) => std::slice::from_ref(x),
-            Holders::Many(v) => v,
+            HolderRef::One(a) => a,
+            HolderRef::Many(s) => s,
         }
     }
 }
@@ -218,13 +223,104 @@ fn pack(worker: u32, tiers: u8) -> u32 {
     worker << 2 | tiers as u32
 }
 
+impl HolderIndex {
+    fn get(&self, key: u64) -> Option<HolderRef<'_>> {
+        let v = *self.map.get(&key)?;
+        Some(if v & MANY != 0 {
+            HolderRef::Many(&self.overflow[(v & !MANY) as usize])
+        } else {
+            HolderRef::One([v as u32])
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Sets `worker`'s tiers for `key`: 0 removes the worker, and a key with
+    /// no holder left is removed.
+    fn set(&mut self, key: u64, worker: u32, tiers: u8) {
+        use std::collections::hash_map::Entry;
+        match self.map.entry(key) {
+            Entry::Vacant(v) => {
+                if tiers != 0 {
+                    v.insert(pack(worker, tiers) as u64);
+                }
+            }
+            Entry::Occupied(mut o) => {
+                let v = *o.get();
+                if v & MANY == 0 {
+                    let one = v as u32;
+                    if one >> 2 == worker {
+                        if tiers == 0 {
+                            o.remove();
+                        } else {
+                            *o.get_mut() = pack(worker, tiers) as u64;
+                        }
+                    } else if tiers != 0 {
+                        let list = vec![one, pack(worker, tiers)];
+                        let slot = match self.free.pop() {
+                            Some(i) => {
+                                self.overflow[i as usize] = list;
+                                i
+                            }
+                            None => {
+                                self.overflow.push(list);
+                                self.overflow.len() as u32 - 1
+                            }
+                        };
+                        *o.get_mut() = MANY | slot as u64;
+                    }
+                    return;
+                }
+                let slot = (v & !MANY) as usize;
+                let list = &mut self.overflow[slot];
+                match list.iter().position(|x| *x >> 2 == worker) {
+                    Some(p) if tiers == 0 => {
+                        list.swap_remove(p);
+                    }
+                    Some(p) => list[p] = pack(worker, tiers),
+                    None if tiers != 0 => list.push(pack(worker, tiers)),
+                    None => {}
+                }
+                if list.len() <= 1 {
+                    match list.pop() {
+                        Some(last) => *o.get_mut() = last as u64,
+                        None => {
+                            o.remove();
+                        }
+                    }
+                    self.overflow[slot] = Vec::new();
+                    self.free.push(slot as u32);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.map.capacity() * 17
+            + self.overflow.capacity() * 24
+            + self.overflow.iter().map(|v| v.capacity() * 4).sum::<usize>()
+            + self.free.capacity() * 4
+    }
+}
+
 #[derive(Debug, Default)]
 struct WorkerBlocks {
     name: String,
     live: bool,
-    nodes: U64Map<Node>,
-    pending: U64Map<Vec<u64>>,
-    pending_count: usize,
+    /// Keyed blocks by engine hash.
+    keyed: U64Map<Keyed>,
+    /// Blocks waiting for their parent, by engine hash.
+    waiting: U64Map<Waiting>,
+    /// Parent engine hash to the waiting blocks stored under it.
+    children: U64Map<Vec<u64>>,
+}
+
+impl WorkerBlocks {
+    fn len(&self) -> usize {
+        self.keyed.len() + self.waiting.len()
+    }
 }
 
 #[derive(Debug)]
@@ -268,7 +364,7 @@ impl UuidMap {
 pub struct Indexer {
     config: IndexerConfig,
     workers: Vec<WorkerBlocks>,
-    index: U64Map<Holders>,
+    index: HolderIndex,
     uuids: UuidMap,
     counters: IndexerCounters,
     scratch: Vec<u8>,
@@ -300,7 +396,7 @@ impl Indexer {
         Self {
             config,
             workers: Vec::new(),
-            index: U64Map::default(),
+            index: HolderIndex::default(),
             uuids: UuidMap::default(),
             counters: IndexerCounters::default(),
             scratch: Vec::with_capacity(1024),
@@ -417,7 +513,7 @@ impl Indexer {
             Some(p) => {
                 parent_hash = p as u64;
                 has_parent = true;
-                self.workers[w].nodes.get(&parent_hash).filter(|n| n.resolved()).map(|n| n.key)
+                self.workers[w].keyed.get(&parent_hash).map(|n| n.key)
             }
         };
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -469,8 +565,8 @@ impl Indexer {
         self.runs = runs;
     }
 
-    /// Inserts or updates one node. Returns the node's key when it has one,
-    /// or `Err` when the worker is full.
+    /// Inserts or updates one block. Returns its key when it has one, or
+    /// `Err` when the worker is full.
     #[allow(clippy::too_many_arguments, reason = "one call site, all plain values")]
     fn insert_node(
         &mut self,
@@ -482,80 +578,75 @@ impl Indexer {
         key: Option<u64>,
         tier: Tier,
     ) -> Result<Option<u64>, ()> {
-        use std::collections::hash_map::Entry;
+        let bit = tier.bit();
+        let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
-        let full = worker.nodes.len() >= self.config.blocks_per_worker_max;
-        let node = match worker.nodes.entry(hash) {
-            Entry::Vacant(_) if full => return Err(()),
-            Entry::Vacant(v) => {
-                let mut node = Node { key: 0, content, parent, has_parent, flags: tier.bit() };
-                match key {
-                    Some(k) => {
-                        node.key = k;
-                        node.flags |= RESOLVED;
-                        v.insert(node);
-                        holders_set(&mut self.index, k, w as u32, tier.bit());
-                        if !worker.pending.is_empty() {
-                            self.resolve_children(w, hash, k);
-                        }
-                    }
-                    None => {
-                        v.insert(node);
-                        link_pending(worker, hash, parent);
-                        self.counters.blocks_pending += 1;
+        if let Some(k) = worker.keyed.get_mut(&hash) {
+            let old = k.tiers;
+            k.tiers |= bit;
+            if k.tiers != old {
+                self.index.set(k.key, w as u32, k.tiers);
+            }
+            return Ok(Some(k.key));
+        }
+        if let Some(wt) = worker.waiting.get_mut(&hash) {
+            // A waiting block stored again: take the new parent, and key it
+            // if the parent is known now.
+            wt.tiers |= bit;
+            let old = *wt;
+            match key {
+                Some(k) => {
+                    worker.waiting.remove(&hash);
+                    unlink_child(&mut worker.children, hash, old.parent);
+                    worker.keyed.insert(hash, Keyed { key: k, tiers: old.tiers });
+                    self.index.set(k, w as u32, old.tiers);
+                    self.resolve_children(w, hash, k);
+                }
+                None if has_parent => {
+                    *wt = Waiting { content, parent, tiers: old.tiers };
+                    if old.parent != parent {
+                        unlink_child(&mut worker.children, hash, old.parent);
+                        worker.children.entry(parent).or_default().push(hash);
                     }
                 }
-                return Ok(key);
+                None => {}
             }
-            Entry::Occupied(o) => o.into_mut(),
-        };
-        let old_tiers = node.tiers();
-        node.flags |= tier.bit();
-        if node.resolved() {
-            if node.tiers() != old_tiers {
-                let (k, t) = (node.key, node.tiers());
-                holders_set(&mut self.index, k, w as u32, t);
-            }
-            return Ok(Some(node.key));
+            return Ok(key);
         }
-        // A pending node stored again: take the new content and parent, and
-        // key it if the parent is known now.
-        let (old_parent, old_has_parent) = (node.parent, node.has_parent);
-        node.content = content;
-        node.parent = parent;
-        node.has_parent = has_parent;
-        if let Some(k) = key {
-            node.key = k;
-            node.flags |= RESOLVED;
+        if full {
+            return Err(());
         }
-        let t = node.tiers();
-        unlink_pending(worker, hash, old_parent, old_has_parent);
         match key {
             Some(k) => {
-                holders_set(&mut self.index, k, w as u32, t);
-                self.resolve_children(w, hash, k);
+                worker.keyed.insert(hash, Keyed { key: k, tiers: bit });
+                let has_children = !worker.children.is_empty();
+                self.index.set(k, w as u32, bit);
+                if has_children {
+                    self.resolve_children(w, hash, k);
+                }
             }
-            None => link_pending(worker, hash, parent),
+            None => {
+                debug_assert!(has_parent, "a chain start always has a key (the seed)");
+                worker.waiting.insert(hash, Waiting { content, parent, tiers: bit });
+                worker.children.entry(parent).or_default().push(hash);
+                self.counters.blocks_pending += 1;
+            }
         }
         Ok(key)
     }
 
-    /// Keys every pending descendant of `hash`, now that it has key `key`.
+    /// Keys every waiting descendant of `hash`, now that it has key `key`.
     fn resolve_children(&mut self, w: usize, hash: u64, key: u64) {
         let mut stack = vec![(hash, key)];
         while let Some((h, k)) = stack.pop() {
             let worker = &mut self.workers[w];
-            let Some(children) = worker.pending.remove(&h) else { continue };
+            let Some(children) = worker.children.remove(&h) else { continue };
             for c in children {
-                let Some(node) = worker.nodes.get_mut(&c) else { continue };
-                if node.resolved() || !node.has_parent || node.parent != h {
-                    continue;
-                }
-                worker.pending_count -= 1;
-                node.key = chain(RouterKey(k), node.content).0;
-                node.flags |= RESOLVED;
-                let (ck, t) = (node.key, node.tiers());
-                holders_set(&mut self.index, ck, w as u32, t);
+                let Some(wt) = worker.waiting.get(&c).copied().filter(|wt| wt.parent == h) else { continue };
+                worker.waiting.remove(&c);
+                let ck = chain(RouterKey(k), wt.content).0;
+                worker.keyed.insert(c, Keyed { key: ck, tiers: wt.tiers });
+                self.index.set(ck, w as u32, wt.tiers);
                 self.counters.blocks_resolved_late += 1;
                 stack.push((c, ck));
             }
@@ -574,51 +665,45 @@ impl Indexer {
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];
-            let Some(node) = worker.nodes.get_mut(&hash) else {
-                self.counters.removed_unknown += 1;
-                continue;
-            };
-            if node.flags & bit == 0 {
-                self.counters.removed_unknown += 1;
-                continue;
-            }
-            node.flags &= !bit;
-            self.counters.removed_blocks += 1;
-            let node = *node;
-            if node.resolved() {
-                holders_set(&mut self.index, node.key, w as u32, node.tiers());
-            }
-            if node.tiers() == 0 {
-                worker.nodes.remove(&hash);
-                if !node.resolved() {
-                    unlink_pending(worker, hash, node.parent, node.has_parent);
+            if let Some(k) = worker.keyed.get_mut(&hash).filter(|k| k.tiers & bit != 0) {
+                k.tiers &= !bit;
+                let (key, tiers) = (k.key, k.tiers);
+                if tiers == 0 {
+                    worker.keyed.remove(&hash);
                 }
+                self.index.set(key, w as u32, tiers);
+                self.counters.removed_blocks += 1;
+            } else if let Some(wt) = worker.waiting.get_mut(&hash).filter(|wt| wt.tiers & bit != 0) {
+                wt.tiers &= !bit;
+                if wt.tiers == 0 {
+                    let parent = wt.parent;
+                    worker.waiting.remove(&hash);
+                    unlink_child(&mut worker.children, hash, parent);
+                }
+                self.counters.removed_blocks += 1;
+            } else {
+                self.counters.removed_unknown += 1;
             }
         }
     }
 
     /// Forgets every block of one worker (its `AllBlocksCleared`, or a resync).
+    /// The tables keep their capacity for what comes next.
     pub fn clear_worker(&mut self, worker: WorkerId) {
         let w = worker.0 as usize;
         let Some(wb) = self.workers.get_mut(w) else { return };
-        let nodes = std::mem::take(&mut wb.nodes);
-        wb.pending.clear();
-        wb.pending_count = 0;
-        for node in nodes.values() {
-            if node.resolved() {
-                holders_set(&mut self.index, node.key, w as u32, 0);
-            }
+        for (_, k) in wb.keyed.drain() {
+            self.index.set(k.key, w as u32, 0);
         }
-        let mut nodes = nodes;
-        nodes.clear();
-        self.workers[w].nodes = nodes;
+        wb.waiting.clear();
+        wb.children.clear();
     }
 
     /// For each worker holding the request's first key, the longest prefix of
     /// `keys` it holds, per tier. Workers holding nothing are left out.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
         let mut out = Vec::new();
-        let Some(first) = keys.first().and_then(|k| self.index.get(&k.0)) else { return out };
+        let Some(first) = keys.first().and_then(|k| self.index.get(k.0)) else { return out };
         // Candidates are the holders of the first key; a worker absent there
         // cannot have a prefix of length > 0.
         for &h in first.as_slice() {
@@ -638,7 +723,7 @@ impl Indexer {
         }
         for (i, key) in keys.iter().enumerate().skip(1) {
             let i = i as u32;
-            let Some(holders) = self.index.get(&key.0) else { break };
+            let Some(holders) = self.index.get(key.0) else { break };
             let mut advanced = false;
             for &h in holders.as_slice() {
                 let (wid, tiers) = (h >> 2, (h & 3) as u8);
@@ -668,74 +753,84 @@ impl Indexer {
         out
     }
 
-    /// The engine hashes a worker holds in a tier (pending ones included),
+    /// The engine hashes a worker holds in a tier (waiting ones included),
     /// sorted: the router's view, for checks and reports.
     pub fn worker_blocks(&self, worker: WorkerId, tier: Tier) -> Vec<i64> {
         let Some(w) = self.workers.get(worker.0 as usize) else { return Vec::new() };
-        let mut v: Vec<i64> =
-            w.nodes.iter().filter(|(_, n)| n.flags & tier.bit() != 0).map(|(h, _)| *h as i64).collect();
+        let bit = tier.bit();
+        let mut v: Vec<i64> = w
+            .keyed
+            .iter()
+            .filter(|(_, k)| k.tiers & bit != 0)
+            .map(|(h, _)| *h as i64)
+            .chain(w.waiting.iter().filter(|(_, k)| k.tiers & bit != 0).map(|(h, _)| *h as i64))
+            .collect();
         v.sort_unstable();
         v
     }
 
     /// The router key a worker's block was filed under, when it is keyed.
     pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
-        let n = self.workers.get(worker.0 as usize)?.nodes.get(&(hash as u64))?;
-        n.resolved().then_some(RouterKey(n.key))
+        self.workers.get(worker.0 as usize)?.keyed.get(&(hash as u64)).map(|k| RouterKey(k.key))
+    }
+
+    /// Reserves room for `blocks` blocks of one worker (its cache capacity,
+    /// when known), so that its table does not grow while events arrive.
+    pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
+        let blocks = blocks.min(self.config.blocks_per_worker_max);
+        if let Some(w) = self.workers.get_mut(worker.0 as usize) {
+            w.keyed.reserve(blocks.saturating_sub(w.keyed.len()));
+            self.index.map.reserve(blocks);
+        }
     }
 
     /// Table sizes and a memory estimate.
     pub fn memory(&self) -> MemoryReport {
         let mut r = MemoryReport { keys: self.index.len(), uuids: self.uuids.map.len(), ..Default::default() };
-        let mut bytes = self.index.capacity() * (8 + std::mem::size_of::<Holders>() + 1);
+        let mut bytes = self.index.bytes();
         for w in &self.workers {
-            r.nodes += w.nodes.len();
-            r.pending += w.pending_count;
-            bytes += w.nodes.capacity() * (8 + std::mem::size_of::<Node>() + 1);
-            bytes += w.pending.capacity() * (8 + 24 + 1) + w.pending.values().map(|v| v.capacity() * 8).sum::<usize>();
+            r.nodes += w.len();
+            r.pending += w.waiting.len();
+            bytes += w.keyed.capacity() * (8 + std::mem::size_of::<Keyed>() + 1);
+            bytes += w.waiting.capacity() * (8 + std::mem::size_of::<Waiting>() + 1);
+            bytes += w.children.capacity() * (8 + 24 + 1) + w.children.values().map(|v| v.capacity() * 8).sum::<usize>();
         }
         bytes += self.uuids.map.capacity() * (16 + std::mem::size_of::<UuidEntry>() + 1)
             + self.uuids.map.keys().map(|k| k.len() * 2).sum::<usize>()
             + self.uuids.order.capacity() * 16;
-        for h in self.index.values() {
-            if let Holders::Many(v) = h {
-                bytes += v.capacity() * 4;
-            }
-        }
         r.bytes = bytes;
         r
     }
 
     /// Checks the indexer's invariants; panics naming the one broken.
     ///
-    /// 1. Every keyed node with tiers is listed among its key's holders with
-    ///    exactly its tiers, and every holder entry is such a node.
-    /// 2. Every node holds at least one tier.
-    /// 3. The pending count equals the number of unkeyed nodes, each listed
-    ///    under its parent.
+    /// 1. Every keyed block holds a tier and is listed among its key's
+    ///    holders with exactly its tiers.
+    /// 2. Every holder entry is a keyed block of that worker.
+    /// 3. Every waiting block holds a tier and is listed under its parent;
+    ///    every listed child is a waiting block with that parent.
     pub fn check_invariants(&self) {
         let mut entries = 0usize;
         for (wi, w) in self.workers.iter().enumerate() {
-            let mut pending = 0;
-            for (h, n) in &w.nodes {
-                assert!(n.tiers() != 0, "invariant 2: node {h:x} holds a tier");
-                if n.resolved() {
-                    let holders = self.index.get(&n.key).expect("invariant 1: keyed node is indexed");
-                    assert!(holders.as_slice().contains(&pack(wi as u32, n.tiers())), "invariant 1: holder entry");
-                    entries += 1;
-                } else {
-                    pending += 1;
-                    let listed = w.pending.get(&n.parent).is_some_and(|v| v.contains(h));
-                    assert!(n.has_parent && listed, "invariant 3: pending node {h:x} listed under its parent");
+            for (h, k) in &w.keyed {
+                assert!(k.tiers & TIER_BITS != 0 && k.tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
+                let holders = self.index.get(k.key).expect("invariant 1: keyed block is indexed");
+                assert!(holders.as_slice().contains(&pack(wi as u32, k.tiers)), "invariant 1: holder entry of {h:x}");
+                entries += 1;
+            }
+            for (h, wt) in &w.waiting {
+                assert!(wt.tiers != 0, "invariant 3: waiting block {h:x} holds a tier");
+                let listed = w.children.get(&wt.parent).is_some_and(|v| v.contains(h));
+                assert!(listed, "invariant 3: waiting block {h:x} listed under its parent");
+            }
+            for (p, list) in &w.children {
+                for c in list {
+                    assert!(w.waiting.get(c).is_some_and(|wt| wt.parent == *p), "invariant 3: child {c:x} of {p:x}");
                 }
             }
-            assert_eq!(pending, w.pending_count, "invariant 3: pending count of worker {wi}");
         }
-        let total: usize = self.index.values().map(|h| h.as_slice().len()).sum();
-        // Two keyed nodes of one worker may share a router key only if their
-        // content and parent chain coincide, which content-addressed engines
-        // never send; so entries and holder slots match one to one.
-        assert!(total <= entries, "invariant 1: no stray holder entries ({total} > {entries})");
+        let total: usize = self.index.map.keys().map(|k| self.index.get(*k).map_or(0, |h| h.as_slice().len())).sum();
+        assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
     }
 }
 
@@ -749,69 +844,14 @@ impl UuidResolver for Indexer {
     }
 }
 
-/// Sets `worker`'s tiers for `key` (0 removes the worker; an empty holder
-/// list removes the key).
-fn holders_set(index: &mut U64Map<Holders>, key: u64, worker: u32, tiers: u8) {
-    use std::collections::hash_map::Entry;
-    match index.entry(key) {
-        Entry::Vacant(v) => {
-            if tiers != 0 {
-                v.insert(Holders::One(pack(worker, tiers)));
-            }
-        }
-        Entry::Occupied(mut o) => {
-            let h = o.get_mut();
-            match h {
-                Holders::One(x) if *x >> 2 == worker => {
-                    if tiers == 0 {
-                        o.remove();
-                    } else {
-                        *x = pack(worker, tiers);
-                    }
-                }
-                Holders::One(x) => {
-                    if tiers != 0 {
-                        *h = Holders::Many(vec![*x, pack(worker, tiers)]);
-                    }
-                }
-                Holders::Many(v) => {
-                    match v.iter().position(|x| *x >> 2 == worker) {
-                        Some(p) if tiers == 0 => {
-                            v.swap_remove(p);
-                        }
-                        Some(p) => v[p] = pack(worker, tiers),
-                        None if tiers != 0 => v.push(pack(worker, tiers)),
-                        None => {}
-                    }
-                    match v.len() {
-                        0 => {
-                            o.remove();
-                        }
-                        1 => *h = Holders::One(v[0]),
-                        _ => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn link_pending(worker: &mut WorkerBlocks, hash: u64, parent: u64) {
-    worker.pending.entry(parent).or_default().push(hash);
-    worker.pending_count += 1;
-}
-
-fn unlink_pending(worker: &mut WorkerBlocks, hash: u64, parent: u64, has_parent: bool) {
-    if !has_parent {
-        return;
-    }
-    if let Some(v) = worker.pending.get_mut(&parent)
+/// Removes `hash` from the children listed under `parent`.
+fn unlink_child(children: &mut U64Map<Vec<u64>>, hash: u64, parent: u64) {
+    if let Some(v) = children.get_mut(&parent)
         && let Some(p) = v.iter().position(|h| *h == hash)
     {
         v.swap_remove(p);
-        worker.pending_count -= 1;
         if v.is_empty() {
-            worker.pending.remove(&parent);
+            children.remove(&parent);
         }
     }
 }
