@@ -36,6 +36,7 @@ use std::hash::{BuildHasher, Hasher};
 
 use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use crate::keys::{ImageDigest, ImageRun};
+use crate::router::table::U64Table;
 use crate::router::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
 
 /// A cache tier as routers see it.
@@ -176,7 +177,7 @@ const TIER_BITS: u8 = 0b11;
 
 /// A keyed block: its router key and tier bits (16 bytes, so that the map a
 /// store and a removal touch stays small and cache-resident).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Keyed {
     key: u64,
     tiers: u8,
@@ -199,7 +200,7 @@ const MANY: u64 = 1 << 63;
 /// `overflow` where the holders of a key held by several workers are listed.
 #[derive(Debug, Default)]
 struct HolderIndex {
-    map: U64Map<u64>,
+    map: U64Table<u64>,
     overflow: Vec<Vec<u32>>,
     free: Vec<u32>,
 }
@@ -225,7 +226,7 @@ fn pack(worker: u32, tiers: u8) -> u32 {
 
 impl HolderIndex {
     fn get(&self, key: u64) -> Option<HolderRef<'_>> {
-        let v = *self.map.get(&key)?;
+        let v = *self.map.get(key)?;
         Some(if v & MANY != 0 {
             HolderRef::Many(&self.overflow[(v & !MANY) as usize])
         } else {
@@ -240,65 +241,60 @@ impl HolderIndex {
     /// Sets `worker`'s tiers for `key`: 0 removes the worker, and a key with
     /// no holder left is removed.
     fn set(&mut self, key: u64, worker: u32, tiers: u8) {
-        use std::collections::hash_map::Entry;
-        match self.map.entry(key) {
-            Entry::Vacant(v) => {
-                if tiers != 0 {
-                    v.insert(pack(worker, tiers) as u64);
+        let Some(v) = self.map.get_mut(key) else {
+            if tiers != 0 {
+                self.map.insert(key, pack(worker, tiers) as u64);
+            }
+            return;
+        };
+        if *v & MANY == 0 {
+            let one = *v as u32;
+            if one >> 2 == worker {
+                if tiers == 0 {
+                    self.map.remove(key);
+                } else {
+                    *v = pack(worker, tiers) as u64;
+                }
+            } else if tiers != 0 {
+                let list = vec![one, pack(worker, tiers)];
+                let slot = match self.free.pop() {
+                    Some(i) => {
+                        self.overflow[i as usize] = list;
+                        i
+                    }
+                    None => {
+                        self.overflow.push(list);
+                        self.overflow.len() as u32 - 1
+                    }
+                };
+                *v = MANY | slot as u64;
+            }
+            return;
+        }
+        let slot = (*v & !MANY) as usize;
+        let list = &mut self.overflow[slot];
+        match list.iter().position(|x| *x >> 2 == worker) {
+            Some(p) if tiers == 0 => {
+                list.swap_remove(p);
+            }
+            Some(p) => list[p] = pack(worker, tiers),
+            None if tiers != 0 => list.push(pack(worker, tiers)),
+            None => {}
+        }
+        if list.len() <= 1 {
+            match list.pop() {
+                Some(last) => *v = last as u64,
+                None => {
+                    self.map.remove(key);
                 }
             }
-            Entry::Occupied(mut o) => {
-                let v = *o.get();
-                if v & MANY == 0 {
-                    let one = v as u32;
-                    if one >> 2 == worker {
-                        if tiers == 0 {
-                            o.remove();
-                        } else {
-                            *o.get_mut() = pack(worker, tiers) as u64;
-                        }
-                    } else if tiers != 0 {
-                        let list = vec![one, pack(worker, tiers)];
-                        let slot = match self.free.pop() {
-                            Some(i) => {
-                                self.overflow[i as usize] = list;
-                                i
-                            }
-                            None => {
-                                self.overflow.push(list);
-                                self.overflow.len() as u32 - 1
-                            }
-                        };
-                        *o.get_mut() = MANY | slot as u64;
-                    }
-                    return;
-                }
-                let slot = (v & !MANY) as usize;
-                let list = &mut self.overflow[slot];
-                match list.iter().position(|x| *x >> 2 == worker) {
-                    Some(p) if tiers == 0 => {
-                        list.swap_remove(p);
-                    }
-                    Some(p) => list[p] = pack(worker, tiers),
-                    None if tiers != 0 => list.push(pack(worker, tiers)),
-                    None => {}
-                }
-                if list.len() <= 1 {
-                    match list.pop() {
-                        Some(last) => *o.get_mut() = last as u64,
-                        None => {
-                            o.remove();
-                        }
-                    }
-                    self.overflow[slot] = Vec::new();
-                    self.free.push(slot as u32);
-                }
-            }
+            self.overflow[slot] = Vec::new();
+            self.free.push(slot as u32);
         }
     }
 
     fn bytes(&self) -> usize {
-        self.map.capacity() * 17
+        self.map.bytes()
             + self.overflow.capacity() * 24
             + self.overflow.iter().map(|v| v.capacity() * 4).sum::<usize>()
             + self.free.capacity() * 4
@@ -310,7 +306,7 @@ struct WorkerBlocks {
     name: String,
     live: bool,
     /// Keyed blocks by engine hash.
-    keyed: U64Map<Keyed>,
+    keyed: U64Table<Keyed>,
     /// Blocks waiting for their parent, by engine hash.
     waiting: U64Map<Waiting>,
     /// Parent engine hash to the waiting blocks stored under it.
@@ -513,7 +509,7 @@ impl Indexer {
             Some(p) => {
                 parent_hash = p as u64;
                 has_parent = true;
-                self.workers[w].keyed.get(&parent_hash).map(|n| n.key)
+                self.workers[w].keyed.get(parent_hash).map(|n| n.key)
             }
         };
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -581,7 +577,7 @@ impl Indexer {
         let bit = tier.bit();
         let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
-        if let Some(k) = worker.keyed.get_mut(&hash) {
+        if let Some(k) = worker.keyed.get_mut(hash) {
             let old = k.tiers;
             k.tiers |= bit;
             if k.tiers != old {
@@ -665,11 +661,11 @@ impl Indexer {
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];
-            if let Some(k) = worker.keyed.get_mut(&hash).filter(|k| k.tiers & bit != 0) {
+            if let Some(k) = worker.keyed.get_mut(hash).filter(|k| k.tiers & bit != 0) {
                 k.tiers &= !bit;
                 let (key, tiers) = (k.key, k.tiers);
                 if tiers == 0 {
-                    worker.keyed.remove(&hash);
+                    worker.keyed.remove(hash);
                 }
                 self.index.set(key, w as u32, tiers);
                 self.counters.removed_blocks += 1;
@@ -692,9 +688,10 @@ impl Indexer {
     pub fn clear_worker(&mut self, worker: WorkerId) {
         let w = worker.0 as usize;
         let Some(wb) = self.workers.get_mut(w) else { return };
-        for (_, k) in wb.keyed.drain() {
+        for (_, k) in wb.keyed.iter() {
             self.index.set(k.key, w as u32, 0);
         }
+        wb.keyed.clear();
         wb.waiting.clear();
         wb.children.clear();
     }
@@ -762,7 +759,7 @@ impl Indexer {
             .keyed
             .iter()
             .filter(|(_, k)| k.tiers & bit != 0)
-            .map(|(h, _)| *h as i64)
+            .map(|(h, _)| h as i64)
             .chain(w.waiting.iter().filter(|(_, k)| k.tiers & bit != 0).map(|(h, _)| *h as i64))
             .collect();
         v.sort_unstable();
@@ -771,7 +768,7 @@ impl Indexer {
 
     /// The router key a worker's block was filed under, when it is keyed.
     pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
-        self.workers.get(worker.0 as usize)?.keyed.get(&(hash as u64)).map(|k| RouterKey(k.key))
+        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|k| RouterKey(k.key))
     }
 
     /// Reserves room for `blocks` blocks of one worker (its cache capacity,
@@ -791,7 +788,7 @@ impl Indexer {
         for w in &self.workers {
             r.nodes += w.len();
             r.pending += w.waiting.len();
-            bytes += w.keyed.capacity() * (8 + std::mem::size_of::<Keyed>() + 1);
+            bytes += w.keyed.bytes();
             bytes += w.waiting.capacity() * (8 + std::mem::size_of::<Waiting>() + 1);
             bytes += w.children.capacity() * (8 + 24 + 1) + w.children.values().map(|v| v.capacity() * 8).sum::<usize>();
         }
@@ -812,7 +809,7 @@ impl Indexer {
     pub fn check_invariants(&self) {
         let mut entries = 0usize;
         for (wi, w) in self.workers.iter().enumerate() {
-            for (h, k) in &w.keyed {
+            for (h, k) in w.keyed.iter() {
                 assert!(k.tiers & TIER_BITS != 0 && k.tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
                 let holders = self.index.get(k.key).expect("invariant 1: keyed block is indexed");
                 assert!(holders.as_slice().contains(&pack(wi as u32, k.tiers)), "invariant 1: holder entry of {h:x}");
@@ -829,7 +826,7 @@ impl Indexer {
                 }
             }
         }
-        let total: usize = self.index.map.keys().map(|k| self.index.get(*k).map_or(0, |h| h.as_slice().len())).sum();
+        let total: usize = self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
         assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
     }
 }

@@ -11,6 +11,7 @@
 //! | [`scoring`] | the decision: overlap per tier against load |
 //! | [`subscriber`] | ZMQ SUB per worker, gap and restart detection, replay and snapshot recovery |
 //! | [`workload`] | synthetic event workloads for benches and tests |
+//! | [`table`] | the open-addressing hash table the indexer keeps its large maps in |
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
@@ -19,6 +20,7 @@ pub mod indexer;
 pub mod profiles;
 pub mod scoring;
 pub mod subscriber;
+pub mod table;
 pub mod workload;
 
 pub use hashing::{

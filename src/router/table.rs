@@ -1,0 +1,254 @@
+//! A hash table for 64-bit hash keys: open addressing, linear probing,
+//! key and value side by side in one slot.
+//!
+//! Why not `HashMap`: the indexer's tables are larger than the cache and
+//! every store touches a random slot. `hashbrown` keeps its control bytes
+//! apart from its buckets, so a miss costs two cache lines; here a lookup or
+//! an insert is one line in the common case. Keys are already hashes, so the
+//! slot index is the top bits of one multiply. Deletion shifts later entries
+//! back (no tombstones), so the table never degrades under churn.
+//!
+//! The key `EMPTY` marks a free slot; an entry whose key is `EMPTY` lives in
+//! a side slot instead.
+
+/// The key value that marks a free slot.
+const EMPTY: u64 = u64::MAX;
+
+/// A map from `u64` hash keys to small `Copy` values.
+#[derive(Clone, Debug)]
+pub struct U64Table<V: Copy> {
+    slots: Vec<(u64, V)>,
+    /// log2 of the slot count (0 when no slot is allocated).
+    bits: u32,
+    len: usize,
+    /// The entry whose key is `EMPTY`, if any.
+    side: Option<V>,
+}
+
+impl<V: Copy + Default> Default for U64Table<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[inline]
+fn home(key: u64, bits: u32) -> usize {
+    let m = (key as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15u128);
+    let h = (m as u64) ^ ((m >> 64) as u64);
+    (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+}
+
+impl<V: Copy + Default> U64Table<V> {
+    /// An empty table; nothing is allocated until the first insert.
+    pub fn new() -> Self {
+        Self { slots: Vec::new(), bits: 0, len: 0, side: None }
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.len + self.side.is_some() as usize
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots allocated.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<(u64, V)>()
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// Makes room for `more` entries beyond the current ones without growing.
+    pub fn reserve(&mut self, more: usize) {
+        let want = (self.len + more) * 4 / 3 + 1;
+        if want > self.slots.len() {
+            self.resize(want.next_power_of_two().max(16));
+        }
+    }
+
+    fn resize(&mut self, slots: usize) {
+        let old = std::mem::replace(&mut self.slots, vec![(EMPTY, V::default()); slots]);
+        self.bits = slots.trailing_zeros();
+        for (k, v) in old {
+            if k != EMPTY {
+                let mask = self.mask();
+                let mut i = home(k, self.bits);
+                while self.slots[i].0 != EMPTY {
+                    i = (i + 1) & mask;
+                }
+                self.slots[i] = (k, v);
+            }
+        }
+    }
+
+    /// The slot holding `key`, if any.
+    #[inline]
+    fn find(&self, key: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut i = home(key, self.bits);
+        loop {
+            let k = self.slots[i].0;
+            if k == key {
+                return Some(i);
+            }
+            if k == EMPTY {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The value of `key`.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&V> {
+        if key == EMPTY {
+            return self.side.as_ref();
+        }
+        self.find(key).map(|i| &self.slots[i].1)
+    }
+
+    /// The value of `key`, mutably.
+    #[inline]
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+        if key == EMPTY {
+            return self.side.as_mut();
+        }
+        self.find(key).map(|i| &mut self.slots[i].1)
+    }
+
+    /// Inserts or replaces; returns the old value.
+    #[inline]
+    pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
+        if key == EMPTY {
+            return self.side.replace(value);
+        }
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.resize((self.slots.len() * 2).max(16));
+        }
+        let mask = self.mask();
+        let mut i = home(key, self.bits);
+        loop {
+            let k = self.slots[i].0;
+            if k == key {
+                return Some(std::mem::replace(&mut self.slots[i].1, value));
+            }
+            if k == EMPTY {
+                self.slots[i] = (key, value);
+                self.len += 1;
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Removes `key`; returns its value. Later entries of the probe run are
+    /// shifted back so that no tombstone is left.
+    pub fn remove(&mut self, key: u64) -> Option<V> {
+        if key == EMPTY {
+            return self.side.take();
+        }
+        let mut hole = self.find(key)?;
+        let value = self.slots[hole].1;
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let k = self.slots[j].0;
+            if k == EMPTY {
+                break;
+            }
+            // Move slot j into the hole unless its home lies cyclically in
+            // (hole, j]: then it must stay where a probe from home finds it.
+            let h = home(k, self.bits);
+            let stays = if hole <= j { hole < h && h <= j } else { hole < h || h <= j };
+            if !stays {
+                self.slots[hole] = self.slots[j];
+                hole = j;
+            }
+        }
+        self.slots[hole] = (EMPTY, V::default());
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// Removes every entry, keeping the allocation.
+    pub fn clear(&mut self) {
+        if self.len > 0 {
+            self.slots.fill((EMPTY, V::default()));
+        }
+        self.len = 0;
+        self.side = None;
+    }
+
+    /// Every entry, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
+        self.slots.iter().filter(|(k, _)| *k != EMPTY).map(|(k, v)| (*k, v)).chain(self.side.iter().map(|v| (EMPTY, v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u64, u32),
+        Remove(u64),
+        Get(u64),
+        Clear,
+    }
+
+    fn key() -> impl Strategy<Value = u64> {
+        // Few distinct keys (so removals hit) plus the sentinel and neighbours
+        // that collide in the top bits.
+        prop_oneof![0..64u64, Just(EMPTY), (0..64u64).prop_map(|k| k << 58), any::<u64>()]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The table behaves as a `HashMap` under any sequence of inserts,
+        /// removals (with backward shifts), lookups and clears.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn behaves_like_a_hashmap(ops in proptest::collection::vec(
+            prop_oneof![
+                4 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+                3 => key().prop_map(Op::Remove),
+                2 => key().prop_map(Op::Get),
+                1 => Just(Op::Clear),
+            ], 0..400)) {
+            let mut t: U64Table<u32> = U64Table::new();
+            let mut m: HashMap<u64, u32> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
+                    Op::Remove(k) => prop_assert_eq!(t.remove(k), m.remove(&k)),
+                    Op::Get(k) => prop_assert_eq!(t.get(k).copied(), m.get(&k).copied()),
+                    Op::Clear => { t.clear(); m.clear(); }
+                }
+                prop_assert_eq!(t.len(), m.len());
+            }
+            let mut a: Vec<(u64, u32)> = t.iter().map(|(k, v)| (k, *v)).collect();
+            let mut b: Vec<(u64, u32)> = m.into_iter().collect();
+            a.sort_unstable();
+            b.sort_unstable();
+            prop_assert_eq!(a, b);
+        }
+    }
+}
