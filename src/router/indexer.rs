@@ -225,6 +225,7 @@ fn pack(worker: u32, tiers: u8) -> u32 {
 }
 
 impl HolderIndex {
+    #[inline]
     fn get(&self, key: u64) -> Option<HolderRef<'_>> {
         let v = *self.map.get(key)?;
         Some(if v & MANY != 0 {
@@ -718,30 +719,41 @@ impl Indexer {
                 slot[o.worker.0 as usize] = i as u32;
             }
         }
-        for (i, key) in keys.iter().enumerate().skip(1) {
-            let i = i as u32;
-            let Some(holders) = self.index.get(key.0) else { break };
-            let mut advanced = false;
-            for &h in holders.as_slice() {
-                let (wid, tiers) = (h >> 2, (h & 3) as u8);
-                let found = if slot.is_empty() {
-                    out.iter_mut().find(|o| o.worker.0 == wid)
-                } else {
-                    match slot[wid as usize] {
-                        u32::MAX => None,
-                        s => out.get_mut(s as usize),
-                    }
-                };
-                if let Some(o) = found
-                    && o.any_tier_blocks == i
-                {
+        // Advances a worker's prefix if it reached block `i`; returns whether it did.
+        let advance = |out: &mut Vec<Overlap>, h: u32, i: u32| -> bool {
+            let (wid, tiers) = (h >> 2, (h & 3) as u8);
+            let found = if slot.is_empty() {
+                out.iter_mut().find(|o| o.worker.0 == wid)
+            } else {
+                match slot[wid as usize] {
+                    u32::MAX => None,
+                    s => out.get_mut(s as usize),
+                }
+            };
+            match found {
+                Some(o) if o.any_tier_blocks == i => {
                     o.any_tier_blocks += 1;
                     if o.device_blocks == i && tiers & Tier::Device.bit() != 0 {
                         o.device_blocks += 1;
                     }
-                    advanced = true;
+                    true
                 }
+                _ => false,
             }
+        };
+        for (i, key) in keys.iter().enumerate().skip(1) {
+            let i = i as u32;
+            let Some(&v) = self.index.map.get(key.0) else { break };
+            let advanced = if v & MANY == 0 {
+                // One holder: the common case, no slice to build.
+                advance(&mut out, v as u32, i)
+            } else {
+                let mut any = false;
+                for &h in &self.index.overflow[(v & !MANY) as usize] {
+                    any |= advance(&mut out, h, i);
+                }
+                any
+            };
             if !advanced {
                 break;
             }

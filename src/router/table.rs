@@ -31,11 +31,11 @@ impl<V: Copy + Default> Default for U64Table<V> {
     }
 }
 
+/// The home slot of a key: Fibonacci hashing, the top `bits` bits of one
+/// multiply, which spreads random hashes and small integers alike.
 #[inline]
 fn home(key: u64, bits: u32) -> usize {
-    let m = (key as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15u128);
-    let h = (m as u64) ^ ((m >> 64) as u64);
-    (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
 }
 
 impl<V: Copy + Default> U64Table<V> {
