@@ -19,10 +19,15 @@ fn route_prints_overlaps_and_decision() {
     let tok_path = router_support::write_test_tokenizer(&dir);
     let tok = tokenizers::Tokenizer::from_file(&tok_path).unwrap();
     let profile = ModelProfile::qwen2_vl();
-    let image = |r| vec![Message {
-        role: "user".into(),
-        parts: vec![Part::Image(ImageInput { image: r, width: Some(56), height: Some(84) }), Part::Text("what is in the picture ?".into())],
-    }];
+    let image = |r| {
+        vec![Message {
+            role: "user".into(),
+            parts: vec![
+                Part::Image(ImageInput { image: r, width: Some(56), height: Some(84) }),
+                Part::Text("what is in the picture ?".into()),
+            ],
+        }]
+    };
     let pixels = b"a small picture".as_slice();
     let req = profile.render(&tok, &image(ImageRef::Bytes(pixels.to_vec())), None, None).unwrap();
     let (start, len) = req.images[0].runs[0];

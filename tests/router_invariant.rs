@@ -41,7 +41,9 @@ const IMAGES: [&[u8]; 3] = [b"image zero", b"image one", b"image two"];
 const IMAGE_RUN: TokenRun = TokenRun { start: 6, len: 7 };
 
 fn prompts(seed: u64) -> Vec<Vec<u32>> {
-    (0..4u64).map(|p| (0..40u64).map(|i| ((seed ^ p * 7919).wrapping_mul(31).wrapping_add(i * 13) % 5000) as u32).collect()).collect()
+    (0..4u64)
+        .map(|p| (0..40u64).map(|i| ((seed ^ p * 7919).wrapping_mul(31).wrapping_add(i * 13) % 5000) as u32).collect())
+        .collect()
 }
 
 /// The engine's own keys for a request (SHA-256 chain of `keys`), to ask the

@@ -7,12 +7,12 @@ mod router_support;
 
 use std::time::Duration;
 
+use kvcore::TokenRun;
 use kvcore::router::hashing::hash_request;
 use kvcore::router::{
     ImageInput, ImageRef, Message, ModelProfile, Part, ScoringConfig, Subscriber, SubscriberConfig, TokenRequest,
     WorkerId, decide,
 };
-use kvcore::TokenRun;
 use router_support::{Worker, sync};
 use tokenizers::Tokenizer;
 
@@ -20,7 +20,10 @@ const BS: u32 = 4;
 
 fn cluster() -> (Worker, Worker, Subscriber, WorkerId, WorkerId) {
     let (a, b) = (Worker::new(BS, 256, 0, 1000), Worker::new(BS, 256, 0, 1000));
-    let mut sub = Subscriber::new(SubscriberConfig { indexer: kvcore::router::IndexerConfig { block_size: BS, ..Default::default() }, ..Default::default() });
+    let mut sub = Subscriber::new(SubscriberConfig {
+        indexer: kvcore::router::IndexerConfig { block_size: BS, ..Default::default() },
+        ..Default::default()
+    });
     let ia = a.subscribe(&mut sub, "a");
     let ib = b.subscribe(&mut sub, "b");
     (a, b, sub, ia, ib)
@@ -57,7 +60,8 @@ fn images_route_by_content_not_by_uuid() {
     let tok = tokenizer();
     let profile = ModelProfile::qwen2_vl();
     let cat = b"cat pixels".as_slice();
-    let first = profile.render(&tok, &chat(ImageRef::Bytes(cat.to_vec()), "describe this image ."), None, None).unwrap();
+    let first =
+        profile.render(&tok, &chat(ImageRef::Bytes(cat.to_vec()), "describe this image ."), None, None).unwrap();
     a.run(&first.tokens, &[(cat, Some("img-cat"), image_run(&first))]).unwrap();
     // b holds unrelated text, so that it is a live candidate with no overlap.
     b.run(&(1000..1040).collect::<Vec<u32>>(), &[]).unwrap();
@@ -106,7 +110,10 @@ fn a_uuid_seen_with_two_digests_resolves_to_nothing() {
     synced(&mut sub, &mut a, ia, &mut b, ib);
     let req = TokenRequest {
         tokens,
-        images: vec![kvcore::router::ImagePlacement { image: ImageRef::Uuid("shared-uuid".into()), runs: vec![(8, 8)] }],
+        images: vec![kvcore::router::ImagePlacement {
+            image: ImageRef::Uuid("shared-uuid".into()),
+            runs: vec![(8, 8)],
+        }],
         ..Default::default()
     };
     let h = hash_request(&req, BS, kvcore::config::QWEN_IMAGE_PAD_TOKEN, sub.indexer()).unwrap();

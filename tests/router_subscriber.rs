@@ -12,7 +12,10 @@ use kvcore::router::{IndexerConfig, Subscriber, SubscriberConfig, Tier};
 use router_support::{Worker, sync};
 
 fn subscriber() -> Subscriber {
-    Subscriber::new(SubscriberConfig { indexer: IndexerConfig { block_size: 4, ..Default::default() }, ..Default::default() })
+    Subscriber::new(SubscriberConfig {
+        indexer: IndexerConfig { block_size: 4, ..Default::default() },
+        ..Default::default()
+    })
 }
 
 /// A publisher replaced by a new one on the same endpoints starts again at
@@ -32,11 +35,13 @@ fn publisher_restart_is_healed_by_a_snapshot() {
     let (pub_ep, replay_ep) = (w.publisher.endpoint().to_owned(), w.publisher.replay_endpoint().map(str::to_owned));
     // Swap in a throwaway publisher so the old one can be dropped and its
     // ports freed, then bind the replacement on the same endpoints.
-    let throwaway = Publisher::bind(PublisherConfig { endpoint: "tcp://127.0.0.1:*".into(), ..Default::default() }).unwrap();
+    let throwaway =
+        Publisher::bind(PublisherConfig { endpoint: "tcp://127.0.0.1:*".into(), ..Default::default() }).unwrap();
     drop(std::mem::replace(&mut w.publisher, throwaway));
     let mut fresh = None;
     for _ in 0..50 {
-        let config = PublisherConfig { endpoint: pub_ep.clone(), replay_endpoint: replay_ep.clone(), ..Default::default() };
+        let config =
+            PublisherConfig { endpoint: pub_ep.clone(), replay_endpoint: replay_ep.clone(), ..Default::default() };
         match Publisher::bind(config) {
             Ok(p) => {
                 fresh = Some(p);

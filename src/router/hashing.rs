@@ -423,7 +423,8 @@ mod tests {
         assert_eq!(h.keys, a);
         assert_eq!(h.blocks_full, 6);
         let lora = hash_request(&TokenRequest { lora: Some("x".into()), ..req.clone() }, 16, 7, &NoUuids).unwrap();
-        let salt = hash_request(&TokenRequest { cache_salt: Some("x".into()), ..req.clone() }, 16, 7, &NoUuids).unwrap();
+        let salt =
+            hash_request(&TokenRequest { cache_salt: Some("x".into()), ..req.clone() }, 16, 7, &NoUuids).unwrap();
         assert_ne!(lora.keys[0], a[0]);
         assert_ne!(salt.keys[0], a[0]);
         assert_ne!(lora.keys[0], salt.keys[0]);
@@ -485,10 +486,7 @@ mod tests {
         assert_eq!(hash_request(&mk(vec![]), 8, 0, &NoUuids), Err(HashError::NoRuns { image: 0 }));
         assert_eq!(hash_request(&mk(vec![(0, 0)]), 8, 0, &NoUuids), Err(HashError::ZeroLengthRun { image: 0 }));
         assert!(matches!(hash_request(&mk(vec![(30, 5)]), 8, 0, &NoUuids), Err(HashError::RunOutOfRange { .. })));
-        assert_eq!(
-            hash_request(&mk(vec![(0, 5), (4, 2)]), 8, 0, &NoUuids),
-            Err(HashError::OverlappingRuns { at: 4 })
-        );
+        assert_eq!(hash_request(&mk(vec![(0, 5), (4, 2)]), 8, 0, &NoUuids), Err(HashError::OverlappingRuns { at: 4 }));
         assert_eq!(hash_request(&mk(vec![(0, 5)]), 0, 0, &NoUuids), Err(HashError::ZeroBlockSize));
     }
 }

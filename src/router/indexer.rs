@@ -36,8 +36,8 @@ use std::hash::{BuildHasher, Hasher};
 
 use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use crate::keys::{ImageDigest, ImageRun};
-use crate::router::table::U64Table;
 use crate::router::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
+use crate::router::table::U64Table;
 
 /// A cache tier as routers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -366,6 +366,7 @@ pub struct Indexer {
     counters: IndexerCounters,
     scratch: Vec<u8>,
     runs: Vec<ImageRun>,
+    contents: Vec<u64>,
     seed_cache: Option<(Option<String>, Option<String>, RouterKey)>,
 }
 
@@ -398,6 +399,7 @@ impl Indexer {
             counters: IndexerCounters::default(),
             scratch: Vec::with_capacity(1024),
             runs: Vec::new(),
+            contents: Vec::new(),
             seed_cache: None,
         }
     }
@@ -513,10 +515,16 @@ impl Indexer {
                 self.workers[w].keyed.get(parent_hash).map(|n| n.key)
             }
         };
+        // Pass 1: content hashes (and the keys they will most likely get),
+        // touching the slots pass 2 will write so that their cache misses
+        // overlap instead of queueing one after another.
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut runs = std::mem::take(&mut self.runs);
+        let mut contents = std::mem::take(&mut self.contents);
+        contents.clear();
+        let mut touched = 0u64;
+        let mut predicted = parent_key;
         for (i, &hash) in s.block_hashes.iter().enumerate() {
-            let hash = hash as u64;
             let block = &tokens[i * bs..(i + 1) * bs];
             runs.clear();
             if let Some(r) = routing
@@ -547,6 +555,18 @@ impl Indexer {
                 break;
             }
             let content = content_hash(block, &runs, &mut scratch);
+            contents.push(content);
+            touched ^= self.workers[w].keyed.touch(hash as u64);
+            if let Some(p) = predicted {
+                let k = chain(RouterKey(p), content).0;
+                touched ^= self.index.map.touch(k);
+                predicted = Some(k);
+            }
+        }
+        std::hint::black_box(touched);
+        // Pass 2: insert, chaining on the keys the blocks really have.
+        for (i, &content) in contents.iter().enumerate() {
+            let hash = s.block_hashes[i] as u64;
             let key = parent_key.map(|p| chain(RouterKey(p), content).0);
             // The node may keep a key from before (its parent known then).
             let Ok(kept) = self.insert_node(w, hash, content, parent_hash, has_parent, key, tier) else {
@@ -560,6 +580,7 @@ impl Indexer {
         }
         self.scratch = scratch;
         self.runs = runs;
+        self.contents = contents;
     }
 
     /// Inserts or updates one block. Returns its key when it has one, or
@@ -802,7 +823,8 @@ impl Indexer {
             r.pending += w.waiting.len();
             bytes += w.keyed.bytes();
             bytes += w.waiting.capacity() * (8 + std::mem::size_of::<Waiting>() + 1);
-            bytes += w.children.capacity() * (8 + 24 + 1) + w.children.values().map(|v| v.capacity() * 8).sum::<usize>();
+            bytes +=
+                w.children.capacity() * (8 + 24 + 1) + w.children.values().map(|v| v.capacity() * 8).sum::<usize>();
         }
         bytes += self.uuids.map.capacity() * (16 + std::mem::size_of::<UuidEntry>() + 1)
             + self.uuids.map.keys().map(|k| k.len() * 2).sum::<usize>()
@@ -838,7 +860,8 @@ impl Indexer {
                 }
             }
         }
-        let total: usize = self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
+        let total: usize =
+            self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
         assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
     }
 }

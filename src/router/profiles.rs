@@ -152,7 +152,12 @@ impl ModelProfile {
             image_placeholder: QWEN_IMAGE_PAD_TOKEN,
             image_start: Some(QWEN_VISION_START_TOKEN),
             image_end: Some(QWEN_VISION_END_TOKEN),
-            image_tokens: ImageTokens::QwenGrid { patch: 14, merge: 2, min_pixels: 56 * 56, max_pixels: 28 * 28 * 1280 },
+            image_tokens: ImageTokens::QwenGrid {
+                patch: 14,
+                merge: 2,
+                min_pixels: 56 * 56,
+                max_pixels: 28 * 28 * 1280,
+            },
         }
     }
 
@@ -195,7 +200,12 @@ impl ModelProfile {
     }
 
     /// The number of placeholder tokens for an image of `width × height`.
-    pub fn image_token_count(&self, width: Option<u32>, height: Option<u32>, image: usize) -> Result<u32, ProfileError> {
+    pub fn image_token_count(
+        &self,
+        width: Option<u32>,
+        height: Option<u32>,
+        image: usize,
+    ) -> Result<u32, ProfileError> {
         match &self.image_tokens {
             ImageTokens::Fixed(n) => Ok(*n),
             ImageTokens::QwenGrid { patch, merge, min_pixels, max_pixels } => {
@@ -299,7 +309,8 @@ impl ModelProfile {
             match seg {
                 Segment::Text(t) if t.is_empty() => {}
                 Segment::Text(t) => {
-                    let enc = tokenizer.encode(t.as_ref(), false).map_err(|e| ProfileError::Tokenizer(e.to_string()))?;
+                    let enc =
+                        tokenizer.encode(t.as_ref(), false).map_err(|e| ProfileError::Tokenizer(e.to_string()))?;
                     out.tokens.extend_from_slice(enc.get_ids());
                 }
                 Segment::Image(input) => {

@@ -127,8 +127,9 @@ mod tests {
         assert_eq!(decide(&c, 10, None, &[o(1, 8, 8)], &loaded).worker, Some(0));
         // Device 5 beats host 6 (6 · 0.8 = 4.8 < 5).
         assert_eq!(decide(&c, 10, None, &[o(0, 0, 6), o(1, 5, 5)], &ws).worker, Some(1));
-        let picks: std::collections::BTreeSet<_> =
-            (0..16u64).filter_map(|k| decide(&c, 10, Some(RouterKey(k)), &[o(0, 4, 4), o(1, 4, 4)], &ws).worker).collect();
+        let picks: std::collections::BTreeSet<_> = (0..16u64)
+            .filter_map(|k| decide(&c, 10, Some(RouterKey(k)), &[o(0, 4, 4), o(1, 4, 4)], &ws).worker)
+            .collect();
         assert_eq!(picks.len(), 2, "equal workers share traffic");
         assert_eq!(decide(&c, 10, None, &[], &[]).worker, None);
     }

@@ -294,7 +294,11 @@ impl Subscriber {
 
     /// Polls until every worker is in sync with `targets` (worker, the
     /// publisher's next seq) or `timeout` passes. Returns whether they are.
-    pub fn poll_until_synced(&mut self, targets: &[(WorkerId, u64)], timeout: Duration) -> Result<bool, SubscribeError> {
+    pub fn poll_until_synced(
+        &mut self,
+        targets: &[(WorkerId, u64)],
+        timeout: Duration,
+    ) -> Result<bool, SubscribeError> {
         let deadline = Instant::now() + timeout;
         loop {
             let synced = targets.iter().all(|(w, next)| {

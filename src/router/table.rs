@@ -111,6 +111,14 @@ impl<V: Copy + Default> U64Table<V> {
         }
     }
 
+    /// Reads the home slot of `key` and returns its key, so that a later
+    /// access to `key` finds the line in cache: a caller touching many keys
+    /// first lets their misses overlap.
+    #[inline]
+    pub fn touch(&self, key: u64) -> u64 {
+        if self.slots.is_empty() { 0 } else { self.slots[home(key, self.bits)].0 }
+    }
+
     /// The value of `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<&V> {
