@@ -42,7 +42,9 @@ const IMAGE_RUN: TokenRun = TokenRun { start: 6, len: 7 };
 
 fn prompts(seed: u64) -> Vec<Vec<u32>> {
     (0..4u64)
-        .map(|p| (0..40u64).map(|i| ((seed ^ p * 7919).wrapping_mul(31).wrapping_add(i * 13) % 5000) as u32).collect())
+        .map(|p| {
+            (0..40u64).map(|i| ((seed ^ (p * 7919)).wrapping_mul(31).wrapping_add(i * 13) % 5000) as u32).collect()
+        })
         .collect()
 }
 
