@@ -48,7 +48,7 @@ fn route_prints_overlaps_and_decision() {
     let path = dir.join("request.json");
     std::fs::write(&path, serde_json::to_vec(&request).unwrap()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-        .args(["route", "--json", "--listen-ms", "1000", "--endpoints"])
+        .args(["route", "--json", "--listen-ms", "2000", "--endpoints"])
         .arg(format!("{},{}", ep(&holder), ep(&other)))
         .arg("--request")
         .arg(&path)
@@ -67,7 +67,7 @@ fn route_prints_overlaps_and_decision() {
 
     // The table form prints the decision line too.
     let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
-        .args(["route", "--listen-ms", "500", "--endpoints", &ep(&holder), "--request"])
+        .args(["route", "--listen-ms", "1500", "--endpoints", &ep(&holder), "--request"])
         .arg(&path)
         .output()
         .unwrap();
