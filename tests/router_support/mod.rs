@@ -90,11 +90,13 @@ pub fn write_test_tokenizer(dir: &Path) -> PathBuf {
     path
 }
 
-/// A fresh temporary directory under the target dir (removed by the caller
-/// or left for inspection on failure).
+/// A fresh temporary directory under the target dir, unique per call (tests
+/// of one crate run in parallel threads), left for inspection.
 pub fn temp_dir(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let base = std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let dir = base.join(format!("kvcore-{name}-{}", std::process::id()));
+    let dir = base.join(format!("kvcore-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
