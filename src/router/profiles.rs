@@ -143,8 +143,9 @@ enum Segment<'a> {
 }
 
 impl ModelProfile {
-    /// Qwen2-VL: patch 14, merge 2, the default pixel bounds of its image
-    /// processor (56×56 to 28×28×1280), and its default system prompt.
+    /// Qwen2-VL (and Qwen2.5-VL): patch 14, merge 2, the pixel bounds of the
+    /// released models' `preprocessor_config.json` (3136 = 56×56 to
+    /// 12845056 = 28×28×16384), and its default system prompt.
     pub fn qwen2_vl() -> Self {
         Self {
             name: "qwen2-vl".into(),
@@ -156,13 +157,14 @@ impl ModelProfile {
                 patch: 14,
                 merge: 2,
                 min_pixels: 56 * 56,
-                max_pixels: 28 * 28 * 1280,
+                max_pixels: 28 * 28 * 16384,
             },
         }
     }
 
-    /// Qwen3-VL: as Qwen2-VL with patch 16, the pixel bounds of its image
-    /// processor (256×256 to 4096×4096) and no default system prompt.
+    /// Qwen3-VL: as Qwen2-VL with patch 16, the pixel bounds of its
+    /// `preprocessor_config.json` (65536 = 256×256 to 16777216 = 4096×4096)
+    /// and no default system prompt.
     pub fn qwen3_vl() -> Self {
         Self {
             name: "qwen3-vl".into(),
@@ -381,9 +383,11 @@ mod tests {
         // 42 / 28 = 1.5 → 2 (half to even), 14 / 28 = 0.5 → 0 → at least 28.
         assert_eq!(qwen_resize(42, 42, 28, 0, u64::MAX).unwrap(), (56, 56));
         assert_eq!(qwen_resize(70, 70, 28, 0, u64::MAX).unwrap(), (56, 56));
-        let big = p.image_token_count(Some(4000), Some(3000), 0).unwrap();
-        assert!(big <= 1280, "bounded by max_pixels: {big}");
-        assert!(big > 1100, "close to the bound: {big}");
+        // 4000 × 3000 fits the bound: 143 × 107 tokens.
+        assert_eq!(p.image_token_count(Some(4000), Some(3000), 0).unwrap(), 143 * 107);
+        let big = p.image_token_count(Some(8000), Some(6000), 0).unwrap();
+        assert!(big <= 16384, "bounded by max_pixels: {big}");
+        assert!(big > 15000, "close to the bound: {big}");
         assert_eq!(p.image_token_count(Some(10), Some(10), 0).unwrap(), 4);
         assert!(matches!(p.image_token_count(None, Some(10), 3), Err(ProfileError::ImageSizeMissing { image: 3, .. })));
         assert!(p.image_token_count(Some(0), Some(10), 0).is_err());
