@@ -1,13 +1,16 @@
 //! Router benches: events applied, a 4096-token request hashed, 256 keys
 //! looked up, over the workload `tests/interop/dynamo_bench.py` gives Dynamo
-//! (the side-by-side figures come from `kvcore route-bench`).
+//! (the side-by-side figures come from `kvcore route-bench`). Thread CPU
+//! time (see `cpu_time.rs`).
 
 use std::hint::black_box;
 
-use criterion::{BatchSize, Criterion, Throughput};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group};
 use kvcore::router::hashing::{NoUuids, RouterKey, TokenRequest, hash_request};
 use kvcore::router::workload::{WorkloadSpec, generate};
 use kvcore::router::{Indexer, IndexerConfig};
+
+use crate::cpu_time::ThreadCpuTime;
 
 fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore::router::WorkerId>) {
     let mut ix = Indexer::new(IndexerConfig::default());
@@ -16,7 +19,7 @@ fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore::router::WorkerId>) {
 }
 
 /// Applies a whole workload to a fresh indexer, per size.
-fn apply(c: &mut Criterion) {
+fn apply(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("router/apply_stored");
     for sequences in [16usize, 256] {
         let w = generate(&WorkloadSpec { sequences, ..Default::default() });
@@ -38,14 +41,14 @@ fn apply(c: &mut Criterion) {
 }
 
 /// Hashes a 4096-token text request (128 blocks of 32).
-fn hash(c: &mut Criterion) {
+fn hash(c: &mut Criterion<ThreadCpuTime>) {
     let w = generate(&WorkloadSpec { sequences: 1, ..Default::default() });
     let req = TokenRequest { tokens: w.sequences[0].1.clone(), ..Default::default() };
     c.bench_function("router/hash_4096_tokens", |b| b.iter(|| hash_request(black_box(&req), 32, 0, &NoUuids)));
 }
 
 /// Looks up 256 keys (128 held by one worker, then 128 unseen).
-fn lookup(c: &mut Criterion) {
+fn lookup(c: &mut Criterion<ThreadCpuTime>) {
     let w = generate(&WorkloadSpec { sequences: 256, ..Default::default() });
     let (mut ix, ws) = indexer_with_workers(4);
     for (wi, e) in &w.events {
@@ -58,4 +61,8 @@ fn lookup(c: &mut Criterion) {
     c.bench_function("router/lookup_256_keys", |b| b.iter(|| ix.find_matches(black_box(&keys))));
 }
 
-criterion::criterion_group!(benches, apply, hash, lookup);
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = apply, hash, lookup
+}
