@@ -23,6 +23,7 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("router/apply_stored");
     for sequences in [16usize, 256] {
         let w = generate(&WorkloadSpec { sequences, ..Default::default() });
+        let wl = w.clone();
         g.throughput(Throughput::Elements(w.blocks as u64));
         g.bench_function(format!("{sequences}x128_blocks"), |b| {
             b.iter_batched(
@@ -36,8 +37,40 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
                 BatchSize::LargeInput,
             )
         });
+        // Tables sized up front from the workers' capacity (`Indexer::reserve`),
+        // as a router that knows each worker's block count can do.
+        g.bench_function(format!("{sequences}x128_blocks_sized"), |b| {
+            b.iter_batched(
+                || {
+                    let (mut ix, ws) = indexer_with_workers(4);
+                    for w in &ws {
+                        ix.reserve(*w, w_blocks(w.0 as usize, &wl));
+                    }
+                    (ix, ws)
+                },
+                |(mut ix, ws)| {
+                    for (wi, e) in &wl.events {
+                        ix.apply(ws[*wi], e);
+                    }
+                    ix
+                },
+                BatchSize::LargeInput,
+            )
+        });
     }
     g.finish();
+}
+
+/// Blocks a worker stores in a workload.
+fn w_blocks(worker: usize, w: &kvcore::router::workload::Workload) -> usize {
+    w.events
+        .iter()
+        .filter(|(wi, _)| *wi == worker)
+        .map(|(_, e)| match e {
+            kvcore::events::wire::WireEvent::BlockStored(s) => s.block_hashes.len(),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Hashes a 4096-token text request (128 blocks of 32).
