@@ -42,6 +42,7 @@ pub mod ids;
 pub mod keys;
 pub mod resources;
 pub mod router;
+pub mod sim;
 pub mod systems;
 pub mod tables;
 

@@ -6,6 +6,7 @@ mod demo;
 mod events;
 mod gpu_bench;
 mod route;
+mod sim;
 
 /// kvcore: a KV-cache engine core for LLM serving.
 #[derive(Parser)]
@@ -34,12 +35,16 @@ enum Command {
     Route(route::RouteArgs),
     /// Benchmark the router's indexer, side by side with Dynamo's (`--dynamo`).
     RouteBench(route::BenchArgs),
+    /// The fleet simulation: routing policies compared on real engines (the default).
+    Sim(sim::SimArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     match cli.command {
-        None | Some(Command::Demo) => demo::run(),
+        Some(Command::Demo) => demo::run(),
+        Some(Command::Sim(args)) => std::process::exit(sim::run(&args)),
+        None => std::process::exit(sim::run(&sim::SimArgs::default())),
         Some(Command::Events(args)) => {
             if let Err(e) = events::run(args) {
                 eprintln!("kvcore events: {e}");

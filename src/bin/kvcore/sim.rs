@@ -1,0 +1,166 @@
+//! `kvcore sim` (the default command): the fleet simulation of
+//! `kvcore::sim`, on the built-in chat workload or a Mooncake trace.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvcore::sim::{ChatConfig, PolicyKind, SimConfig, Workload, chat_workload, mooncake_workload, simulate};
+
+/// The Mooncake trace's path relative to the repository root.
+const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_conversation_trace.jsonl";
+
+/// Options of `kvcore sim`.
+#[derive(Args, Debug, Default)]
+pub struct SimArgs {
+    /// Replay a Mooncake trace (JSON lines) instead of the chat workload; with
+    /// no value, the conversation trace under ../shared/data/traces/.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = DEFAULT_TRACE)]
+    trace: Option<PathBuf>,
+    /// Keep only the first N requests of the trace.
+    #[arg(long, value_name = "N")]
+    requests: Option<usize>,
+    /// Chat sessions of the built-in workload.
+    #[arg(long, value_name = "N")]
+    sessions: Option<u32>,
+    /// Seed of the built-in workload.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Mean think time between turns of a chat session, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    think_time_ms: Option<f64>,
+    /// Mean time between chat session starts, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    session_interarrival_ms: Option<f64>,
+    /// Workers in the fleet.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Tokens per KV block (default: 32; 64 with --trace).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// Device blocks per worker (default: 1024; 16384 with --trace).
+    #[arg(long)]
+    blocks_device: Option<u32>,
+    /// Host-tier blocks per worker (default: 1024; 16384 with --trace).
+    #[arg(long)]
+    blocks_host: Option<u32>,
+    /// Prefill cost per computed prompt token, in microseconds (default: 125;
+    /// 40 with --trace, whose prompts are ten times longer).
+    #[arg(long, value_name = "US")]
+    prefill_us_per_token: Option<f64>,
+    /// Decode cost per generated token, in microseconds (default: 40).
+    #[arg(long, value_name = "US")]
+    decode_us_per_token: Option<f64>,
+    /// Comma-separated policies to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Put the engines' publishers on PORT, PORT+1, ... instead of free ports.
+    #[arg(long, value_name = "PORT")]
+    base_port: Option<u16>,
+    /// Write summary.json, requests.jsonl and plot.svg into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
+    let mut config = SimConfig { workers: args.workers, base_port: args.base_port, ..Default::default() };
+    let workload = match &args.trace {
+        Some(path) => {
+            let path = if path.is_relative() && !path.exists() {
+                // Relative defaults are relative to the repository root.
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+            } else {
+                path.clone()
+            };
+            config.block_size_tokens = 64;
+            config.blocks_device = 16_384;
+            config.blocks_host = 16_384;
+            config.timing.prefill_us_per_token = 40.0;
+            mooncake_workload(&path, args.requests).map_err(|e| e.to_string())?
+        }
+        None => {
+            let mut chat = ChatConfig::default();
+            if let Some(s) = args.sessions {
+                chat.sessions = s;
+            }
+            if let Some(s) = args.seed {
+                chat.seed = s;
+            }
+            if let Some(t) = args.think_time_ms {
+                chat.think_time_ms = t;
+            }
+            if let Some(t) = args.session_interarrival_ms {
+                chat.session_interarrival_ms = t;
+            }
+            chat_workload(&chat).map_err(|e| e.to_string())?
+        }
+    };
+    if let Some(b) = args.block_size {
+        config.block_size_tokens = b;
+    }
+    if let Some(b) = args.blocks_device {
+        config.blocks_device = b;
+    }
+    if let Some(b) = args.blocks_host {
+        config.blocks_host = b;
+    }
+    if let Some(c) = args.prefill_us_per_token {
+        config.timing.prefill_us_per_token = c;
+    }
+    if let Some(c) = args.decode_us_per_token {
+        config.timing.decode_us_per_token = c;
+    }
+    if !args.policies.is_empty() {
+        config.policies = args
+            .policies
+            .iter()
+            .map(|name| {
+                PolicyKind::from_name(name.trim()).ok_or_else(|| {
+                    let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+                    format!("unknown policy {name:?}; known: {}", known.join(", "))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok((workload, config))
+}
+
+/// Runs the simulation; returns the process exit code.
+pub fn run(args: &SimArgs) -> i32 {
+    let (workload, config) = match build(args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("kvcore sim: {e}");
+            return 2;
+        }
+    };
+    let total = workload.requests.len() as u64 * config.policies.len() as u64;
+    let progress = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
+    progress.set_draw_target(if args.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() });
+    progress.set_style(
+        ProgressStyle::with_template("{msg:>13} [{bar:40}] {pos}/{len} requests ({per_sec}, {eta} left)")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    let outcome = simulate(&workload, &config, &progress);
+    progress.finish_and_clear();
+    let (report, runs) = match outcome {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("kvcore sim: {e}");
+            return 1;
+        }
+    };
+    print!("{}", report.table());
+    if let Some(dir) = &args.out {
+        if let Err(e) = report.write(dir, &workload, &runs) {
+            eprintln!("kvcore sim: cannot write {}: {e}", dir.display());
+            return 1;
+        }
+        println!("wrote {}/summary.json, requests.jsonl, plot.svg", dir.display());
+    }
+    0
+}

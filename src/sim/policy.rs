@@ -1,0 +1,128 @@
+//! Routing policies and the decision every KV-aware one makes.
+//!
+//! | policy | knows | picks |
+//! |---|---|---|
+//! | `round-robin` | nothing | the next worker in turn |
+//! | `least-loaded` | queued work | the worker with the least backlog |
+//! | `kv-text-only` | events, token ids only | least cost, overlap from [`TextOnlyView`](super::view::TextOnlyView) |
+//! | `kv-ours` | events, images by content | least cost, overlap from our router |
+//! | `oracle` | every engine's index | least cost, exact overlap |
+//!
+//! The three KV-aware policies share one cost (the router's, see
+//! [`decide`]), so the comparison isolates what each one knows.
+
+use super::view::Overlap;
+
+/// A routing policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum PolicyKind {
+    /// Workers in turn.
+    RoundRobin,
+    /// The worker with the least queued work.
+    LeastLoaded,
+    /// KV-aware, image blocks keyed by placeholder tokens alone.
+    KvTextOnly,
+    /// KV-aware, image blocks keyed by content (ours).
+    KvOurs,
+    /// KV-aware with exact knowledge of every engine's cache.
+    Oracle,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoaded,
+        PolicyKind::KvTextOnly,
+        PolicyKind::KvOurs,
+        PolicyKind::Oracle,
+    ];
+
+    /// The policy's name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastLoaded => "least-loaded",
+            PolicyKind::KvTextOnly => "kv-text-only",
+            PolicyKind::KvOurs => "kv-ours",
+            PolicyKind::Oracle => "oracle",
+        }
+    }
+
+    /// The policy named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether the policy forms beliefs about caches (and so can be wrong).
+    pub fn is_kv_aware(self) -> bool {
+        matches!(self, PolicyKind::KvTextOnly | PolicyKind::KvOurs | PolicyKind::Oracle)
+    }
+}
+
+/// The weights of the KV-aware cost (the router's defaults).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Scoring {
+    /// Weight of the blocks still to prefill.
+    pub prefill_weight: f64,
+    /// Weight of the worker's backlog, in blocks of prefill work.
+    pub load_weight: f64,
+    /// Fraction of a device hit that a host-tier hit is worth.
+    pub host_reuse: f64,
+}
+
+impl Default for Scoring {
+    fn default() -> Self {
+        Self { prefill_weight: 1.0, load_weight: 1.0, host_reuse: 0.8 }
+    }
+}
+
+/// Picks the worker of least cost for a request of `request_blocks` full
+/// blocks:
+///
+/// ```text
+/// cost_w = prefill_weight · (n - d_w - host_reuse · (a_w - d_w)) + load_weight · load_w
+/// ```
+///
+/// with `d_w`, `a_w` the device and any-tier overlaps and `load_w` the
+/// backlog in blocks. Ties go to the lower load, then to the worker that
+/// `spread` picks among the tied ones, so that equal workers share traffic.
+pub fn decide(scoring: &Scoring, request_blocks: u32, overlaps: &[Overlap], loads: &[f64], spread: u64) -> usize {
+    let host = scoring.host_reuse.clamp(0.0, 1.0);
+    let costs: Vec<f64> = overlaps
+        .iter()
+        .zip(loads)
+        .map(|(o, l)| {
+            let (d, a) = (o.device_blocks as f64, o.any_tier_blocks as f64);
+            let prefill = (request_blocks as f64 - d - host * (a - d)).max(0.0);
+            scoring.prefill_weight * prefill + scoring.load_weight * l.max(0.0)
+        })
+        .collect();
+    let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let tied: Vec<usize> = (0..costs.len()).filter(|&w| costs[w] <= best + 1e-9).collect();
+    let least = tied.iter().map(|&w| loads[w]).fold(f64::INFINITY, f64::min);
+    let tied: Vec<usize> = tied.into_iter().filter(|&w| loads[w] <= least + 1e-9).collect();
+    tied[(spread % tied.len().max(1) as u64) as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(d: u32, a: u32) -> Overlap {
+        Overlap { device_blocks: d, any_tier_blocks: a }
+    }
+
+    /// Overlap wins at equal load, enough load outweighs it, and a tie is
+    /// spread over the tied workers.
+    #[test]
+    fn overlap_against_load() {
+        let s = Scoring::default();
+        assert_eq!(decide(&s, 10, &[o(0, 0), o(8, 8)], &[0.0, 0.0], 0), 1);
+        assert_eq!(decide(&s, 10, &[o(0, 0), o(8, 8)], &[0.0, 9.0], 0), 0);
+        assert_eq!(decide(&s, 10, &[o(0, 6), o(5, 5)], &[0.0, 0.0], 0), 1);
+        let picks: std::collections::BTreeSet<usize> =
+            (0..8).map(|k| decide(&s, 10, &[o(4, 4), o(4, 4)], &[0.0, 0.0], k)).collect();
+        assert_eq!(picks.len(), 2);
+    }
+}

@@ -1,0 +1,338 @@
+//! The report: per-policy figures, the terminal table, and the files of
+//! `--out DIR` (JSON summary, requests as JSON lines, an SVG plot).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use super::SimConfig;
+use super::fleet::{EventCounts, PolicyRun};
+use super::policy::PolicyKind;
+use super::workload::Workload;
+
+/// The figures of one policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PolicySummary {
+    /// The policy's name.
+    pub policy: String,
+    /// Requests routed.
+    pub requests: u64,
+    /// Requests the engine rejected (too large for a worker).
+    pub rejected: u64,
+    /// Prompt tokens over all requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens found cached: the prefill tokens saved.
+    pub cached_tokens: u64,
+    /// Of those, tokens onboarded from the host tier.
+    pub onboarded_tokens: u64,
+    /// `cached_tokens / prompt_tokens`.
+    pub hit_rate: f64,
+    /// Simulated time to first token, median, milliseconds.
+    pub ttft_p50_ms: f64,
+    /// Simulated time to first token, 99th percentile, milliseconds.
+    pub ttft_p99_ms: f64,
+    /// Simulated time to first token, mean, milliseconds.
+    pub ttft_mean_ms: f64,
+    /// Requests whose chosen worker was believed to hold more leading blocks
+    /// than its engine matched at admission (`None`: the policy holds no
+    /// belief).
+    pub false_hits: Option<u64>,
+    /// Blocks believed held but not matched, over those requests.
+    pub false_hit_blocks: Option<u64>,
+    /// Event counts.
+    pub events: EventCounts,
+    /// Events per simulated second over the whole fleet.
+    pub events_per_sim_s: f64,
+    /// Wire bytes per block stored or removed, when measured.
+    pub wire_bytes_per_block: Option<f64>,
+    /// Stored blocks the view could not place (text-only: parent unknown).
+    pub view_unusable_blocks: u64,
+    /// The view's own counters (for `kv-ours`, the router's subscriber and
+    /// indexer).
+    pub view_stats: Option<serde_json::Value>,
+    /// The engines' publisher endpoints (`kv-ours`: the stream an outside
+    /// router can subscribe to).
+    pub publishers: Vec<String>,
+    /// Requests each worker served.
+    pub requests_per_worker: Vec<u64>,
+    /// When the last worker went idle, simulated seconds.
+    pub makespan_s: f64,
+    /// Busy time over `workers × makespan`: the fleet's utilization.
+    pub utilization: f64,
+    /// Wall-clock seconds of the pass.
+    pub wall_s: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+impl PolicySummary {
+    /// Summarizes a pass over `workload`.
+    pub fn of(run: &PolicyRun, workload: &Workload, workers: u32, block_size: u32) -> Self {
+        let prompt_tokens = workload.prompt_tokens();
+        let cached_tokens: u64 = run.outcomes.iter().map(|o| o.tokens_cached as u64).sum();
+        let mut ttft: Vec<f64> = run.outcomes.iter().map(|o| o.ttft_ms).collect();
+        ttft.sort_by(f64::total_cmp);
+        let (false_hits, false_hit_blocks) = if run.policy.is_kv_aware() {
+            let mut n = 0;
+            let mut blocks = 0;
+            for o in &run.outcomes {
+                let actual = o.tokens_cached / block_size;
+                if let Some(p) = o.blocks_predicted
+                    && p > actual
+                {
+                    n += 1;
+                    blocks += (p - actual) as u64;
+                }
+            }
+            (Some(n), Some(blocks))
+        } else {
+            (None, None)
+        };
+        let mut per_worker = vec![0u64; workers as usize];
+        for o in &run.outcomes {
+            per_worker[o.worker as usize] += 1;
+        }
+        let span_s = run.makespan_s.max(workload.requests.last().map_or(0.0, |r| r.arrival_us as f64 / 1e6)).max(1e-9);
+        let blocks = run.events.stored_blocks + run.events.removed_blocks;
+        Self {
+            policy: run.policy.name().to_owned(),
+            requests: run.outcomes.len() as u64,
+            rejected: run.outcomes.iter().filter(|o| o.rejected).count() as u64,
+            prompt_tokens,
+            cached_tokens,
+            onboarded_tokens: run.outcomes.iter().map(|o| o.tokens_onboarded as u64).sum(),
+            hit_rate: cached_tokens as f64 / prompt_tokens.max(1) as f64,
+            ttft_p50_ms: percentile(&ttft, 50.0),
+            ttft_p99_ms: percentile(&ttft, 99.0),
+            ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
+            false_hits,
+            false_hit_blocks,
+            events: run.events,
+            events_per_sim_s: run.events.events as f64 / span_s,
+            wire_bytes_per_block: run.events.wire_bytes.map(|b| b as f64 / blocks.max(1) as f64),
+            view_unusable_blocks: run.view_unusable_blocks,
+            view_stats: run.view_stats.clone(),
+            publishers: run.publishers.clone(),
+            requests_per_worker: per_worker,
+            makespan_s: run.makespan_s,
+            utilization: run.busy_s / (workers as f64 * run.makespan_s).max(1e-9),
+            wall_s: run.wall_s,
+        }
+    }
+}
+
+/// The whole report of a simulation.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// The workload's name.
+    pub workload: String,
+    /// Requests in it.
+    pub requests: u64,
+    /// Prompt tokens in it.
+    pub prompt_tokens: u64,
+    /// The workload's ideal hit ratio (infinite cache, one pool), when known.
+    pub ideal_hit_ratio: Option<f64>,
+    /// The configuration.
+    pub config: SimConfig,
+    /// One entry per policy, in the order run.
+    pub policies: Vec<PolicySummary>,
+}
+
+impl Report {
+    /// The summary of `policy`, when it was run.
+    pub fn policy(&self, policy: PolicyKind) -> Option<&PolicySummary> {
+        self.policies.iter().find(|p| p.policy == policy.name())
+    }
+
+    /// The terminal table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "workload: {} — {} requests, {} prompt tokens{}",
+            self.workload,
+            self.requests,
+            self.prompt_tokens,
+            self.ideal_hit_ratio.map_or(String::new(), |r| format!(", ideal hit rate {:.1} %", r * 100.0))
+        );
+        let _ = writeln!(
+            s,
+            "fleet: {} workers, block {} tokens, {} device + {} host blocks each\n",
+            self.config.workers, self.config.block_size_tokens, self.config.blocks_device, self.config.blocks_host
+        );
+        let _ = writeln!(
+            s,
+            "{:<14} {:>8} {:>8} {:>13} {:>10} {:>10} {:>11} {:>6} {:>10} {:>12}",
+            "policy",
+            "hit rate",
+            "vs ideal",
+            "tokens saved",
+            "TTFT p50",
+            "TTFT p99",
+            "false hits",
+            "busy",
+            "events/s",
+            "bytes/block"
+        );
+        for p in &self.policies {
+            let vs_ideal = self.ideal_hit_ratio.map_or("-".to_owned(), |i| format!("{:.1} %", 100.0 * p.hit_rate / i));
+            let _ = writeln!(
+                s,
+                "{:<14} {:>7.1}% {:>8} {:>13} {:>8.0}ms {:>8.0}ms {:>11} {:>5.0}% {:>10.0} {:>12}",
+                p.policy,
+                p.hit_rate * 100.0,
+                vs_ideal,
+                p.cached_tokens,
+                p.ttft_p50_ms,
+                p.ttft_p99_ms,
+                p.false_hits.map_or("-".to_owned(), |n| n.to_string()),
+                p.utilization * 100.0,
+                p.events_per_sim_s,
+                p.wire_bytes_per_block.map_or("-".to_owned(), |b| format!("{b:.1}")),
+            );
+        }
+        if let (Some(ours), Some(oracle), Some(rr)) =
+            (self.policy(PolicyKind::KvOurs), self.policy(PolicyKind::Oracle), self.policy(PolicyKind::RoundRobin))
+        {
+            let _ = writeln!(
+                s,
+                "\nkv-ours: {:.1} % of the oracle's hit rate, {:.2}x round-robin's, {} false hits",
+                100.0 * ours.hit_rate / oracle.hit_rate.max(1e-12),
+                ours.hit_rate / rr.hit_rate.max(1e-12),
+                ours.false_hits.unwrap_or(0)
+            );
+        }
+        s
+    }
+
+    /// Writes `summary.json`, `requests.jsonl` and `plot.svg` into `dir`.
+    pub fn write(&self, dir: &Path, workload: &Workload, runs: &[PolicyRun]) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("summary.json"), serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join("requests.jsonl"))?);
+        for (i, r) in workload.requests.iter().enumerate() {
+            let mut routed = serde_json::Map::new();
+            for run in runs {
+                routed.insert(
+                    run.policy.name().to_owned(),
+                    serde_json::to_value(run.outcomes[i]).map_err(std::io::Error::other)?,
+                );
+            }
+            let images: Vec<serde_json::Value> = r
+                .images
+                .iter()
+                .map(|im| {
+                    serde_json::json!({
+                        "digest": im.digest.to_hex(),
+                        "uuid": im.uuid.as_deref(),
+                        "start": im.start,
+                        "len": im.len,
+                    })
+                })
+                .collect();
+            let mut line = serde_json::json!({
+                "id": r.id,
+                "arrival_ms": r.arrival_us as f64 / 1000.0,
+                "session": r.session,
+                "prompt_tokens": r.prompt.len(),
+                "output_tokens": r.output_len,
+                "images": images,
+                "routed": routed,
+            });
+            match &r.prompt {
+                super::workload::Prompt::Tokens(t) => line["token_ids"] = serde_json::json!(t),
+                // Trace prompts are written as their block ids, from which the
+                // token ids are derived (workload::Prompt::tokens).
+                super::workload::Prompt::HashBlocks { hash_ids, .. } => line["hash_ids"] = serde_json::json!(hash_ids),
+            }
+            serde_json::to_writer(&mut out, &line).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        std::fs::write(dir.join("plot.svg"), self.svg())
+    }
+
+    /// A hand-written SVG: hit rate per policy, and TTFT p50 / p99 per policy.
+    pub fn svg(&self) -> String {
+        let (w, h) = (900.0, 360.0);
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
+            w / 2.0,
+            escape(&self.workload)
+        );
+        let n = self.policies.len().max(1) as f64;
+        let (top, bottom) = (50.0, 290.0);
+        let panel = |s: &mut String, x0: f64, title: &str, series: &[(&str, Vec<f64>)], unit: &str| {
+            let pw = 400.0;
+            let max = series.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0, f64::max).max(1e-9);
+            let _ = writeln!(s, r#"<text x="{}" y="40" text-anchor="middle">{}</text>"#, x0 + pw / 2.0, escape(title));
+            let _ = writeln!(s, r##"<line x1="{x0}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##, x0 + pw);
+            let group = pw / n;
+            let bar = group * 0.8 / series.len() as f64;
+            let colors = ["#4e79a7", "#f28e2b"];
+            for (k, p) in self.policies.iter().enumerate() {
+                let gx = x0 + k as f64 * group + group * 0.1;
+                for (j, (_, values)) in series.iter().enumerate() {
+                    let v = values[k];
+                    let bh = (bottom - top) * v / max;
+                    let x = gx + j as f64 * bar;
+                    let _ = writeln!(
+                        s,
+                        r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{}"><title>{} {}: {v:.3}{unit}</title></rect>"#,
+                        bottom - bh,
+                        bar * 0.95,
+                        colors[j % 2],
+                        escape(&p.policy),
+                        escape(series[j].0),
+                    );
+                    let _ = writeln!(
+                        s,
+                        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{v:.0}</text>"#,
+                        x + bar / 2.0,
+                        bottom - bh - 3.0,
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="10" transform="rotate(-30 {:.1} {:.1})">{}</text>"#,
+                    gx + group * 0.4,
+                    bottom + 14.0,
+                    gx + group * 0.4,
+                    bottom + 14.0,
+                    escape(&p.policy)
+                );
+            }
+            if series.len() > 1 {
+                for (j, (name, _)) in series.iter().enumerate() {
+                    let lx = x0 + pw - 120.0 + j as f64 * 60.0;
+                    let _ = writeln!(s, r#"<rect x="{lx}" y="48" width="10" height="10" fill="{}"/>"#, colors[j % 2]);
+                    let _ = writeln!(s, r#"<text x="{}" y="57" font-size="10">{}</text>"#, lx + 13.0, escape(name));
+                }
+            }
+        };
+        let hit: Vec<f64> = self.policies.iter().map(|p| p.hit_rate * 100.0).collect();
+        panel(&mut s, 40.0, "prefix hit rate (% of prompt tokens)", &[("hit rate", hit)], "%");
+        let p50: Vec<f64> = self.policies.iter().map(|p| p.ttft_p50_ms).collect();
+        let p99: Vec<f64> = self.policies.iter().map(|p| p.ttft_p99_ms).collect();
+        panel(&mut s, 470.0, "simulated time to first token (ms)", &[("p50", p50), ("p99", p99)], " ms");
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}

@@ -1,0 +1,298 @@
+//! Cache views: what a KV-aware policy believes each worker holds.
+//!
+//! Every KV-aware policy makes the same decision from the same formula (see
+//! [`crate::sim::policy`]); they differ only in where their beliefs come from,
+//! behind one small trait, [`CacheView`]:
+//!
+//! | view | source | image blocks keyed by |
+//! |---|---|---|
+//! | [`OracleView`] | each engine's prefix index, read directly | the engine's own keys (exact) |
+//! | [`TextOnlyView`] | the event stream's token ids | placeholder token ids alone (today's mistake) |
+//! | [`ContentView`] | the event stream | the engine's content-addressed keys |
+//!
+//! The oracle reads with [`Engine::cached_medium`], which touches no LRU
+//! state: admitting and cancelling a probe request would move the probed
+//! blocks to the back of the LRU and change the run it measures.
+
+use ahash::AHashMap;
+
+use crate::engine::Engine;
+use crate::events::KvEvent;
+use crate::keys::{BlockKey, KeyScope, root_key};
+use crate::systems::commit::key_of_block;
+use crate::tables::{FlatRun, Medium};
+
+use super::workload::SimRequest;
+
+/// A worker's overlap with a request: its longest cached prefix, in blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Overlap {
+    /// Leading blocks on the device.
+    pub device_blocks: u32,
+    /// Leading blocks in any tier (device or host).
+    pub any_tier_blocks: u32,
+}
+
+/// A request as the views see it: token ids (with the placeholder at image
+/// positions) and the engine keys of its matchable blocks.
+#[derive(Debug)]
+pub struct ViewRequest<'a> {
+    /// The request.
+    pub request: &'a SimRequest,
+    /// Its prompt tokens, the image placeholder id at image positions.
+    pub tokens: &'a [u32],
+    /// Engine keys of the blocks a prefix match may cover: the first
+    /// `(prompt_len - 1) / block_size` full blocks (the engine always
+    /// computes the last token).
+    pub engine_keys: &'a [BlockKey],
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+/// The engine keys of a request's matchable blocks, computed as the engine
+/// computes them (the public recipe of docs/hashing.md: the root of the
+/// request's scope, then one SHA-256 per block over its tokens and image runs).
+pub fn engine_keys(request: &SimRequest, tokens: &[u32], block_size: u32, placeholder: u32) -> Vec<BlockKey> {
+    let mut runs: Vec<FlatRun> = request
+        .images
+        .iter()
+        .map(|i| FlatRun { start: i.start, len: i.len, item_offset: 0, digest: i.digest })
+        .collect();
+    runs.sort_by_key(|r| r.start);
+    let root = root_key(&KeyScope { block_size_tokens: block_size, lora_id: None, cache_salt: None });
+    let blocks = (tokens.len() as u32).saturating_sub(1) / block_size;
+    let mut keys = Vec::with_capacity(blocks as usize);
+    let (mut scratch, mut block_runs) = (Vec::new(), Vec::new());
+    for i in 0..blocks {
+        let parent = keys.last().copied().unwrap_or(root);
+        let block = &tokens[(i * block_size) as usize..((i + 1) * block_size) as usize];
+        keys.push(key_of_block(&parent, block, &runs, i * block_size, placeholder, &mut scratch, &mut block_runs));
+    }
+    keys
+}
+
+/// What a KV-aware policy believes about every worker's cache.
+pub trait CacheView {
+    /// Per worker (by index), the longest prefix of `request` believed cached.
+    /// `engines` is given to every view; only the oracle reads it.
+    fn overlaps(&mut self, request: &ViewRequest<'_>, engines: &[Engine]) -> Vec<Overlap>;
+
+    /// The events `worker` produced in its last step, in order.
+    fn observe(&mut self, worker: usize, events: &[KvEvent]);
+
+    /// Events the view could not use (for the report).
+    fn events_unusable(&self) -> u64 {
+        0
+    }
+
+    /// The view's own counters for the JSON report, if it keeps any.
+    fn stats(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// Walks keys while `lookup` finds them, counting device and any-tier blocks.
+fn walk(keys: impl Iterator<Item = Option<Medium>>) -> Overlap {
+    let mut o = Overlap::default();
+    let mut all_device = true;
+    for m in keys {
+        let Some(m) = m else { break };
+        o.any_tier_blocks += 1;
+        all_device &= m == Medium::Gpu;
+        if all_device {
+            o.device_blocks += 1;
+        }
+    }
+    o
+}
+
+/// Exact knowledge: asks each engine whether it holds each key.
+#[derive(Debug, Default)]
+pub struct OracleView;
+
+impl CacheView for OracleView {
+    fn overlaps(&mut self, request: &ViewRequest<'_>, engines: &[Engine]) -> Vec<Overlap> {
+        engines.iter().map(|e| walk(request.engine_keys.iter().map(|k| e.cached_medium(k)))).collect()
+    }
+
+    fn observe(&mut self, _worker: usize, _events: &[KvEvent]) {}
+}
+
+/// Event-fed, keyed by the engine's content-addressed block keys (images by
+/// their content digest). It learns only from events, as an outside router
+/// would; it is the "ours" view until the router module drives that policy.
+#[derive(Debug, Default)]
+pub struct ContentView {
+    workers: Vec<AHashMap<BlockKey, Medium>>,
+}
+
+impl ContentView {
+    /// A view of `workers` empty caches.
+    pub fn new(workers: usize) -> Self {
+        Self { workers: vec![AHashMap::new(); workers] }
+    }
+}
+
+impl CacheView for ContentView {
+    fn overlaps(&mut self, request: &ViewRequest<'_>, _engines: &[Engine]) -> Vec<Overlap> {
+        self.workers.iter().map(|w| walk(request.engine_keys.iter().map(|k| w.get(k).copied()))).collect()
+    }
+
+    fn observe(&mut self, worker: usize, events: &[KvEvent]) {
+        let map = &mut self.workers[worker];
+        for e in events {
+            match e {
+                KvEvent::BlockStored(s) => {
+                    for k in &s.keys {
+                        map.insert(*k, s.medium);
+                    }
+                }
+                KvEvent::BlockRemoved(r) => {
+                    for k in &r.keys {
+                        if map.get(k) == Some(&r.medium) {
+                            map.remove(k);
+                        }
+                    }
+                }
+                KvEvent::AllBlocksCleared(_) => map.clear(),
+            }
+        }
+    }
+}
+
+/// The seed Dynamo's token hashing uses for block content.
+const TEXT_HASH_SEED: u64 = 1337;
+
+/// A block's text-only content hash: XXH3-64 of its token ids, little-endian.
+fn text_local_hash(tokens: &[u32]) -> u64 {
+    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    for t in tokens {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, TEXT_HASH_SEED)
+}
+
+/// Chains a block's text hash onto its parent's.
+fn text_chain(parent: Option<u64>, local: u64) -> u64 {
+    match parent {
+        None => local,
+        Some(p) => {
+            let mut buf = [0u8; 16];
+            buf[..8].copy_from_slice(&p.to_le_bytes());
+            buf[8..].copy_from_slice(&local.to_le_bytes());
+            xxhash_rust::xxh3::xxh3_64_with_seed(&buf, TEXT_HASH_SEED)
+        }
+    }
+}
+
+/// One worker of the text-only view.
+#[derive(Clone, Debug, Default)]
+struct TextWorker {
+    /// Engine key to (text hash, tier), to apply removals.
+    by_engine_key: AHashMap<BlockKey, (u64, Medium)>,
+    /// Text hash to the number of engine blocks under it, per tier
+    /// (device, host): two blocks with equal placeholders and different
+    /// images fall under one text hash.
+    held: AHashMap<u64, (u32, u32)>,
+}
+
+impl TextWorker {
+    fn add(&mut self, key: BlockKey, text: u64, medium: Medium) {
+        if let Some((old, m)) = self.by_engine_key.insert(key, (text, medium)) {
+            self.drop_count(old, m);
+        }
+        let c = self.held.entry(text).or_default();
+        if medium == Medium::Gpu { c.0 += 1 } else { c.1 += 1 }
+    }
+
+    fn drop_count(&mut self, text: u64, medium: Medium) {
+        if let Some(c) = self.held.get_mut(&text) {
+            if medium == Medium::Gpu {
+                c.0 = c.0.saturating_sub(1)
+            } else {
+                c.1 = c.1.saturating_sub(1)
+            }
+            if *c == (0, 0) {
+                self.held.remove(&text);
+            }
+        }
+    }
+
+    fn tier(&self, text: u64) -> Option<Medium> {
+        self.held.get(&text).map(|c| if c.0 > 0 { Medium::Gpu } else { Medium::Cpu })
+    }
+}
+
+/// Event-fed and keyed the way routers key blocks today: a chained XXH3-64
+/// over each block's token ids (Dynamo's recipe without `mm_hash`), so an
+/// image block is known by its placeholder tokens alone. Two different images
+/// of one size at one position look the same to it: its false hits.
+#[derive(Debug, Default)]
+pub struct TextOnlyView {
+    workers: Vec<TextWorker>,
+    unchained_blocks: u64,
+}
+
+impl TextOnlyView {
+    /// A view of `workers` empty caches.
+    pub fn new(workers: usize) -> Self {
+        Self { workers: vec![TextWorker::default(); workers], unchained_blocks: 0 }
+    }
+}
+
+impl CacheView for TextOnlyView {
+    fn overlaps(&mut self, request: &ViewRequest<'_>, _engines: &[Engine]) -> Vec<Overlap> {
+        let bs = request.block_size as usize;
+        let mut hashes = Vec::with_capacity(request.engine_keys.len());
+        let mut parent = None;
+        for block in request.tokens.chunks_exact(bs).take(request.engine_keys.len()) {
+            let h = text_chain(parent, text_local_hash(block));
+            hashes.push(h);
+            parent = Some(h);
+        }
+        self.workers.iter().map(|w| walk(hashes.iter().map(|h| w.tier(*h)))).collect()
+    }
+
+    fn observe(&mut self, worker: usize, events: &[KvEvent]) {
+        let w = &mut self.workers[worker];
+        for e in events {
+            match e {
+                KvEvent::BlockStored(s) => {
+                    let mut parent = match &s.parent {
+                        None => None,
+                        Some(p) => match w.by_engine_key.get(p) {
+                            Some((h, _)) => Some(*h),
+                            None => {
+                                // The parent is unknown (evicted first): the
+                                // chain cannot be extended, as in any router.
+                                self.unchained_blocks += s.keys.len() as u64;
+                                continue;
+                            }
+                        },
+                    };
+                    let bs = s.block_size as usize;
+                    for (k, block) in s.keys.iter().zip(s.token_ids.chunks_exact(bs)) {
+                        let h = text_chain(parent, text_local_hash(block));
+                        w.add(*k, h, s.medium);
+                        parent = Some(h);
+                    }
+                }
+                KvEvent::BlockRemoved(r) => {
+                    for k in &r.keys {
+                        if let Some(&(h, m)) = w.by_engine_key.get(k)
+                            && m == r.medium
+                        {
+                            w.by_engine_key.remove(k);
+                            w.drop_count(h, m);
+                        }
+                    }
+                }
+                KvEvent::AllBlocksCleared(_) => *w = TextWorker::default(),
+            }
+        }
+    }
+
+    fn events_unusable(&self) -> u64 {
+        self.unchained_blocks
+    }
+}

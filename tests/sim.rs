@@ -1,0 +1,178 @@
+//! The fleet simulation end to end on a small configuration: policy ordering,
+//! false hits, trace replay, bad input and the files of `--out`.
+
+use indicatif::ProgressBar;
+use kvcore::sim::{ChatConfig, PolicyKind, SimConfig, chat_workload, mooncake_workload, simulate};
+
+fn small_chat() -> ChatConfig {
+    ChatConfig { sessions: 80, seed: 11, ..Default::default() }
+}
+
+/// On a small image chat workload, the oracle must do at least as well as our
+/// content-keyed router, which must beat round-robin and never be wrong about
+/// a cache, while the text-only router is wrong on some image blocks. Method:
+/// run every policy on the same arrivals and read the report's figures, which
+/// come from the engines' own admissions.
+#[test]
+fn policies_order_and_false_hits() {
+    let workload = chat_workload(&small_chat()).unwrap();
+    let config = SimConfig { blocks_device: 512, blocks_host: 512, ..Default::default() };
+    let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    assert_eq!(runs.len(), 5);
+    let get = |p: PolicyKind| report.policy(p).unwrap();
+    let (rr, text, ours, oracle) =
+        (get(PolicyKind::RoundRobin), get(PolicyKind::KvTextOnly), get(PolicyKind::KvOurs), get(PolicyKind::Oracle));
+    assert!(oracle.hit_rate >= ours.hit_rate, "oracle {} < ours {}", oracle.hit_rate, ours.hit_rate);
+    assert!(ours.hit_rate > rr.hit_rate, "ours {} <= round-robin {}", ours.hit_rate, rr.hit_rate);
+    assert_eq!(ours.false_hits, Some(0), "ours believed a block its engine did not hold");
+    assert!(text.false_hits.unwrap() > 0, "text-only keying should be fooled by equal placeholders");
+    assert_eq!(rr.false_hits, None, "round-robin holds no belief");
+    // Every request was served by some worker and the counts add up.
+    for p in &report.policies {
+        assert_eq!(p.requests_per_worker.iter().sum::<u64>(), workload.requests.len() as u64);
+        assert!(p.cached_tokens <= p.prompt_tokens);
+        assert!(p.ttft_p50_ms <= p.ttft_p99_ms);
+    }
+}
+
+/// A simulation is a pure function of its inputs: two runs give the same
+/// report figures (wall-clock times aside).
+#[test]
+fn runs_are_deterministic() {
+    let workload = chat_workload(&ChatConfig { sessions: 20, ..Default::default() }).unwrap();
+    let config = SimConfig { policies: vec![PolicyKind::LeastLoaded, PolicyKind::KvOurs], ..Default::default() };
+    let (a, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let (b, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    for (x, y) in a.policies.iter().zip(&b.policies) {
+        assert_eq!((x.cached_tokens, x.ttft_p99_ms, x.events), (y.cached_tokens, y.ttft_p99_ms, y.events));
+    }
+}
+
+/// Replaying a small trace in the Mooncake format: repeated block ids are hits
+/// (the oracle on one worker reaches the trace's ideal ratio up to the last
+/// partial block, which an engine never matches), and the ideal ratio is
+/// computed from the ids. Method: a hand-written three-line trace.
+#[test]
+fn mooncake_replay_small_trace() {
+    let dir = std::env::temp_dir().join(format!("kvcore-sim-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 10, \"hash_ids\": [0, 1]}\n\
+         {\"timestamp\": 1000, \"input_length\": 1100, \"output_length\": 10, \"hash_ids\": [0, 1, 2]}\n\
+         {\"timestamp\": 2000, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [0, 3]}\n",
+    )
+    .unwrap();
+    let workload = mooncake_workload(&path, None).unwrap();
+    assert_eq!(workload.requests.len(), 3);
+    let ideal = workload.ideal_hit_ratio.unwrap();
+    assert!((ideal - (1024.0 + 512.0) / 2724.0).abs() < 1e-9, "ideal {ideal}");
+    let config = SimConfig {
+        workers: 1,
+        block_size_tokens: 64,
+        blocks_device: 256,
+        blocks_host: 0,
+        policies: vec![PolicyKind::Oracle],
+        ..Default::default()
+    };
+    let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    assert_eq!(report.policies[0].cached_tokens, 1024 + 512);
+    let limited = mooncake_workload(&path, Some(1)).unwrap();
+    assert_eq!(limited.requests.len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad input gets a clear error, never a panic: a missing trace names the
+/// path, a malformed line names its line number, and an impossible fleet is
+/// refused.
+#[test]
+fn bad_input_is_reported() {
+    let missing = mooncake_workload(std::path::Path::new("/nonexistent/trace.jsonl"), None).unwrap_err().to_string();
+    assert!(missing.contains("/nonexistent/trace.jsonl") && missing.contains("--trace"), "{missing}");
+    let dir = std::env::temp_dir().join(format!("kvcore-sim-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.jsonl");
+    std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 1, \"hash_ids\": [0]}\n")
+        .unwrap();
+    let bad = mooncake_workload(&path, None).unwrap_err().to_string();
+    assert!(bad.contains(":1:") && bad.contains("hash_ids"), "{bad}");
+    std::fs::write(&path, "not json\n").unwrap();
+    assert!(mooncake_workload(&path, None).unwrap_err().to_string().contains(":1:"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let workload = chat_workload(&ChatConfig { sessions: 2, ..Default::default() }).unwrap();
+    for config in [
+        SimConfig { workers: 0, ..Default::default() },
+        SimConfig { policies: vec![], ..Default::default() },
+        SimConfig { block_size_tokens: 0, ..Default::default() },
+        SimConfig { base_port: Some(65_534), ..Default::default() },
+    ] {
+        assert!(simulate(&workload, &config, &ProgressBar::hidden()).is_err());
+    }
+    assert!(chat_workload(&ChatConfig { turns_min: 0, ..Default::default() }).is_err());
+}
+
+/// `--out DIR` writes a JSON summary that parses back, one JSON line per
+/// request with its token ids, images and the worker each policy chose, and
+/// an SVG document.
+#[test]
+fn out_dir_files() {
+    let workload = chat_workload(&ChatConfig { sessions: 6, ..Default::default() }).unwrap();
+    let config = SimConfig { policies: vec![PolicyKind::RoundRobin, PolicyKind::KvOurs], ..Default::default() };
+    let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvcore-sim-out-{}", std::process::id()));
+    report.write(&dir, &workload, &runs).unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["policies"].as_array().unwrap().len(), 2);
+    let lines = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), workload.requests.len());
+    let with_image = workload.requests.iter().position(|r| !r.images.is_empty()).expect("some request has an image");
+    let line: serde_json::Value = serde_json::from_str(lines.lines().nth(with_image).unwrap()).unwrap();
+    assert_eq!(line["token_ids"].as_array().unwrap().len(), workload.requests[with_image].prompt.len() as usize);
+    assert_eq!(line["images"][0]["digest"].as_str().unwrap().len(), 64);
+    assert!(line["routed"]["kv-ours"]["worker"].as_u64().unwrap() < 4);
+    let svg = std::fs::read_to_string(dir.join("plot.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.contains("kv-ours"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Finds `n` consecutive free TCP ports on loopback (bound and released).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if base as u32 + n as u32 >= 65_535 {
+            continue;
+        }
+        if (0..n).all(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// `--base-port` puts the engines' publishers on fixed ports, where an
+/// outside subscriber receives the same stream as our router. Method: a raw
+/// ZMQ SUB connects to the first worker's port before the run, and decodes
+/// the batches it receives with the wire codec.
+#[test]
+fn base_port_stream_is_visible_outside() {
+    let base = free_ports(4);
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.set_rcvtimeo(20_000).unwrap();
+    sub.connect(&format!("tcp://127.0.0.1:{base}")).unwrap();
+    let handle = std::thread::spawn(move || {
+        let workload = chat_workload(&ChatConfig { sessions: 30, ..Default::default() }).unwrap();
+        let config =
+            SimConfig { workers: 2, base_port: Some(base), policies: vec![PolicyKind::KvOurs], ..Default::default() };
+        simulate(&workload, &config, &ProgressBar::hidden()).unwrap().0
+    });
+    let frames = sub.recv_multipart(0).expect("a batch arrives on the fixed port");
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let message = kvcore::events::codec::decode_message(&refs).unwrap();
+    assert!(!message.batch.events.is_empty());
+    let report = handle.join().unwrap();
+    let ours = &report.policies[0];
+    assert_eq!(ours.publishers, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
+}
