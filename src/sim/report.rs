@@ -274,7 +274,7 @@ impl Report {
             escape(&self.workload)
         );
         let n = self.policies.len().max(1) as f64;
-        let (top, bottom) = (50.0, 290.0);
+        let (top, bottom) = (72.0, 290.0);
         let panel = |s: &mut String, x0: f64, title: &str, series: &[(&str, Vec<f64>)], unit: &str| {
             let pw = 400.0;
             let max = series.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0, f64::max).max(1e-9);
