@@ -296,3 +296,129 @@ impl CacheView for TextOnlyView {
         self.unchained_blocks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::{MmContent, MmItemSpec, RequestSpec};
+    use crate::keys::ImageDigest;
+    use crate::sim::workload::{Prompt, SimImage};
+    use crate::tables::TokenRun;
+    use crate::{Engine, EngineConfig};
+
+    const BS: u32 = 4;
+    const PAD: u32 = 9;
+
+    fn request(pixels: &'static [u8]) -> SimRequest {
+        let tokens = vec![1, 2, 3, 4, PAD, PAD, PAD, PAD, PAD, PAD, PAD, PAD, 5, 6, 7, 8, 10];
+        SimRequest {
+            id: 0,
+            arrival_us: 0,
+            session: 0,
+            prompt: Prompt::Tokens(tokens),
+            images: vec![SimImage {
+                pixels: Arc::from(pixels),
+                digest: ImageDigest::of_content(pixels),
+                uuid: None,
+                start: 4,
+                len: 8,
+            }],
+            output_len: 0,
+            generated: Vec::new(),
+        }
+    }
+
+    fn serve(engine: &mut Engine, r: &SimRequest) -> Vec<KvEvent> {
+        let tokens = r.prompt.tokens();
+        let items = r
+            .images
+            .iter()
+            .map(|i| MmItemSpec {
+                content: MmContent::Bytes(&i.pixels),
+                runs: vec![TokenRun { start: i.start, len: i.len }],
+            })
+            .collect();
+        let a = engine.add_request(&RequestSpec { tokens: &tokens, items, ..Default::default() }).unwrap();
+        engine.commit(a.id, tokens.len() as u64).unwrap();
+        engine.finish(a.id).unwrap();
+        engine.step();
+        engine.drain_events()
+    }
+
+    fn overlap(view: &mut dyn CacheView, r: &SimRequest, engines: &[Engine]) -> Overlap {
+        let tokens = r.prompt.tokens();
+        let keys = engine_keys(r, &tokens, BS, PAD);
+        view.overlaps(&ViewRequest { request: r, tokens: &tokens, engine_keys: &keys, block_size: BS }, engines)[0]
+    }
+
+    /// After a worker served a prompt with one image, the same prompt with
+    /// other pixels of the same size matches only the text block before the
+    /// image. The oracle and the content view say so; the text-only view
+    /// believes the image blocks are held too (a false hit in the making),
+    /// and every view agrees on the identical request. Method: one real
+    /// engine, its events fed to the event-fed views.
+    #[test]
+    fn text_only_is_fooled_by_equal_placeholders() {
+        let config = EngineConfig {
+            block_size_tokens: BS,
+            blocks_device: 64,
+            image_placeholder_token_id: PAD,
+            ..Default::default()
+        };
+        let mut engines = vec![Engine::new(config).unwrap()];
+        let (mut text, mut content, mut oracle) = (TextOnlyView::new(1), ContentView::new(1), OracleView);
+        let events = serve(&mut engines[0], &request(b"red"));
+        text.observe(0, &events);
+        content.observe(0, &events);
+        let full = Overlap { device_blocks: 4, any_tier_blocks: 4 };
+        let same = request(b"red");
+        for view in [&mut text as &mut dyn CacheView, &mut content, &mut oracle] {
+            assert_eq!(overlap(view, &same, &engines), full);
+        }
+        let other = request(b"blue");
+        let text_prefix = Overlap { device_blocks: 1, any_tier_blocks: 1 };
+        assert_eq!(overlap(&mut oracle, &other, &engines), text_prefix);
+        assert_eq!(overlap(&mut content, &other, &engines), text_prefix);
+        assert_eq!(overlap(&mut text, &other, &engines), full, "text-only keys ignore the pixels");
+        let admitted = engines[0]
+            .add_request(&RequestSpec {
+                tokens: &other.prompt.tokens(),
+                items: vec![MmItemSpec {
+                    content: MmContent::Bytes(b"blue"),
+                    runs: vec![TokenRun { start: 4, len: 8 }],
+                }],
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(admitted.tokens_cached, BS, "the engine agrees with the oracle");
+    }
+
+    /// Removals and tier moves keep an event-fed view equal to the engine:
+    /// after eviction, nothing is believed held. Method: evict everything and
+    /// feed the events.
+    #[test]
+    fn views_follow_evictions() {
+        let config = EngineConfig {
+            block_size_tokens: BS,
+            blocks_device: 64,
+            image_placeholder_token_id: PAD,
+            ..Default::default()
+        };
+        let mut engines = vec![Engine::new(config).unwrap()];
+        let (mut text, mut content) = (TextOnlyView::new(1), ContentView::new(1));
+        let events = serve(&mut engines[0], &request(b"red"));
+        text.observe(0, &events);
+        content.observe(0, &events);
+        engines[0].evict(64);
+        engines[0].step();
+        let removed = engines[0].drain_events();
+        text.observe(0, &removed);
+        content.observe(0, &removed);
+        let r = request(b"red");
+        assert_eq!(overlap(&mut text, &r, &engines), Overlap::default());
+        assert_eq!(overlap(&mut content, &r, &engines), Overlap::default());
+        assert_eq!(overlap(&mut OracleView, &r, &engines), Overlap::default());
+    }
+}
