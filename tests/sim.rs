@@ -176,3 +176,35 @@ fn base_port_stream_is_visible_outside() {
     let ours = &report.policies[0];
     assert_eq!(ours.publishers, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
 }
+
+/// On the real Mooncake conversation trace (when `../shared/data/traces/`
+/// is beside the repository, as in CI; `KVCORE_MOONCAKE_TRACE` names another
+/// copy): the ideal ratio computed from the block ids equals the README's
+/// 0.3736, and on its first 300 requests the oracle beats round-robin
+/// without exceeding the ideal of those requests. Skips, saying so, when the
+/// trace is absent.
+#[test]
+fn mooncake_conversation_trace() {
+    let path = std::env::var_os("KVCORE_MOONCAKE_TRACE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/traces/mooncake_conversation_trace.jsonl")
+    });
+    if !path.exists() {
+        eprintln!("skipping: no Mooncake trace at {}", path.display());
+        return;
+    }
+    let full = mooncake_workload(&path, None).unwrap();
+    assert_eq!(full.requests.len(), 12_031);
+    assert!((full.ideal_hit_ratio.unwrap() - 0.3736).abs() < 5e-5, "{:?}", full.ideal_hit_ratio);
+    let head = mooncake_workload(&path, Some(300)).unwrap();
+    let config = SimConfig {
+        block_size_tokens: 64,
+        blocks_device: 16_384,
+        blocks_host: 0,
+        policies: vec![PolicyKind::RoundRobin, PolicyKind::Oracle],
+        ..Default::default()
+    };
+    let (report, _) = simulate(&head, &config, &ProgressBar::hidden()).unwrap();
+    let (rr, oracle) = (report.policy(PolicyKind::RoundRobin).unwrap(), report.policy(PolicyKind::Oracle).unwrap());
+    assert!(oracle.hit_rate > rr.hit_rate, "oracle {} <= round-robin {}", oracle.hit_rate, rr.hit_rate);
+    assert!(oracle.hit_rate <= head.ideal_hit_ratio.unwrap());
+}
