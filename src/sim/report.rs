@@ -81,7 +81,8 @@ impl PolicySummary {
         let (false_hits, false_hit_blocks) = if run.policy.is_kv_aware() {
             let mut n = 0;
             let mut blocks = 0;
-            for o in &run.outcomes {
+            // A rejected request was never matched, so it says nothing about a belief.
+            for o in run.outcomes.iter().filter(|o| !o.rejected) {
                 let actual = o.tokens_cached / block_size;
                 if let Some(p) = o.blocks_predicted
                     && p > actual
@@ -195,6 +196,13 @@ impl Report {
                 p.utilization * 100.0,
                 p.events_per_sim_s,
                 p.wire_bytes_per_block.map_or("-".to_owned(), |b| format!("{b:.1}")),
+            );
+        }
+        for p in self.policies.iter().filter(|p| p.rejected > 0) {
+            let _ = writeln!(
+                s,
+                "note: {}: {} requests did not fit a worker (rejected by the engine, counted as uncached)",
+                p.policy, p.rejected
             );
         }
         if let (Some(ours), Some(oracle), Some(rr)) =
