@@ -175,6 +175,9 @@ fn base_port_stream_is_visible_outside() {
     let report = handle.join().unwrap();
     let ours = &report.policies[0];
     assert_eq!(ours.publishers, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
+    let stats = ours.view_stats.as_ref().unwrap();
+    assert_eq!(stats["sync_timeouts"], 0);
+    assert!(stats["subscriber"]["batches_applied"].as_u64().unwrap() > 0);
 }
 
 /// On the real Mooncake conversation trace (when `../shared/data/traces/`
@@ -207,4 +210,31 @@ fn mooncake_conversation_trace() {
     let (rr, oracle) = (report.policy(PolicyKind::RoundRobin).unwrap(), report.policy(PolicyKind::Oracle).unwrap());
     assert!(oracle.hit_rate > rr.hit_rate, "oracle {} <= round-robin {}", oracle.hit_rate, rr.hit_rate);
     assert!(oracle.hit_rate <= head.ideal_hit_ratio.unwrap());
+}
+
+/// The command line: `kvcore sim` runs and writes its files, and bad
+/// arguments get a clear message and a failing exit status instead of a
+/// panic. Method: run the built binary.
+#[test]
+fn command_line() {
+    let bin = env!("CARGO_BIN_EXE_kvcore");
+    let dir = std::env::temp_dir().join(format!("kvcore-sim-cli-{}", std::process::id()));
+    let out = std::process::Command::new(bin)
+        .args(["sim", "--sessions", "4", "--quiet", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("kv-ours") && stdout.contains("oracle"), "{stdout}");
+    for f in ["summary.json", "requests.jsonl", "plot.svg"] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let bad = std::process::Command::new(bin).args(["sim", "--policies", "best"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown policy \"best\""));
+    let missing = std::process::Command::new(bin).args(["sim", "--trace", "/nonexistent/t.jsonl"]).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/t.jsonl"));
 }

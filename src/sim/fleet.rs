@@ -24,8 +24,9 @@ use crate::events::publisher::{Publisher, PublisherConfig};
 use crate::tables::TokenRun;
 
 use super::policy::{PolicyKind, decide};
+use super::router_view::RouterView;
 use super::timing::WorkerClock;
-use super::view::{CacheView, ContentView, OracleView, TextOnlyView, ViewRequest, engine_keys};
+use super::view::{CacheView, OracleView, TextOnlyView, ViewRequest, engine_keys};
 use super::workload::Workload;
 use super::{SimConfig, SimError};
 
@@ -147,8 +148,7 @@ pub fn run_policy(
         PolicyKind::KvOurs => {
             let endpoints = attach_publishers(&mut engines, config.base_port)?;
             publishers = endpoints.iter().map(|(e, _)| e.clone()).collect();
-            // Until the router module lands, an event-fed content-keyed view.
-            Some(Box::new(ContentView::new(n)))
+            Some(Box::new(RouterView::connect(&endpoints, config.block_size_tokens, config.placeholder_token)?))
         }
         PolicyKind::Oracle => Some(Box::new(OracleView)),
     };

@@ -22,6 +22,7 @@
 //! | [`workload`] | the seeded multimodal chat generator and the Mooncake trace replay |
 //! | [`timing`] | the cost of a request and the worker queue |
 //! | [`view`] | [`view::CacheView`]: oracle, text-only, content-keyed |
+//! | [`router_view`] | `kv-ours`: the real router over loopback ZMQ |
 //! | [`policy`] | the policies and the KV-aware decision |
 //! | [`fleet`] | one pass: engines, routing, events, timing |
 //! | [`report`] | figures, terminal table, JSON, JSON lines, SVG |
@@ -31,6 +32,7 @@
 pub mod fleet;
 pub mod policy;
 pub mod report;
+pub mod router_view;
 pub mod timing;
 pub mod view;
 pub mod workload;

@@ -11,6 +11,8 @@
 //! The three KV-aware policies share one cost (the router's, see
 //! [`decide`]), so the comparison isolates what each one knows.
 
+use crate::router::{Overlap as RouterOverlap, RouterKey, ScoringConfig, WorkerId};
+
 use super::view::Overlap;
 
 /// A routing policy.
@@ -87,22 +89,27 @@ impl Default for Scoring {
 /// with `d_w`, `a_w` the device and any-tier overlaps and `load_w` the
 /// backlog in blocks. Ties go to the lower load, then to the worker that
 /// `spread` picks among the tied ones, so that equal workers share traffic.
+///
+/// This is the router's own decision ([`crate::router::decide`]), so that the
+/// three KV-aware policies differ only in their beliefs.
 pub fn decide(scoring: &Scoring, request_blocks: u32, overlaps: &[Overlap], loads: &[f64], spread: u64) -> usize {
-    let host = scoring.host_reuse.clamp(0.0, 1.0);
-    let costs: Vec<f64> = overlaps
+    let config = ScoringConfig {
+        prefill_weight: scoring.prefill_weight,
+        load_weight: scoring.load_weight,
+        host_reuse: scoring.host_reuse,
+    };
+    let router_overlaps: Vec<RouterOverlap> = overlaps
         .iter()
-        .zip(loads)
-        .map(|(o, l)| {
-            let (d, a) = (o.device_blocks as f64, o.any_tier_blocks as f64);
-            let prefill = (request_blocks as f64 - d - host * (a - d)).max(0.0);
-            scoring.prefill_weight * prefill + scoring.load_weight * l.max(0.0)
+        .enumerate()
+        .map(|(w, o)| RouterOverlap {
+            worker: WorkerId(w as u32),
+            device_blocks: o.device_blocks,
+            any_tier_blocks: o.any_tier_blocks,
         })
         .collect();
-    let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
-    let tied: Vec<usize> = (0..costs.len()).filter(|&w| costs[w] <= best + 1e-9).collect();
-    let least = tied.iter().map(|&w| loads[w]).fold(f64::INFINITY, f64::min);
-    let tied: Vec<usize> = tied.into_iter().filter(|&w| loads[w] <= least + 1e-9).collect();
-    tied[(spread % tied.len().max(1) as u64) as usize]
+    let workers: Vec<(WorkerId, f64)> = loads.iter().enumerate().map(|(w, l)| (WorkerId(w as u32), *l)).collect();
+    let decision = crate::router::decide(&config, request_blocks, Some(RouterKey(spread)), &router_overlaps, &workers);
+    decision.worker.map_or(0, |w| w as usize)
 }
 
 #[cfg(test)]

@@ -32,9 +32,9 @@ pub struct SimArgs {
     /// Mean time between chat session starts, in milliseconds.
     #[arg(long, value_name = "MS")]
     session_interarrival_ms: Option<f64>,
-    /// Workers in the fleet.
-    #[arg(long, default_value_t = 4)]
-    workers: u32,
+    /// Workers in the fleet (default: 4).
+    #[arg(long)]
+    workers: Option<u32>,
     /// Tokens per KV block (default: 32; 64 with --trace).
     #[arg(long)]
     block_size: Option<u32>,
@@ -66,7 +66,10 @@ pub struct SimArgs {
 }
 
 fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
-    let mut config = SimConfig { workers: args.workers, base_port: args.base_port, ..Default::default() };
+    let mut config = SimConfig { base_port: args.base_port, ..Default::default() };
+    if let Some(w) = args.workers {
+        config.workers = w;
+    }
     let workload = match &args.trace {
         Some(path) => {
             let path = if path.is_relative() && !path.exists() {
