@@ -181,7 +181,9 @@ pub fn run_policy(
                 let keys = engine_keys(request, &tokens, bs, config.placeholder_token);
                 let vr = ViewRequest { request, tokens: &tokens, engine_keys: &keys, block_size: bs };
                 let overlaps = view.overlaps(&vr, &engines);
-                let spread = keys.first().map_or(request.id, |k| u64::from_le_bytes(k.0[..8].try_into().expect("8")));
+                let spread = keys
+                    .first()
+                    .map_or(request.id, |k| u64::from_le_bytes(k.0[..8].try_into().expect("a key has 32 bytes")));
                 let w = decide(&config.scoring, tokens.len() as u32 / bs, &overlaps, &loads, spread);
                 (w, Some(overlaps[w].any_tier_blocks))
             }

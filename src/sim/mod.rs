@@ -64,8 +64,9 @@ pub struct SimConfig {
     pub scoring: Scoring,
     /// The policies to compare, in report order.
     pub policies: Vec<PolicyKind>,
-    /// First TCP port of the engines' publishers (`None`: ports the system
-    /// picks).
+    /// First TCP port of the engines' publishers (`kv-ours` pass): worker
+    /// `w` publishes on `base_port + w` and answers replays on `base_port +
+    /// workers + w`. `None`: ports the system picks.
     pub base_port: Option<u16>,
 }
 
@@ -114,10 +115,14 @@ impl SimConfig {
         if self.policies.is_empty() {
             return Err(SimError::Invalid("no policy to run".into()));
         }
+        // Publishers take `base_port + w`, their replay sockets `base_port + workers + w`.
         if let Some(p) = self.base_port
-            && p as u32 + self.workers > 65_536
+            && p as u32 + 2 * self.workers > 65_536
         {
-            return Err(SimError::Invalid(format!("ports {p}..{} do not fit below 65536", p as u32 + self.workers)));
+            return Err(SimError::Invalid(format!(
+                "ports {p}..{} (publishers and their replay sockets) do not fit below 65536",
+                p as u32 + 2 * self.workers
+            )));
         }
         let t = &self.timing;
         if [t.request_overhead_us, t.prefill_us_per_token, t.onboard_us_per_token, t.decode_us_per_token]

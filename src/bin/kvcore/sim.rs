@@ -54,7 +54,8 @@ pub struct SimArgs {
     /// Comma-separated policies to run (default: all).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
-    /// Put the engines' publishers on PORT, PORT+1, ... instead of free ports.
+    /// Put the engines' publishers on PORT, PORT+1, ... (replay sockets on
+    /// PORT+N, PORT+N+1, ... for N workers) instead of free ports.
     #[arg(long, value_name = "PORT")]
     base_port: Option<u16>,
     /// Write summary.json, requests.jsonl and plot.svg into DIR.
