@@ -145,7 +145,7 @@ pub fn run(args: &SimArgs) -> i32 {
     let progress = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
     progress.set_draw_target(if args.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() });
     progress.set_style(
-        ProgressStyle::with_template("{msg:>13} [{bar:40}] {pos}/{len} requests ({per_sec}, {eta} left)")
+        ProgressStyle::with_template("{msg:>13} [{bar:40}] {pos}/{len} requests ({elapsed} elapsed, about {eta} left)")
             .expect("the template is valid")
             .progress_chars("=> "),
     );
