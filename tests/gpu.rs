@@ -115,7 +115,7 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
 mod device {
     use super::*;
     use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
-    use kvcore::gpu::{Gpu, HostTier};
+    use kvcore::gpu::{Gpu, HostCopyPath, HostTier};
     use std::sync::Arc;
 
     fn gpu() -> Option<Arc<Gpu>> {
@@ -220,20 +220,31 @@ mod device {
                 "alone, length {len}"
             );
         }
+        // Several items through the reusable buffers of the one-call path,
+        // after smaller and larger calls used them.
+        let spans = [(0usize, 5 << 20), (7, 3000), (1 << 20, 129 << 10)];
+        let views: Vec<_> = spans.iter().map(|(o, l)| dev.slice(*o..o + l)).collect();
+        let several = gpu.digest_views(&views).unwrap();
+        for ((o, l), d) in spans.iter().zip(&several) {
+            assert_eq!(d, blake3::hash(&data[*o..o + l]).as_bytes(), "one call of several, length {l}");
+        }
         let past = gpu.prepare_digests_in(Arc::clone(&dev), &[(data.len() as u64 - 10, 11)]);
         assert!(past.is_err(), "a range past the buffer is refused");
     }
 
     /// Batched block copies on the GPU (full and prefix, both tiers, chained
-    /// pages) leave exactly the bytes the CPU twin leaves.
+    /// pages) leave exactly the bytes the CPU twin leaves, whichever of the
+    /// kernel and the copy engines moves the host tier's bytes.
     #[test]
     fn block_copy_matches_cpu_twin() {
         let Some(gpu) = gpu() else { return };
         let mut rng = StdRng::seed_from_u64(9);
-        for g in [
+        let geometries = [
             BlockGeometry { regions: 4, block_bytes: 8192, planes: 2, tokens_per_block: 16 },
             BlockGeometry { regions: 2, block_bytes: 96 * 3, planes: 3, tokens_per_block: 4 },
-        ] {
+        ];
+        let paths = [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split];
+        for (g, path) in geometries.iter().flat_map(|g| paths.iter().map(move |p| (*g, *p))) {
             let (dev_n, host_n) = (64u32, 48u32);
             let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
             let mut cpu_host = random_pool(&mut rng, &g, host_n);
@@ -241,7 +252,8 @@ mod device {
             let mut tier = HostTier::new(&gpu, g, host_n).unwrap();
             tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
             let tier = Arc::new(tier);
-            let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            let mut engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            engine.set_host_path(path);
             for _ in 0..5 {
                 let copies = random_copies(&mut rng, &g, dev_n, host_n, 300);
                 gpu.copy_blocks(&engine, &copies).unwrap();
@@ -250,8 +262,11 @@ mod device {
             gpu.synchronize().unwrap();
             let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
             gpu.synchronize().unwrap();
-            assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({g:?})");
-            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs from the CPU twin ({g:?})");
+            assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({g:?}, {path:?})");
+            assert!(
+                tier.bytes().unwrap() == cpu_host.data.concat(),
+                "host tier differs from the CPU twin ({g:?}, {path:?})"
+            );
         }
     }
 }

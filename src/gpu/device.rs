@@ -7,6 +7,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, Pi
 
 use super::GpuError;
 use super::digest::{CHUNK_BYTES, GROUP_CHUNKS, groups_of_len, scratch_of_len};
+use super::dma::{self, RunList};
 use super::kernels::{KernelId, KernelOptions, ModuleCache, arch_for};
 use super::launch::{self, Blake3Item};
 use super::pool::{BlockGeometry, CopyOp, KvPool, plan_copy_waves};
@@ -21,6 +22,31 @@ pub struct Gpu {
     modules: ModuleCache,
     sm_count: u32,
     name: String,
+    /// Reusable buffers of [`Gpu::digest_device`], grown when a call needs more.
+    arena: std::sync::Mutex<Option<DigestArena>>,
+}
+
+/// Buffers one digest call reuses: set counters (zero between calls, as the
+/// kernel leaves them), the device table, outputs and values, and a pinned
+/// host mirror of the table and outputs, so that a call is one small upload,
+/// one launch and one small read-back, with no allocation and no memset.
+#[derive(Debug)]
+struct DigestArena {
+    counters: CudaSlice<u32>,
+    counters_ptr: u64,
+    work: CudaSlice<u8>,
+    work_ptr: u64,
+    host: PinnedHostSlice<u8>,
+    host_ptr: usize,
+}
+
+/// Byte offsets in a digest arena for `n` items and `values` scratch values:
+/// outputs at 0, the table after them, the values after that; the total.
+fn arena_layout(n: usize, values: u64) -> (usize, usize, usize) {
+    let up = |x: usize| x.div_ceil(256) * 256;
+    let table_off = up(32 * n);
+    let values_off = up(table_off + 48 * n);
+    (table_off, values_off, values_off + 32 * values.max(1) as usize)
 }
 
 /// A device-resident byte string: a device address and a length.
@@ -62,7 +88,7 @@ impl Gpu {
             let name = ctx.name()?;
             let stream = ctx.new_stream()?;
             let modules = ModuleCache::new(Arc::clone(&ctx), arch_for(major, minor), options);
-            Ok(Gpu { ctx, stream, modules, sm_count, name })
+            Ok(Gpu { ctx, stream, modules, sm_count, name, arena: std::sync::Mutex::new(None) })
         });
         match opened {
             Ok(Ok(gpu)) => Ok(Arc::new(gpu)),
@@ -124,33 +150,12 @@ impl Gpu {
         }
         let out: CudaSlice<u8> = self.stream.alloc_zeros(32 * items.len())?;
         let (out_base, _sync) = out.device_ptr(&self.stream);
-        let mut table = Vec::with_capacity(items.len());
-        let (mut group_next, mut cv_next, mut ctr_next) = (0u64, 0u64, 0u64);
-        for (i, it) in items.iter().enumerate() {
-            let groups = groups_of_len(it.len);
-            let (values, counters) = scratch_of_len(it.len);
-            table.push(Blake3Item {
-                data: it.ptr,
-                len: it.len,
-                out: out_base + 32 * i as u64,
-                cv_first: cv_next,
-                ctr_first: ctr_next,
-                group_first: u32::try_from(group_next)
-                    .map_err(|_| GpuError::InvalidArgument("a digest batch has more than 2^32 groups".to_owned()))?,
-                groups: groups as u32,
-            });
-            group_next += groups;
-            cv_next += values;
-            ctr_next += counters;
-        }
-        if group_next > i32::MAX as u64 {
-            return Err(GpuError::InvalidArgument("a digest batch is limited to 2^31 - 1 groups (128 TiB)".to_owned()));
-        }
+        let (table, group_next, cv_next, ctr_next) = build_table(items, out_base)?;
         drop(_sync);
         let table_dev = self.stream.clone_htod(bytemuck::cast_slice::<Blake3Item, u8>(&table))?;
         let cvs: CudaSlice<u32> = self.stream.alloc_zeros((8 * cv_next).max(8) as usize)?;
         let counters: CudaSlice<u32> = self.stream.alloc_zeros(ctr_next.max(1) as usize)?;
-        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next as u32, keep: None };
+        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next, keep: None };
         launch::check_digest_batch(&batch);
         Ok(batch)
     }
@@ -172,18 +177,107 @@ impl Gpu {
         Ok(bytes.chunks_exact(32).map(|c| c.try_into().expect("32-byte chunks")).collect())
     }
 
-    /// BLAKE3-256 of device-resident items: prepare, two launches, read back.
-    /// This is what the C API wraps.
+    /// BLAKE3-256 of device-resident items in one call: the table goes up
+    /// from pinned memory, one launch, the digests come back into pinned
+    /// memory, all through buffers the handle keeps between calls (no
+    /// allocation, no memset once they are large enough). This is what the C
+    /// API wraps. Calls on one handle take turns.
     ///
     /// # Safety
-    /// As [`Gpu::prepare_digests`]; the call returns only after the kernels
+    /// As [`Gpu::prepare_digests`]; the call returns only after the kernel
     /// finished, so the items need to live only for the call.
     pub unsafe fn digest_device(&self, items: &[DeviceBytes]) -> Result<Vec<[u8; 32]>, GpuError> {
-        // SAFETY: the caller upholds prepare_digests' contract for the call,
-        // and read_digests synchronizes before returning.
-        let batch = unsafe { self.prepare_digests(items)? };
-        self.launch_digests(&batch)?;
-        self.read_digests(&batch)
+        if items.is_empty() {
+            return Err(GpuError::InvalidArgument("a digest batch needs at least one item".to_owned()));
+        }
+        let n = items.len();
+        // Sizes first (the table needs the outputs' address, which depends on the arena).
+        let (values, counters) = items.iter().fold((0u64, 0u64), |(v, c), it| {
+            let (a, b) = scratch_of_len(it.len);
+            (v + a, c + b)
+        });
+        let (table_off, values_off, work_bytes) = arena_layout(n, values);
+        let mut guard = self.arena.lock().map_err(|_| GpuError::InvalidArgument("digest arena poisoned".to_owned()))?;
+        let grow = match guard.as_ref() {
+            None => true,
+            Some(a) => {
+                a.work.len() < work_bytes || (a.counters.len() as u64) < counters.max(1) || a.host.len() < values_off
+            }
+        };
+        if grow {
+            // Drop the old buffers after the stream is idle (every call synchronizes before returning).
+            *guard = None;
+            let cap = |x: usize| x.next_power_of_two().max(1 << 16);
+            let counters_buf: CudaSlice<u32> = self.stream.alloc_zeros(cap(counters.max(1) as usize))?;
+            let work: CudaSlice<u8> = self.stream.alloc_zeros(cap(work_bytes))?;
+            // SAFETY: plain bytes, written before they are read.
+            let mut host = unsafe { self.ctx.alloc_pinned::<u8>(cap(values_off))? };
+            let counters_ptr = counters_buf.device_ptr(&self.stream).0;
+            let work_ptr = work.device_ptr(&self.stream).0;
+            let host_ptr = host.as_mut_ptr()? as usize;
+            self.stream.synchronize()?;
+            *guard = Some(DigestArena { counters: counters_buf, counters_ptr, work, work_ptr, host, host_ptr });
+        }
+        let a = guard.as_ref().expect("just made");
+        let (table, groups, _, _) = build_table(items, a.work_ptr)?;
+        launch::check_table(
+            &table,
+            a.work_ptr,
+            (a.work.len() - values_off) as u64 / 32,
+            a.counters.len() as u64,
+            groups,
+        );
+        let table_bytes = bytemuck::cast_slice::<Blake3Item, u8>(&table);
+        // SAFETY: the host buffer holds at least values_off >= table_off +
+        // 48 n bytes (checked when it was sized); no copy from it is in
+        // flight (every call synchronizes before releasing the lock we hold).
+        unsafe {
+            std::ptr::copy_nonoverlapping(table_bytes.as_ptr(), (a.host_ptr + table_off) as *mut u8, table_bytes.len());
+        }
+        // SAFETY: both ranges lie inside buffers of this arena (sized above);
+        // the host one is pinned, so the copy is a true asynchronous DMA
+        // ordered before the launch on this stream.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                a.work_ptr + table_off as u64,
+                (a.host_ptr + table_off) as *const std::ffi::c_void,
+                table_bytes.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()?;
+        let variant = if groups as u64 <= 2 * self.sm_count as u64 {
+            KernelId::Blake3Latency
+        } else {
+            KernelId::Blake3Throughput
+        };
+        // SAFETY: the table at work_ptr + table_off was built by build_table
+        // and checked by check_table against this arena's sizes: outputs at
+        // work_ptr, values at work_ptr + values_off, zero counters at
+        // counters_ptr (zeroed at allocation, left zero by every launch).
+        // Item addresses are valid by this function's contract.
+        unsafe {
+            launch::blake3_digest_raw(
+                self,
+                a.work_ptr + table_off as u64,
+                n as u32,
+                a.work_ptr + values_off as u64,
+                a.counters_ptr,
+                groups,
+                variant,
+            )
+        }?;
+        // SAFETY: 32 n bytes at work_ptr (the outputs) into the pinned host
+        // buffer's first 32 n bytes, both inside their buffers.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(a.host_ptr as *mut std::ffi::c_void, a.work_ptr, 32 * n, self.stream.cu_stream())
+        }
+        .result()?;
+        self.stream.synchronize()?;
+        // SAFETY: the stream is idle, so the read-back has landed; the
+        // pinned buffer lives while we hold the lock.
+        let out = unsafe { std::slice::from_raw_parts(a.host_ptr as *const u8, 32 * n) };
+        Ok(out.chunks_exact(32).map(|c| c.try_into().expect("32-byte chunks")).collect())
     }
 
     /// A digest batch over ranges `(offset, len)` of a device buffer the batch
@@ -245,15 +339,42 @@ impl Gpu {
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
         let id = NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(CopyEngine { id, device, host, device_bases_dev, host_bases_dev, vec16, keep: None })
+        let (dma_out, dma_in) = (self.ctx.new_stream()?, self.ctx.new_stream()?);
+        Ok(CopyEngine {
+            id,
+            device,
+            host,
+            host_bases,
+            device_bases_dev,
+            host_bases_dev,
+            vec16,
+            host_path: HostCopyPath::default(),
+            dma_out,
+            dma_in,
+            keep: None,
+        })
     }
 
-    /// Checks a wave against `engine` (see `launch::check_wave`) and uploads
-    /// it, host writes first so that the kernel can give each direction its
-    /// own thread blocks (copies of a wave are independent, so their order is
+    /// Checks a wave against `engine` (see `launch::check_wave`), hands the
+    /// host copies that the engine's [`HostCopyPath`] gives the copy engines
+    /// to them as lists of byte runs, and uploads the rest for the kernel,
+    /// host writes first so that the kernel can give each direction its own
+    /// thread blocks (copies of a wave are independent, so their order is
     /// free).
-    pub fn prepare_wave(&self, engine: &CopyEngine, mut ops: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
-        launch::check_wave(engine, &ops)?;
+    pub fn prepare_wave(&self, engine: &CopyEngine, all: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
+        launch::check_wave(engine, &all)?;
+        let total = all.len();
+        let (mut to_host, mut from_host, mut ops) = (Vec::new(), Vec::new(), Vec::new());
+        for op in all {
+            match engine.host_path {
+                HostCopyPath::CopyEngines | HostCopyPath::Split if op.media & 2 != 0 => to_host.push(op),
+                HostCopyPath::CopyEngines if op.media & 1 != 0 => from_host.push(op),
+                _ => ops.push(op),
+            }
+        }
+        let g = &engine.device.geometry;
+        let dma_out = dma::runs(g, &to_host, &engine.device.region_bases, &engine.host_bases);
+        let dma_in = dma::runs(g, &from_host, &engine.device.region_bases, &engine.host_bases);
         ops.sort_by_key(|op| op.media & 2 == 0);
         let host_writes = ops.iter().take_while(|op| op.media & 2 != 0).count();
         let reads_host = ops.iter().any(|op| op.media & 1 != 0);
@@ -264,7 +385,7 @@ impl Gpu {
             self.stream.clone_htod(bytemuck::cast_slice::<CopyOp, u8>(&ops))?
         };
         let touches_host = ops.iter().any(CopyOp::touches_host);
-        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, split_at, ops })
+        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, split_at, ops, dma_out, dma_in, total })
     }
 
     /// Attaches a pool that lives in a device buffer the engine keeps alive:
@@ -309,10 +430,38 @@ impl Gpu {
         let n = waves.len();
         for ops in waves {
             let wave = self.prepare_wave(engine, ops)?;
-            launch::kv_block_copy(self, engine, &wave, None)?;
+            run_wave(self, engine, &wave, None)?;
         }
         Ok(n)
     }
+}
+
+/// The item table of a batch whose outputs start at `out_base`: items,
+/// groups, scratch values and set counters in total.
+fn build_table(items: &[DeviceBytes], out_base: u64) -> Result<(Vec<Blake3Item>, u32, u64, u64), GpuError> {
+    let mut table = Vec::with_capacity(items.len());
+    let (mut group_next, mut cv_next, mut ctr_next) = (0u64, 0u64, 0u64);
+    for (i, it) in items.iter().enumerate() {
+        let groups = groups_of_len(it.len);
+        let (values, counters) = scratch_of_len(it.len);
+        table.push(Blake3Item {
+            data: it.ptr,
+            len: it.len,
+            out: out_base + 32 * i as u64,
+            cv_first: cv_next,
+            ctr_first: ctr_next,
+            group_first: u32::try_from(group_next)
+                .map_err(|_| GpuError::InvalidArgument("a digest batch has more than 2^32 groups".to_owned()))?,
+            groups: groups as u32,
+        });
+        group_next += groups;
+        cv_next += values;
+        ctr_next += counters;
+    }
+    if group_next > i32::MAX as u64 {
+        return Err(GpuError::InvalidArgument("a digest batch is limited to 2^31 - 1 groups (128 TiB)".to_owned()));
+    }
+    Ok((table, group_next as u32, cv_next, ctr_next))
 }
 
 /// A prepared digest batch: the item table (host and device copies), the
@@ -427,7 +576,14 @@ static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 #[derive(Debug)]
 pub struct CopyWave {
     pub(super) engine_id: u64,
+    /// The copies the kernel does (all of them on the kernel path).
     pub(super) ops: Vec<CopyOp>,
+    /// Runs the copy engine writes to the host tier.
+    pub(super) dma_out: RunList,
+    /// Runs the other copy engine reads from the host tier.
+    pub(super) dma_in: RunList,
+    /// Copies in the wave, both paths.
+    pub(super) total: usize,
     pub(super) ops_dev: CudaSlice<u8>,
     pub(super) touches_host: bool,
     /// Ops before this index write the host tier and get their own half of
@@ -438,13 +594,33 @@ pub struct CopyWave {
 impl CopyWave {
     /// Copies in the wave.
     pub fn len(&self) -> usize {
-        self.ops.len()
+        self.total
     }
 
     /// Whether the wave is empty.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.total == 0
     }
+
+    /// Byte runs given to the copy engines, to the host tier and from it
+    /// (after merging runs that continue each other).
+    pub fn dma_runs(&self) -> (usize, usize) {
+        (self.dma_out.len(), self.dma_in.len())
+    }
+}
+
+/// Who moves the bytes of copies to and from the host tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostCopyPath {
+    /// The copy kernel, at most 16 thread blocks, over mapped pinned memory.
+    Kernel,
+    /// The copy engines, one batched driver call per direction on two
+    /// streams: no SM is used. Device-to-device copies stay on the kernel.
+    #[default]
+    CopyEngines,
+    /// The copy engine for offload (writes to the host tier), the kernel for
+    /// onboard.
+    Split,
 }
 
 /// An attached KV pool, with its host tier if any, ready for block copies.
@@ -453,6 +629,12 @@ pub struct CopyEngine {
     pub(super) id: u64,
     pub(super) device: KvPool,
     pub(super) host: Option<Arc<HostTier>>,
+    /// The host tier's region bases (the device pool's when there is none).
+    host_bases: Vec<u64>,
+    host_path: HostCopyPath,
+    /// Streams of the copy engines: writes to the host tier, reads from it.
+    dma_out: Arc<CudaStream>,
+    dma_in: Arc<CudaStream>,
     pub(super) device_bases_dev: CudaSlice<u64>,
     pub(super) host_bases_dev: CudaSlice<u64>,
     pub(super) vec16: bool,
@@ -475,10 +657,62 @@ impl CopyEngine {
     pub fn vectorized(&self) -> bool {
         self.vec16
     }
+
+    /// Who moves host-tier bytes for waves prepared from now on.
+    pub fn host_path(&self) -> HostCopyPath {
+        self.host_path
+    }
+
+    /// Chooses who moves host-tier bytes for waves prepared from now on
+    /// (waves already prepared keep their split).
+    pub fn set_host_path(&mut self, path: HostCopyPath) {
+        self.host_path = path;
+    }
+}
+
+impl Drop for CopyEngine {
+    fn drop(&mut self) {
+        // The pools may be freed with the engine: let its copies finish first.
+        let _ = self.dma_out.synchronize();
+        let _ = self.dma_in.synchronize();
+    }
+}
+
+/// Runs one prepared wave: the copy engines' runs on their two streams,
+/// forked from and joined back into the handle's stream, and the kernel's
+/// copies on the handle's stream, all overlapping (the copies of a wave are
+/// independent).
+fn run_wave(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) -> Result<(), GpuError> {
+    assert_eq!(wave.engine_id, engine.id, "the wave was checked against this engine");
+    let main = gpu.stream();
+    let sides: Vec<(&Arc<CudaStream>, &RunList)> = [(&engine.dma_out, &wave.dma_out), (&engine.dma_in, &wave.dma_in)]
+        .into_iter()
+        .filter(|(_, l)| !l.is_empty())
+        .collect();
+    if !sides.is_empty() {
+        let fork = gpu.ctx.new_event(None)?;
+        fork.record(main)?;
+        for (s, list) in &sides {
+            s.wait(&fork)?;
+            // SAFETY: every run was built by `dma::runs` from pages that
+            // `check_wave` put inside their pools, whose memory the engine
+            // keeps valid (attach's contract, or owned through Arcs) and
+            // whose drop waits for these streams; the wave's copies are
+            // disjoint (checked), so no run overlaps another's writes.
+            unsafe { dma::enqueue(list, s) }?;
+        }
+    }
+    launch::kv_block_copy(gpu, engine, wave, grid)?;
+    for (s, _) in &sides {
+        let join = gpu.ctx.new_event(None)?;
+        join.record(s)?;
+        main.wait(&join)?;
+    }
+    Ok(())
 }
 
 /// Launches one prepared wave with an explicit number of thread blocks (for
 /// benchmarks that sweep it); `None` takes the default.
 pub fn launch_copy_wave(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) -> Result<(), GpuError> {
-    launch::kv_block_copy(gpu, engine, wave, grid)
+    run_wave(gpu, engine, wave, grid)
 }

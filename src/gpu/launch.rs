@@ -42,27 +42,35 @@ const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
 /// immutable afterwards, so the launches need only check that it is whole.
 pub(super) fn check_digest_batch(batch: &DigestBatch) {
     let t = &batch.table;
-    assert!(!t.is_empty(), "a batch has items");
     assert_eq!(batch.table_dev.len(), t.len() * 48, "the device table holds the host table");
     let (out_base, _s) = batch.out.device_ptr(batch.out.stream());
     assert_eq!(batch.out.len(), 32 * t.len(), "one 32-byte output per item");
+    check_table(t, out_base, batch.cvs.len() as u64 / 8, batch.counters.len() as u64, batch.groups);
+}
+
+/// Checks an item table against the buffers it will be launched with:
+/// outputs consecutive from `out_base`, groups consecutive from 0 and
+/// totalling `groups`, scratch ranges consecutive and inside `values`
+/// values and `counters` counters.
+pub(super) fn check_table(t: &[Blake3Item], out_base: u64, values: u64, counters: u64, groups: u32) {
+    assert!(!t.is_empty(), "a batch has items");
     let (mut group, mut cv, mut ctr) = (0u64, 0u64, 0u64);
     for (i, it) in t.iter().enumerate() {
         assert_eq!(it.groups as u64, groups_of_len(it.len), "item {i}: group count matches its length");
         assert_eq!(it.group_first as u64, group, "item {i}: groups are consecutive from 0");
         assert_eq!(it.out, out_base + 32 * i as u64, "item {i}: output inside the batch's buffer");
-        let (values, counters) = scratch_of_len(it.len);
-        if values > 0 {
+        let (v, c) = scratch_of_len(it.len);
+        if v > 0 {
             assert_eq!((it.cv_first, it.ctr_first), (cv, ctr), "item {i}: scratch ranges are consecutive");
         }
-        cv += values;
-        ctr += counters;
+        cv += v;
+        ctr += c;
         group += it.groups as u64;
     }
-    assert_eq!(group, batch.groups as u64, "total groups");
-    assert!(batch.cvs.len() as u64 >= 8 * cv, "scratch holds every value of every level");
-    assert!(batch.counters.len() as u64 >= ctr, "scratch holds every set counter");
-    assert!(batch.groups <= i32::MAX as u32, "grid fits");
+    assert_eq!(group, groups as u64, "total groups");
+    assert!(values >= cv, "scratch holds every value of every level");
+    assert!(counters >= ctr, "scratch holds every set counter");
+    assert!(groups <= i32::MAX as u32, "grid fits");
 }
 
 /// The O(1) part of the batch invariant, checked at every launch.
@@ -107,6 +115,42 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     // writes only its own 32 output bytes and its item's scratch ranges, all
     // inside buffers the batch owns. Item addresses are valid device memory by
     // the contract of `Gpu::prepare_digests`, the only constructor of a batch.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// The launch of [`blake3_digest`] on raw device addresses (the reusable
+/// arena of `Gpu::digest_device`).
+///
+/// # Safety
+/// `table` must hold `n_items` items, built by `build_table` for outputs
+/// inside live device memory and checked by `check_table` against the
+/// `values` and `counters` buffers (`counters` zero), with every item's
+/// bytes readable device memory; all of it must stay valid until the launch
+/// completes.
+pub(super) unsafe fn blake3_digest_raw(
+    gpu: &Gpu,
+    table: u64,
+    n_items: u32,
+    values: u64,
+    counters: u64,
+    groups: u32,
+    variant: KernelId,
+) -> Result<(), GpuError> {
+    assert!(n_items > 0 && groups >= 1 && groups <= i32::MAX as u32, "a batch has items and its grid fits");
+    assert!(
+        matches!(variant, KernelId::Blake3Latency | KernelId::Blake3Throughput),
+        "a BLAKE3 kernel has the BLAKE3 signature"
+    );
+    let f = gpu.function(variant)?;
+    let one = 1u32;
+    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&table).arg(&n_items).arg(&values).arg(&counters).arg(&one);
+    // SAFETY: pointers are passed as 64-bit values, which is how the kernel
+    // receives its pointer parameters; what they point to is valid by this
+    // function's contract, and the kernel stays inside it as argued in
+    // `blake3_digest`.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }

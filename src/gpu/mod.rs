@@ -23,6 +23,8 @@ pub mod pool;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod dma;
+#[cfg(feature = "cuda")]
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod launch;
@@ -30,7 +32,7 @@ pub mod launch;
 pub mod measure;
 
 #[cfg(feature = "cuda")]
-pub use device::{CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostTier, launch_copy_wave};
+pub use device::{CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostCopyPath, HostTier, launch_copy_wave};
 pub use digest::digest_grouped_cpu;
 pub use pool::{BlockGeometry, CopyOp, CpuKvPool, KvPool, copy_blocks_cpu, plan_copy_waves};
 

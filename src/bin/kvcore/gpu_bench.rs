@@ -20,9 +20,9 @@ mod imp {
     use std::time::Instant;
 
     use cudarc::driver::CudaSlice;
-    use kvcore::gpu::kernels::{KernelId, KernelOptions};
+    use kvcore::gpu::kernels::KernelId;
     use kvcore::gpu::measure::{CopyLimits, copy_limits, time_ms};
-    use kvcore::gpu::{BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostTier, launch_copy_wave};
+    use kvcore::gpu::{BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostTier, launch_copy_wave};
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
 
@@ -166,8 +166,10 @@ mod imp {
         Ok(out)
     }
 
-    /// Offload, onboard and both at once through the host tier, 16 thread blocks.
-    fn host_copies(gpu: &Arc<Gpu>, l: &CopyLimits, quick: bool, sizes: &[u64]) -> R<Vec<Value>> {
+    /// Offload, onboard and both at once through the host tier, by each
+    /// [`HostCopyPath`] (the kernel with 16 thread blocks, the copy engines,
+    /// or one of each).
+    fn host_copies(gpu: &Arc<Gpu>, l: &CopyLimits, quick: bool, sizes: &[u64], path: HostCopyPath) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(8);
         let unroll = gpu.modules().options().copy_unroll;
         let mut out = Vec::new();
@@ -176,7 +178,8 @@ mod imp {
             let tier_bytes: u64 = if quick { 128 << 20 } else { 1 << 30 };
             let host_blocks = (tier_bytes / (bb * 32)) as u32;
             let tier = Arc::new(HostTier::new(gpu, g, host_blocks)?);
-            let (engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
+            let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
+            engine.set_host_path(path);
             let n = host_blocks;
             let offload: Vec<CopyOp> =
                 (0..n).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
@@ -191,7 +194,8 @@ mod imp {
                 mixed.push(CopyOp { src_page: half + i, dst_page: dev_blocks - 1 - i, tokens: 16, media: 1 });
             }
             let per_op = 32.0 * bb as f64;
-            let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll});
+            let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll,
+                "path": format!("{path:?}")});
             for (name, ops, limit) in [
                 ("offload_d2h", offload, l.pinned_d2h),
                 ("onboard_h2d", onboard, l.pinned_h2d),
@@ -199,23 +203,22 @@ mod imp {
             ] {
                 let moved = ops.len() as f64 * per_op;
                 let wave = gpu.prepare_wave(&engine, ops)?;
-                let mut sweep = Vec::new();
-                for grid in [4u32, 8] {
-                    let t = time_ms(gpu, 1, 5, || launch_copy_wave(gpu, &engine, &wave, Some(grid)))?;
-                    sweep.push(json!({"blocks": grid, "GBps": moved / (t * 1e-3) / 1e9}));
-                }
                 let t = time_ms(gpu, 2, 10, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
                 let rate = moved / (t * 1e-3) / 1e9;
+                let (runs_out, runs_in) = wave.dma_runs();
                 println!(
-                    "copy   unroll {unroll:>2} {:<11} block {:>6} B  16 blocks {:>6.1} GB/s = {:.1} % of the copy engines' {:.1}",
+                    "copy   {:<11} {:<11} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, batched call {})",
+                    format!("{path:?}"),
                     name,
                     bb,
                     rate,
                     100.0 * rate / limit,
-                    limit
+                    limit,
+                    kvcore::gpu::dma::batch_api_in_use()
                 );
-                entry[name] =
-                    json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved, "grid_sweep": sweep});
+                gpu.synchronize()?;
+                entry[name] = json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved,
+                    "dma_runs": [runs_out, runs_in], "batched_call": kvcore::gpu::dma::batch_api_in_use()});
             }
             out.push(entry);
         }
@@ -255,11 +258,9 @@ mod imp {
 
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
-        for unroll in [4u32, 12, 16] {
-            let variant = Gpu::probe_with(0, KernelOptions { copy_unroll: unroll })?;
-            hc.extend(host_copies(&variant, &l, quick, &[16 << 10])?);
+        for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split] {
+            hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path)?);
         }
-        hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10])?);
         report.insert("host_copy".into(), Value::Array(hc));
 
         let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
