@@ -24,6 +24,11 @@
 // more hashes per second when every SM is full. blake3_digest_latency leaves
 // them as plain additions, whose latency is shorter: a faster single image,
 // where a few warps per SM wait on their own dependency chains.
+//
+// Compiled with B3_PAIR defined (a module of its own, so that the kernels
+// above never depend on it), two more entry points hash two whole chunks
+// per thread side by side, one warp per group: twice the independent
+// instructions per thread, half the warps.
 
 #define B3_CHUNK_START 1u
 #define B3_CHUNK_END 2u
@@ -172,6 +177,73 @@ __device__ void b3_chunk(u32 cv[8], const u8* p, u32 chunk_len, u64 chunk, bool 
     }
 }
 
+#ifdef B3_PAIR
+// Two compressions side by side (states a and b), for ILP: the same
+// schedule as b3_compress, written once per state so that the compiler can
+// interleave the two independent dependency chains.
+#define B3_ROUND_P(P, M, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) \
+    do {                                                        \
+        B3_G(P##0, P##4, P##8, P##12, M[s0], M[s1]);            \
+        B3_G(P##1, P##5, P##9, P##13, M[s2], M[s3]);            \
+        B3_G(P##2, P##6, P##10, P##14, M[s4], M[s5]);           \
+        B3_G(P##3, P##7, P##11, P##15, M[s6], M[s7]);           \
+        B3_G(P##0, P##5, P##10, P##15, M[s8], M[s9]);           \
+        B3_G(P##1, P##6, P##11, P##12, M[s10], M[s11]);         \
+        B3_G(P##2, P##7, P##8, P##13, M[s12], M[s13]);          \
+        B3_G(P##3, P##4, P##9, P##14, M[s14], M[s15]);          \
+    } while (0)
+#define B3_ROUND2(...)                    \
+    do {                                  \
+        B3_ROUND_P(a, ma, __VA_ARGS__);   \
+        B3_ROUND_P(b, mb, __VA_ARGS__);   \
+    } while (0)
+
+template <int MODE>
+__device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 ctra, u32 cvb[8], const u32 mb[16], u64 ctrb,
+                                             u32 flags, u32 one) {
+    u32 a0 = cva[0], a1 = cva[1], a2 = cva[2], a3 = cva[3], a4 = cva[4], a5 = cva[5], a6 = cva[6], a7 = cva[7];
+    u32 a8 = B3_IV[0], a9 = B3_IV[1], a10 = B3_IV[2], a11 = B3_IV[3];
+    u32 a12 = (u32)ctra, a13 = (u32)(ctra >> 32), a14 = 64u, a15 = flags;
+    u32 b0 = cvb[0], b1 = cvb[1], b2 = cvb[2], b3 = cvb[3], b4 = cvb[4], b5 = cvb[5], b6 = cvb[6], b7 = cvb[7];
+    u32 b8 = B3_IV[0], b9 = B3_IV[1], b10 = B3_IV[2], b11 = B3_IV[3];
+    u32 b12 = (u32)ctrb, b13 = (u32)(ctrb >> 32), b14 = 64u, b15 = flags;
+    B3_ROUND2(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    B3_ROUND2(2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8);
+    B3_ROUND2(3, 4, 10, 12, 13, 2, 7, 14, 6, 5, 9, 0, 11, 15, 8, 1);
+    B3_ROUND2(10, 7, 12, 9, 14, 3, 13, 15, 4, 0, 11, 2, 5, 8, 1, 6);
+    B3_ROUND2(12, 13, 9, 11, 15, 10, 14, 8, 7, 2, 5, 3, 0, 1, 6, 4);
+    B3_ROUND2(9, 14, 11, 5, 8, 12, 15, 1, 13, 3, 0, 10, 2, 6, 4, 7);
+    B3_ROUND2(11, 15, 5, 0, 1, 9, 8, 6, 14, 10, 2, 12, 3, 4, 7, 13);
+    cva[0] = a0 ^ a8; cva[1] = a1 ^ a9; cva[2] = a2 ^ a10; cva[3] = a3 ^ a11;
+    cva[4] = a4 ^ a12; cva[5] = a5 ^ a13; cva[6] = a6 ^ a14; cva[7] = a7 ^ a15;
+    cvb[0] = b0 ^ b8; cvb[1] = b1 ^ b9; cvb[2] = b2 ^ b10; cvb[3] = b3 ^ b11;
+    cvb[4] = b4 ^ b12; cvb[5] = b5 ^ b13; cvb[6] = b6 ^ b14; cvb[7] = b7 ^ b15;
+}
+
+// Chaining values of two whole (1024-byte), non-root chunks: chunk `ca` at
+// pa and chunk `ca + 32` at pb, side by side.
+template <int MODE>
+__device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u64 ca, bool aligned, u32 one) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) { cva[i] = B3_IV[i]; cvb[i] = B3_IV[i]; }
+    u32 ma[16], mb[16];
+    b3_load_full(ma, pa, aligned);
+    b3_load_full(mb, pb, aligned);
+    for (u32 j = 0; j < 16; j++) {
+        u32 xa[16], xb[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) { xa[i] = ma[i]; xb[i] = mb[i]; }
+        if (j + 1 < 16) {
+            b3_load_full(ma, pa + 64 * (j + 1), aligned);
+            b3_load_full(mb, pb + 64 * (j + 1), aligned);
+        }
+        u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
+        b3_compress2<MODE>(cva, xa, ca, cvb, xb, ca + B3_GROUP / 2, flags, one);
+    }
+}
+
+#endif  // B3_PAIR
+
 // Index of the item that owns global group g: the last item whose group_first <= g.
 __device__ __forceinline__ u32 b3_find_item(const Blake3Item* items, u32 n_items, u32 g) {
     u32 lo = 0, hi = n_items;  // invariant: items[lo].group_first <= g < items[hi].group_first
@@ -216,7 +288,7 @@ __device__ void b3_fold(u32 (*s_cv)[9], u32 k, bool root, u32 one) {
     }
 }
 
-template <int MODE>
+template <int MODE, int PAIR>
 __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
     __shared__ u32 s_cv[B3_GROUP][9];  // padded against bank conflicts
     __shared__ u32 s_item;
@@ -233,6 +305,29 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
     const bool single = it.groups == 1;
     const u8* base = (const u8*)it.data;
     const bool aligned = (it.data & 15) == 0;
+#ifdef B3_PAIR
+    if (PAIR) {
+        // Two chunks per thread (t and t + 32), hashed side by side when both
+        // are whole: twice the independent instructions per thread.
+        const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
+        if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
+            u32 cva[8], cvb[8];
+            b3_chunk2<MODE>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
+#pragma unroll
+            for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
+        } else {
+            for (u32 k = t; k < n; k += B3_GROUP / 2) {
+                u64 c = first_chunk + k;
+                u64 off = c * 1024;
+                u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
+                u32 cv[8];
+                b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+#pragma unroll
+                for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
+            }
+        }
+    } else
+#endif
     if (t < n) {
         u64 c = first_chunk + t;
         u64 off = c * 1024;
@@ -269,9 +364,9 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
         __syncthreads();
         if (!s_last) return;
         __threadfence();
-        if (t < siblings) {
+        for (u32 k = t; k < siblings; k += blockDim.x) {
 #pragma unroll
-            for (int i = 0; i < 8; i++) s_cv[t][i] = __ldcg(&vals[((u64)parent * B3_GROUP + t) * 8 + i]);
+            for (int i = 0; i < 8; i++) s_cv[k][i] = __ldcg(&vals[((u64)parent * B3_GROUP + k) * 8 + i]);
         }
         __syncthreads();
         b3_fold<MODE>(s_cv, siblings, parents == 1, one);
@@ -288,10 +383,23 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_latency(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<0>(items, n_items, cvs, counters, one);
+    b3_digest<0, 0>(items, n_items, cvs, counters, one);
 }
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_throughput(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1>(items, n_items, cvs, counters, one);
+    b3_digest<1, 0>(items, n_items, cvs, counters, one);
 }
+
+#ifdef B3_PAIR
+// One warp per group, two chunks per thread (launch with 32 threads per block).
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 1>(items, n_items, cvs, counters, one);
+}
+
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair_latency(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<0, 1>(items, n_items, cvs, counters, one);
+}
+#endif  // B3_PAIR

@@ -115,7 +115,7 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
 mod device {
     use super::*;
     use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
-    use kvcore::gpu::{Gpu, HostCopyPath, HostTier};
+    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, HostTier, launch_copy_wave};
     use std::sync::Arc;
 
     fn gpu() -> Option<Arc<Gpu>> {
@@ -203,7 +203,7 @@ mod device {
             .map(|(i, &len)| (if i % 3 == 0 { (i as u64 * 7) % 61 } else { 0 }, len))
             .collect();
         let batch = gpu.prepare_digests_in(Arc::clone(&dev), &items).unwrap();
-        for variant in [KernelId::Blake3Throughput, KernelId::Blake3Latency] {
+        for variant in KernelId::BLAKE3 {
             // Launching the same batch again must work too: the kernel resets its counters.
             kvcore::gpu::launch::blake3_digest(gpu, &batch, variant).unwrap();
             let got = gpu.read_digests(&batch).unwrap();
@@ -243,7 +243,7 @@ mod device {
             BlockGeometry { regions: 4, block_bytes: 8192, planes: 2, tokens_per_block: 16 },
             BlockGeometry { regions: 2, block_bytes: 96 * 3, planes: 3, tokens_per_block: 4 },
         ];
-        let paths = [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split];
+        let paths = [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split, HostCopyPath::Auto];
         for (g, path) in geometries.iter().flat_map(|g| paths.iter().map(move |p| (*g, *p))) {
             let (dev_n, host_n) = (64u32, 48u32);
             let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
@@ -267,6 +267,43 @@ mod device {
                 tier.bytes().unwrap() == cpu_host.data.concat(),
                 "host tier differs from the CPU twin ({g:?}, {path:?})"
             );
+        }
+    }
+
+    /// The automatic host path hands long in-order runs to the copy engines
+    /// and short scattered ones to the kernel, and both leave the right bytes:
+    /// 40 consecutive 8 KiB pages offloaded merge into one 320 KiB run per
+    /// region, while 3 scattered pages stay on the kernel.
+    #[test]
+    fn auto_host_path_picks_by_run_length() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(21);
+        let g = BlockGeometry { regions: 4, block_bytes: 8192, planes: 2, tokens_per_block: 16 };
+        let (dev_n, host_n) = (64u32, 48u32);
+        let cpu_dev = random_pool(&mut rng, &g, dev_n);
+        let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
+        let tier = Arc::new(HostTier::new(&gpu, g, host_n).unwrap());
+        let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+        assert_eq!(engine.host_path(), HostCopyPath::Auto, "the automatic path is the default");
+        let long: Vec<CopyOp> = (0..40).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
+        let short: Vec<CopyOp> = [(50, 41), (45, 44), (60, 47)]
+            .map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 16, media: 2 })
+            .to_vec();
+        let long_wave = gpu.prepare_wave(&engine, long.clone()).unwrap();
+        let short_wave = gpu.prepare_wave(&engine, short.clone()).unwrap();
+        assert_eq!(long_wave.dma_runs(), (4, 0), "one merged run per region for the copy engine");
+        assert_eq!(short_wave.dma_runs(), (0, 0), "short runs stay on the kernel");
+        launch_copy_wave(&gpu, &engine, &long_wave, None).unwrap();
+        launch_copy_wave(&gpu, &engine, &short_wave, None).unwrap();
+        gpu.synchronize().unwrap();
+        let host = tier.bytes().unwrap();
+        let bb = g.block_bytes as usize;
+        for op in long.iter().chain(&short) {
+            for r in 0..g.regions as usize {
+                let h = r * host_n as usize * bb + op.dst_page as usize * bb;
+                let d = op.src_page as usize * bb;
+                assert!(host[h..h + bb] == cpu_dev.data[r][d..d + bb], "page {} region {r}", op.src_page);
+            }
         }
     }
 }

@@ -27,9 +27,11 @@ pub struct Gpu {
 }
 
 /// Buffers one digest call reuses: set counters (zero between calls, as the
-/// kernel leaves them), the device table, outputs and values, and a pinned
-/// host mirror of the table and outputs, so that a call is one small upload,
-/// one launch and one small read-back, with no allocation and no memset.
+/// kernel leaves them), the device table and values, and a mapped pinned
+/// host buffer that receives the digests from the kernel directly and holds
+/// the table (read by the kernel in place for a few items, else uploaded),
+/// so that a small call is one launch and one synchronize, with no
+/// allocation, no memset and no copy.
 #[derive(Debug)]
 struct DigestArena {
     counters: CudaSlice<u32>,
@@ -38,10 +40,17 @@ struct DigestArena {
     work_ptr: u64,
     host: PinnedHostSlice<u8>,
     host_ptr: usize,
+    /// The device-mapped address of `host`.
+    host_dev: u64,
 }
 
+/// Items up to which the one-call digest's kernel reads the table from
+/// mapped host memory instead of a device copy.
+const MAPPED_TABLE_ITEMS: usize = 4;
+
 /// Byte offsets in a digest arena for `n` items and `values` scratch values:
-/// outputs at 0, the table after them, the values after that; the total.
+/// outputs at 0 (host buffer), the table after them (both buffers), the
+/// values after that (device buffer); the device buffer's total.
 fn arena_layout(n: usize, values: u64) -> (usize, usize, usize) {
     let up = |x: usize| x.div_ceil(256) * 256;
     let table_off = up(32 * n);
@@ -165,9 +174,22 @@ impl Gpu {
     /// dependency chains, so it takes the latency kernel; larger ones take
     /// the throughput kernel.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
-        let variant =
-            if batch.groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Throughput };
-        launch::blake3_digest(self, batch, variant)
+        launch::blake3_digest(self, batch, self.digest_variant(batch.groups))
+    }
+
+    /// The BLAKE3 kernel for a launch of `groups` groups (measured on an
+    /// H200, docs/benchmarks.md): at most two groups per SM wait on their
+    /// own dependency chains, so plain additions; up to 16 per SM the
+    /// throughput kernel; beyond, two chunks per thread (1.34 against 1.27
+    /// TB/s on 96 images of 3 MiB, twice as fast on 1 KiB items).
+    pub fn digest_variant(&self, groups: u32) -> KernelId {
+        if groups <= 2 * self.sm_count {
+            KernelId::Blake3Latency
+        } else if groups <= 16 * self.sm_count {
+            KernelId::Blake3Throughput
+        } else {
+            KernelId::Blake3Pair
+        }
     }
 
     /// Waits for the batch and returns its digests in item order.
@@ -177,11 +199,12 @@ impl Gpu {
         Ok(bytes.chunks_exact(32).map(|c| c.try_into().expect("32-byte chunks")).collect())
     }
 
-    /// BLAKE3-256 of device-resident items in one call: the table goes up
-    /// from pinned memory, one launch, the digests come back into pinned
-    /// memory, all through buffers the handle keeps between calls (no
-    /// allocation, no memset once they are large enough). This is what the C
-    /// API wraps. Calls on one handle take turns.
+    /// BLAKE3-256 of device-resident items in one call, through buffers the
+    /// handle keeps between calls (no allocation, no memset once they are
+    /// large enough): the kernel reads a small table from mapped pinned
+    /// memory (a larger one goes up in one copy) and writes the digests
+    /// there, so one image costs one launch and one synchronize. This is what
+    /// the C API wraps. Calls on one handle take turns.
     ///
     /// # Safety
     /// As [`Gpu::prepare_digests`]; the call returns only after the kernel
@@ -210,56 +233,75 @@ impl Gpu {
             let cap = |x: usize| x.next_power_of_two().max(1 << 16);
             let counters_buf: CudaSlice<u32> = self.stream.alloc_zeros(cap(counters.max(1) as usize))?;
             let work: CudaSlice<u8> = self.stream.alloc_zeros(cap(work_bytes))?;
-            // SAFETY: plain bytes, written before they are read.
-            let mut host = unsafe { self.ctx.alloc_pinned::<u8>(cap(values_off))? };
+            // SAFETY: plain bytes, written before they are read; DEVICEMAP
+            // lets the kernel read the table from it and write the digests
+            // into it directly (no copy each way for small calls).
+            let mut host = unsafe {
+                self.ctx.alloc_pinned_with_flags::<u8>(
+                    cap(values_off),
+                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                )?
+            };
             let counters_ptr = counters_buf.device_ptr(&self.stream).0;
             let work_ptr = work.device_ptr(&self.stream).0;
             let host_ptr = host.as_mut_ptr()? as usize;
+            let mut host_dev: sys::CUdeviceptr = 0;
+            // SAFETY: host_ptr starts a live DEVICEMAP pinned allocation (just
+            // made) and host_dev is a valid out-pointer.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut host_dev, host_ptr as *mut std::ffi::c_void, 0) }
+                .result()?;
             self.stream.synchronize()?;
-            *guard = Some(DigestArena { counters: counters_buf, counters_ptr, work, work_ptr, host, host_ptr });
+            *guard =
+                Some(DigestArena { counters: counters_buf, counters_ptr, work, work_ptr, host, host_ptr, host_dev });
         }
         let a = guard.as_ref().expect("just made");
-        let (table, groups, _, _) = build_table(items, a.work_ptr)?;
+        // The digests go straight into the mapped host buffer (offset 0).
+        let (table, groups, _, _) = build_table(items, a.host_dev)?;
         launch::check_table(
             &table,
-            a.work_ptr,
+            a.host_dev,
             (a.work.len() - values_off) as u64 / 32,
             a.counters.len() as u64,
             groups,
         );
         let table_bytes = bytemuck::cast_slice::<Blake3Item, u8>(&table);
         // SAFETY: the host buffer holds at least values_off >= table_off +
-        // 48 n bytes (checked when it was sized); no copy from it is in
-        // flight (every call synchronizes before releasing the lock we hold).
+        // 48 n bytes (checked when it was sized); no kernel or copy uses it
+        // (every call synchronizes before releasing the lock we hold).
         unsafe {
             std::ptr::copy_nonoverlapping(table_bytes.as_ptr(), (a.host_ptr + table_off) as *mut u8, table_bytes.len());
         }
-        // SAFETY: both ranges lie inside buffers of this arena (sized above);
-        // the host one is pinned, so the copy is a true asynchronous DMA
-        // ordered before the launch on this stream.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                a.work_ptr + table_off as u64,
-                (a.host_ptr + table_off) as *const std::ffi::c_void,
-                table_bytes.len(),
-                self.stream.cu_stream(),
-            )
-        }
-        .result()?;
-        let variant = if groups as u64 <= 2 * self.sm_count as u64 {
-            KernelId::Blake3Latency
+        // A few items are read by the kernel over PCIe from the mapped
+        // buffer (one read per block); more go up in one copy, because
+        // every block searches the table.
+        let table_ptr = if n <= MAPPED_TABLE_ITEMS {
+            a.host_dev + table_off as u64
         } else {
-            KernelId::Blake3Throughput
+            // SAFETY: both ranges lie inside buffers of this arena (sized
+            // above); the host one is pinned, so the copy is a true
+            // asynchronous DMA ordered before the launch on this stream.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    a.work_ptr + table_off as u64,
+                    (a.host_ptr + table_off) as *const std::ffi::c_void,
+                    table_bytes.len(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .result()?;
+            a.work_ptr + table_off as u64
         };
-        // SAFETY: the table at work_ptr + table_off was built by build_table
-        // and checked by check_table against this arena's sizes: outputs at
-        // work_ptr, values at work_ptr + values_off, zero counters at
-        // counters_ptr (zeroed at allocation, left zero by every launch).
-        // Item addresses are valid by this function's contract.
+        let variant = self.digest_variant(groups);
+        // SAFETY: the table at table_ptr (mapped host or device copy) was
+        // built by build_table and checked by check_table against this
+        // arena's sizes: outputs in the mapped host buffer at host_dev,
+        // values at work_ptr + values_off, zero counters at counters_ptr
+        // (zeroed at allocation, left zero by every launch). Item addresses
+        // are valid by this function's contract.
         unsafe {
             launch::blake3_digest_raw(
                 self,
-                a.work_ptr + table_off as u64,
+                table_ptr,
                 n as u32,
                 a.work_ptr + values_off as u64,
                 a.counters_ptr,
@@ -267,15 +309,10 @@ impl Gpu {
                 variant,
             )
         }?;
-        // SAFETY: 32 n bytes at work_ptr (the outputs) into the pinned host
-        // buffer's first 32 n bytes, both inside their buffers.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(a.host_ptr as *mut std::ffi::c_void, a.work_ptr, 32 * n, self.stream.cu_stream())
-        }
-        .result()?;
         self.stream.synchronize()?;
-        // SAFETY: the stream is idle, so the read-back has landed; the
-        // pinned buffer lives while we hold the lock.
+        // SAFETY: the stream is idle, so the kernel's writes to the mapped
+        // buffer are complete and visible; the pinned buffer lives while we
+        // hold the lock, and 32 n <= table_off bytes lie inside it.
         let out = unsafe { std::slice::from_raw_parts(a.host_ptr as *const u8, 32 * n) };
         Ok(out.chunks_exact(32).map(|c| c.try_into().expect("32-byte chunks")).collect())
     }
@@ -364,17 +401,27 @@ impl Gpu {
     pub fn prepare_wave(&self, engine: &CopyEngine, all: Vec<CopyOp>) -> Result<CopyWave, GpuError> {
         launch::check_wave(engine, &all)?;
         let total = all.len();
-        let (mut to_host, mut from_host, mut ops) = (Vec::new(), Vec::new(), Vec::new());
-        for op in all {
-            match engine.host_path {
-                HostCopyPath::CopyEngines | HostCopyPath::Split if op.media & 2 != 0 => to_host.push(op),
-                HostCopyPath::CopyEngines if op.media & 1 != 0 => from_host.push(op),
-                _ => ops.push(op),
-            }
-        }
         let g = &engine.device.geometry;
-        let dma_out = dma::runs(g, &to_host, &engine.device.region_bases, &engine.host_bases);
-        let dma_in = dma::runs(g, &from_host, &engine.device.region_bases, &engine.host_bases);
+        let runs_of = |ops: &[CopyOp]| dma::runs(g, ops, &engine.device.region_bases, &engine.host_bases);
+        let (writes, reads): (Vec<CopyOp>, Vec<CopyOp>) =
+            all.iter().filter(|op| op.touches_host()).partition(|op| op.media & 2 != 0);
+        let (dma_out, dma_in) = match engine.host_path {
+            HostCopyPath::Kernel => (RunList::default(), RunList::default()),
+            HostCopyPath::CopyEngines => (runs_of(&writes), runs_of(&reads)),
+            HostCopyPath::Split => (runs_of(&writes), RunList::default()),
+            HostCopyPath::Auto => {
+                // The copy engines pay about a microsecond per run (measured:
+                // 64 KiB runs reach 0.81 of their rate, 16 KiB runs 0.07), and
+                // one direction on them with the other on the kernel is slower
+                // than both on the kernel: they take a wave's host copies only
+                // when every direction present merges into long runs.
+                let (o, i) = (runs_of(&writes), runs_of(&reads));
+                let long = |l: &RunList| l.is_empty() || l.bytes() >= dma::LONG_RUN * l.len() as u64;
+                if long(&o) && long(&i) { (o, i) } else { (RunList::default(), RunList::default()) }
+            }
+        };
+        let by_dma = |op: &CopyOp| (op.media & 2 != 0 && !dma_out.is_empty()) || (op.media == 1 && !dma_in.is_empty());
+        let mut ops: Vec<CopyOp> = all.iter().copied().filter(|op| !by_dma(op)).collect();
         ops.sort_by_key(|op| op.media & 2 == 0);
         let host_writes = ops.iter().take_while(|op| op.media & 2 != 0).count();
         let reads_host = ops.iter().any(|op| op.media & 1 != 0);
@@ -616,11 +663,15 @@ pub enum HostCopyPath {
     Kernel,
     /// The copy engines, one batched driver call per direction on two
     /// streams: no SM is used. Device-to-device copies stay on the kernel.
-    #[default]
     CopyEngines,
     /// The copy engine for offload (writes to the host tier), the kernel for
     /// onboard.
     Split,
+    /// Per wave: the copy engines when the host copies of every direction
+    /// present merge into runs of at least [`dma::LONG_RUN`] bytes on
+    /// average (no SM used, full copy-engine rate), else the kernel.
+    #[default]
+    Auto,
 }
 
 /// An attached KV pool, with its host tier if any, ready for block copies.
@@ -658,7 +709,8 @@ impl CopyEngine {
         self.vec16
     }
 
-    /// Who moves host-tier bytes for waves prepared from now on.
+    /// Who moves host-tier bytes for waves prepared from now on (the default
+    /// is [`HostCopyPath::Auto`]).
     pub fn host_path(&self) -> HostCopyPath {
         self.host_path
     }

@@ -84,6 +84,10 @@ pub(super) fn runs(g: &BlockGeometry, ops: &[CopyOp], device_bases: &[u64], host
     list
 }
 
+/// Average run length (bytes) from which the copy engines beat the kernel
+/// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).
+pub const LONG_RUN: u64 = 256 << 10;
+
 /// Whether the batched call worked the last time it was tried (false once it
 /// failed or was missing, after which the loop of single copies is used).
 static BATCH_API_OK: AtomicBool = AtomicBool::new(true);

@@ -20,11 +20,13 @@ pub enum ModuleId {
     Blake3,
     /// `cuda/block_copy.cu`.
     BlockCopy,
+    /// `cuda/blake3.cu` with the two-chunks-per-thread kernels (`B3_PAIR`).
+    Blake3Pair,
 }
 
 impl ModuleId {
     /// Every module.
-    pub const ALL: [ModuleId; 2] = [ModuleId::Blake3, ModuleId::BlockCopy];
+    pub const ALL: [ModuleId; 3] = [ModuleId::Blake3, ModuleId::BlockCopy, ModuleId::Blake3Pair];
 
     /// The full source NVRTC compiles: the tuning defines, the shared
     /// header, then the file.
@@ -32,6 +34,7 @@ impl ModuleId {
         let common = include_str!("../../cuda/common.cuh");
         let (defines, body) = match self {
             ModuleId::Blake3 => (String::new(), include_str!("../../cuda/blake3.cu")),
+            ModuleId::Blake3Pair => ("#define B3_PAIR 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
             ModuleId::BlockCopy => {
                 (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
             }
@@ -42,7 +45,7 @@ impl ModuleId {
     /// The file name, for error messages and NVRTC's program name.
     pub fn file_name(self) -> &'static str {
         match self {
-            ModuleId::Blake3 => "blake3.cu",
+            ModuleId::Blake3 | ModuleId::Blake3Pair => "blake3.cu",
             ModuleId::BlockCopy => "block_copy.cu",
         }
     }
@@ -81,18 +84,45 @@ pub enum KernelId {
     /// The same with additions spread over the ALU and FMA pipes: highest
     /// throughput when every SM is full.
     Blake3Throughput,
+    /// As `Blake3Throughput`, one warp per group and two whole chunks per
+    /// thread hashed side by side (twice the independent work per thread).
+    Blake3Pair,
+    /// As `Blake3Pair` with plain additions.
+    Blake3PairLatency,
     /// A wave of block copies.
     KvBlockCopy,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 3] = [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::KvBlockCopy];
+    pub const ALL: [KernelId; 5] = [
+        KernelId::Blake3Latency,
+        KernelId::Blake3Throughput,
+        KernelId::Blake3Pair,
+        KernelId::Blake3PairLatency,
+        KernelId::KvBlockCopy,
+    ];
+
+    /// The kernels the default paths launch.
+    pub const USED: [KernelId; 3] = [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::KvBlockCopy];
+
+    /// The BLAKE3 kernels (one signature, one table layout).
+    pub const BLAKE3: [KernelId; 4] =
+        [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::Blake3Pair, KernelId::Blake3PairLatency];
+
+    /// Threads per block a BLAKE3 kernel is launched with.
+    pub fn blake3_block(self) -> u32 {
+        match self {
+            KernelId::Blake3Pair | KernelId::Blake3PairLatency => 32,
+            _ => 64,
+        }
+    }
 
     /// The module that holds the kernel.
     pub fn module(self) -> ModuleId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
+            KernelId::Blake3Pair | KernelId::Blake3PairLatency => ModuleId::Blake3Pair,
             KernelId::KvBlockCopy => ModuleId::BlockCopy,
         }
     }
@@ -102,6 +132,8 @@ impl KernelId {
         match self {
             KernelId::Blake3Latency => "blake3_digest_latency",
             KernelId::Blake3Throughput => "blake3_digest_throughput",
+            KernelId::Blake3Pair => "blake3_digest_pair",
+            KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
             KernelId::KvBlockCopy => "kv_block_copy",
         }
     }
@@ -166,7 +198,7 @@ pub struct ModuleCache {
 impl ModuleCache {
     /// An empty cache for `ctx`, compiling for `arch` with `options`.
     pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>, options: KernelOptions) -> Self {
-        Self { ctx, arch, options, modules: Mutex::new([None, None]), functions: Mutex::new([None, None, None]) }
+        Self { ctx, arch, options, modules: Mutex::new(Default::default()), functions: Mutex::new(Default::default()) }
     }
 
     /// The options the modules are compiled with.
@@ -197,10 +229,11 @@ impl ModuleCache {
         Ok(m)
     }
 
-    /// Compiles and loads every module now, so that the first real call pays
-    /// no compilation.
+    /// Compiles and loads the modules of the kernels the default paths use
+    /// ([`KernelId::USED`]) now, so that the first real call pays no
+    /// compilation.
     pub fn warm(&self) -> Result<(), GpuError> {
-        for k in KernelId::ALL {
+        for k in KernelId::USED {
             self.function(k)?;
         }
         Ok(())

@@ -9,7 +9,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::GpuError;
 use super::device::{CopyEngine, CopyWave, DigestBatch, Gpu};
-use super::digest::{GROUP_CHUNKS, groups_of_len, scratch_of_len};
+use super::digest::{groups_of_len, scratch_of_len};
 use super::kernels::KernelId;
 use super::pool::CopyOp;
 
@@ -84,10 +84,11 @@ fn assert_whole(batch: &DigestBatch) {
     assert!(batch.groups >= 1 && batch.groups <= i32::MAX as u32, "grid fits");
 }
 
-/// `blake3_digest_latency` / `blake3_digest_throughput(const Blake3Item*
-/// items, u32 n_items, u32* cvs, u32* counters, u32 one)`: a whole digest
-/// batch in one launch, one block of 64 threads per group of 64 chunks;
-/// `variant` is one of the two BLAKE3 kernels.
+/// `blake3_digest_latency` / `_throughput` / `_pair` / `_pair_latency`
+/// `(const Blake3Item* items, u32 n_items, u32* cvs, u32* counters, u32
+/// one)`: a whole digest batch in one launch, one block per group of 64
+/// chunks (64 threads, or 32 for the pair kernels, two chunks each);
+/// `variant` is one of the BLAKE3 kernels.
 ///
 /// Preconditions: the device table equals the host table, groups are
 /// numbered consecutively, outputs and scratch ranges (values and counters,
@@ -97,16 +98,13 @@ fn assert_whole(batch: &DigestBatch) {
 /// launched repeatedly.
 pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Result<(), GpuError> {
     assert_whole(batch);
-    assert!(
-        matches!(variant, KernelId::Blake3Latency | KernelId::Blake3Throughput),
-        "a BLAKE3 kernel has the BLAKE3 signature"
-    );
+    assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
     let f = gpu.function(variant)?;
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
     let one = 1u32;
     let cfg =
-        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
+        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,
@@ -138,13 +136,10 @@ pub(super) unsafe fn blake3_digest_raw(
     variant: KernelId,
 ) -> Result<(), GpuError> {
     assert!(n_items > 0 && groups >= 1 && groups <= i32::MAX as u32, "a batch has items and its grid fits");
-    assert!(
-        matches!(variant, KernelId::Blake3Latency | KernelId::Blake3Throughput),
-        "a BLAKE3 kernel has the BLAKE3 signature"
-    );
+    assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
     let f = gpu.function(variant)?;
     let one = 1u32;
-    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (GROUP_CHUNKS as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&table).arg(&n_items).arg(&values).arg(&counters).arg(&one);
     // SAFETY: pointers are passed as 64-bit values, which is how the kernel

@@ -69,8 +69,15 @@ mod imp {
                 .all(|((o, l), d)| blake3::hash(&host[*o as usize..(*o + *l) as usize]).as_bytes() == d);
             let mut variants = serde_json::Map::new();
             let mut again = true;
-            for v in [KernelId::Blake3Latency, KernelId::Blake3Throughput] {
-                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_digest(gpu, &batch, v))?;
+            for v in KernelId::BLAKE3 {
+                let t = match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_digest(gpu, &batch, v)) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        println!("blake3 {name:<24} {:<26} failed: {e}", v.name());
+                        variants.insert(v.name().into(), json!({"error": e.to_string()}));
+                        continue;
+                    }
+                };
                 // Launching the same batch again must give the same digests
                 // (the kernel resets its counters).
                 again &= gpu.read_digests(&batch)? == got;
@@ -193,6 +200,13 @@ mod imp {
                 mixed.push(CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 });
                 mixed.push(CopyOp { src_page: half + i, dst_page: dev_blocks - 1 - i, tokens: 16, media: 1 });
             }
+            // Both ways with pages in order on both sides (runs merge: the
+            // best case for the copy engines).
+            let mut contiguous: Vec<CopyOp> = Vec::new();
+            for i in 0..half {
+                contiguous.push(CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 });
+                contiguous.push(CopyOp { src_page: half + i, dst_page: dev_blocks - half + i, tokens: 16, media: 1 });
+            }
             let per_op = 32.0 * bb as f64;
             let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll,
                 "path": format!("{path:?}")});
@@ -200,6 +214,7 @@ mod imp {
                 ("offload_d2h", offload, l.pinned_d2h),
                 ("onboard_h2d", onboard, l.pinned_h2d),
                 ("both_ways", mixed, l.pinned_both),
+                ("both_ways_in_order", contiguous, l.pinned_both),
             ] {
                 let moved = ops.len() as f64 * per_op;
                 let wave = gpu.prepare_wave(&engine, ops)?;
@@ -237,8 +252,16 @@ mod imp {
         report.insert("open_compile_and_load_ms".into(), json!(compile_ms));
         let mut regs = serde_json::Map::new();
         for k in KernelId::ALL {
-            let f = gpu.modules().function(k)?;
-            regs.insert(k.name().into(), json!({"regs": f.num_regs()?, "local_bytes": f.local_size_bytes()?}));
+            match gpu.modules().function(k) {
+                Ok(f) => {
+                    regs.insert(k.name().into(), json!({"regs": f.num_regs()?, "local_bytes": f.local_size_bytes()?}));
+                    println!("kernel {:<28} {} registers, {} B local", k.name(), f.num_regs()?, f.local_size_bytes()?);
+                }
+                Err(e) => {
+                    println!("kernel {:<28} unavailable: {e}", k.name());
+                    regs.insert(k.name().into(), json!({"error": e.to_string()}));
+                }
+            }
         }
         report.insert("kernels".into(), Value::Object(regs));
         println!("device {} ({} SMs), modules compiled and loaded in {compile_ms:.0} ms", gpu.name(), gpu.sm_count());
@@ -258,7 +281,7 @@ mod imp {
 
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
-        for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split] {
+        for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Auto] {
             hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path)?);
         }
         report.insert("host_copy".into(), Value::Array(hc));
