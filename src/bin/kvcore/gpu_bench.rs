@@ -1,7 +1,7 @@
 //! `kvcore gpu-bench [--out FILE] [--quick]`: measures the physical limits of
 //! the device (device copy, pinned copies each way and both ways) and every
-//! kernel in the same run, with each compile-time variant, checks the
-//! kernels' results, and writes one JSON report. Figures go into
+//! kernel in the same run (every BLAKE3 variant, every host-tier path),
+//! checks the digests, and writes one JSON report. Figures go into
 //! docs/benchmarks.md ("CUDA kernels").
 
 /// Runs the bench; returns the process exit code.
