@@ -8,6 +8,10 @@
 //! | `blake3_chunks` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
 //!
+//! Host-tier copies can also go to the copy engines instead of the kernel
+//! ([`dma`], chosen per wave by [`HostCopyPath`]): no SM is used, and long
+//! runs reach the full PCIe rate both ways at once.
+//!
 //! Why twins: the crate must build and pass every test where no CUDA exists,
 //! and a kernel is only trusted when it agrees bit for bit with a CPU
 //! computation that follows the same decomposition. The twins are also what
