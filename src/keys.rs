@@ -16,7 +16,6 @@ use sha2::{Digest as _, Sha256};
 
 /// BLAKE3-256 digest of an image item's content bytes: the image's cache identity.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
-#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct ImageDigest(pub [u8; 32]);
 
 impl ImageDigest {
@@ -45,7 +44,6 @@ pub struct BlockKey(pub [u8; 32]);
 /// [`BlockKey`], big-endian, as a signed integer (TensorRT-LLM's
 /// `v2_sha256_64`, which subscribers decode as i64).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
-#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct WireHash(pub i64);
 
 impl BlockKey {
@@ -103,7 +101,6 @@ pub fn root_key(scope: &KeyScope) -> BlockKey {
 
 /// One maximal run of an image item's tokens inside one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct ImageRun {
     /// The item's content digest.
     pub digest: ImageDigest,

@@ -15,7 +15,6 @@ use crate::resources::ScopeId;
 
 /// The tier a block lives in. Wire names are `"GPU"` and `"CPU"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub enum Medium {
     /// Device memory.
     Gpu,

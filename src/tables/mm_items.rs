@@ -9,7 +9,6 @@ use crate::keys::ImageDigest;
 
 /// A run of consecutive token positions in a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct TokenRun {
     /// First token position.
     pub start: u32,
