@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!                 per worker                                  shared
-//!   engine hash ──► Keyed { router key, tiers } ──────────► router key ──► holders: [worker|tiers]
+//!   engine hash ──► router key ───────────────────────────► router key ──► holders: [worker|tiers]
 //!   engine hash ──► Waiting { content, parent, tiers }   (parent not keyed yet)
 //!   parent hash ──► waiting children
 //!   UUID ─────────► content digest (learned from image_routing items; ambiguous on conflict)
@@ -175,14 +175,6 @@ pub struct MemoryReport {
 
 const TIER_BITS: u8 = 0b11;
 
-/// A keyed block: its router key and tier bits (16 bytes, so that the map a
-/// store and a removal touch stays small and cache-resident).
-#[derive(Clone, Copy, Debug, Default)]
-struct Keyed {
-    key: u64,
-    tiers: u8,
-}
-
 /// A block waiting for its parent to be keyed: what it needs to be keyed
 /// later, without its tokens.
 #[derive(Clone, Copy, Debug)]
@@ -242,21 +234,40 @@ impl HolderIndex {
     /// Sets `worker`'s tiers for `key`: 0 removes the worker, and a key with
     /// no holder left is removed.
     fn set(&mut self, key: u64, worker: u32, tiers: u8) {
+        self.update(key, worker, |_| tiers);
+    }
+
+    /// `worker`'s tiers for `key` (0 when it does not hold it).
+    fn tiers(&self, key: u64, worker: u32) -> u8 {
+        self.get(key).and_then(|h| h.as_slice().iter().find(|x| *x >> 2 == worker).map(|x| (x & 3) as u8)).unwrap_or(0)
+    }
+
+    /// Replaces `worker`'s tiers `t` for `key` by `f(t)` (0 when it did not
+    /// hold the key; a result of 0 removes the worker, and a key with no
+    /// holder left is removed). Returns the tiers before and after: one probe
+    /// for a read and a write.
+    fn update(&mut self, key: u64, worker: u32, f: impl FnOnce(u8) -> u8) -> (u8, u8) {
         let Some(v) = self.map.get_mut(key) else {
+            let tiers = f(0);
             if tiers != 0 {
                 self.map.insert(key, pack(worker, tiers) as u64);
             }
-            return;
+            return (0, tiers);
         };
         if *v & MANY == 0 {
             let one = *v as u32;
             if one >> 2 == worker {
+                let old = (one & 3) as u8;
+                let tiers = f(old);
                 if tiers == 0 {
                     self.map.remove(key);
                 } else {
                     *v = pack(worker, tiers) as u64;
                 }
-            } else if tiers != 0 {
+                return (old, tiers);
+            }
+            let tiers = f(0);
+            if tiers != 0 {
                 let list = vec![one, pack(worker, tiers)];
                 let slot = match self.free.pop() {
                     Some(i) => {
@@ -270,11 +281,14 @@ impl HolderIndex {
                 };
                 *v = MANY | slot as u64;
             }
-            return;
+            return (0, tiers);
         }
         let slot = (*v & !MANY) as usize;
         let list = &mut self.overflow[slot];
-        match list.iter().position(|x| *x >> 2 == worker) {
+        let pos = list.iter().position(|x| *x >> 2 == worker);
+        let old = pos.map_or(0, |p| (list[p] & 3) as u8);
+        let tiers = f(old);
+        match pos {
             Some(p) if tiers == 0 => {
                 list.swap_remove(p);
             }
@@ -292,6 +306,7 @@ impl HolderIndex {
             self.overflow[slot] = Vec::new();
             self.free.push(slot as u32);
         }
+        (old, tiers)
     }
 
     fn bytes(&self) -> usize {
@@ -306,12 +321,16 @@ impl HolderIndex {
 struct WorkerBlocks {
     name: String,
     live: bool,
-    /// Keyed blocks by engine hash.
-    keyed: U64Table<Keyed>,
+    /// Keyed blocks by engine hash: their router keys. Their tiers are in
+    /// the holder index, which every store and removal touches anyway, so a
+    /// slot here is 16 bytes (four to a cache line, none straddling two).
+    keyed: U64Table<u64>,
     /// Blocks waiting for their parent, by engine hash.
     waiting: U64Map<Waiting>,
     /// Parent engine hash to the waiting blocks stored under it.
     children: U64Map<Vec<u64>>,
+    /// Blocks reserved by [`Indexer::reserve`].
+    reserved: usize,
 }
 
 impl WorkerBlocks {
@@ -367,6 +386,7 @@ pub struct Indexer {
     scratch: Vec<u8>,
     runs: Vec<ImageRun>,
     contents: Vec<u64>,
+    keys: Vec<u64>,
     seed_cache: Option<(Option<String>, Option<String>, RouterKey)>,
 }
 
@@ -400,6 +420,7 @@ impl Indexer {
             scratch: Vec::with_capacity(1024),
             runs: Vec::new(),
             contents: Vec::new(),
+            keys: Vec::new(),
             seed_cache: None,
         }
     }
@@ -505,26 +526,21 @@ impl Indexer {
         }
         let seed = self.seed_for(s);
         let tier = Tier::from_medium(s.medium.as_deref());
-        // The parent's key, when known: the seed for a chain start.
+        // The parent's key, when known: the seed for a chain start. Its slot
+        // is read now and used after the content hashes, which hide the miss.
         let (mut parent_hash, mut has_parent) = (0u64, false);
-        let mut parent_key = match s.parent_block_hash {
-            None => Some(seed.0),
-            Some(p) => {
-                parent_hash = p as u64;
-                has_parent = true;
-                self.workers[w].keyed.get(parent_hash).map(|n| n.key)
-            }
-        };
-        // Pass 1: content hashes (and the keys they will most likely get),
-        // touching the slots pass 2 will write so that their cache misses
-        // overlap instead of queueing one after another.
+        let mut touched = 0u64;
+        if let Some(p) = s.parent_block_hash {
+            parent_hash = p as u64;
+            has_parent = true;
+            touched ^= self.workers[w].keyed.touch(parent_hash);
+        }
+        // Pass 1: content hashes, pure computation.
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut runs = std::mem::take(&mut self.runs);
         let mut contents = std::mem::take(&mut self.contents);
         contents.clear();
-        let mut touched = 0u64;
-        let mut predicted = parent_key;
-        for (i, &hash) in s.block_hashes.iter().enumerate() {
+        for (i, _) in s.block_hashes.iter().enumerate() {
             let block = &tokens[i * bs..(i + 1) * bs];
             runs.clear();
             if let Some(r) = routing
@@ -554,26 +570,44 @@ impl Indexer {
                 self.counters.image_blocks_unkeyable += (n - i) as u64;
                 break;
             }
-            let content = content_hash(block, &runs, &mut scratch);
-            contents.push(content);
-            touched ^= self.workers[w].keyed.touch(hash as u64);
-            if let Some(p) = predicted {
-                let k = chain(RouterKey(p), content).0;
+            contents.push(content_hash(block, &runs, &mut scratch));
+        }
+        let mut parent_key = if has_parent { self.workers[w].keyed.get(parent_hash).copied() } else { Some(seed.0) };
+        // Pass 2: the keys the blocks will most likely get, then a tight loop
+        // reading every slot pass 3 will write. The reads are independent and
+        // few instructions apart, so their cache misses are all in flight at
+        // once instead of one or two at a time between hash computations.
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.clear();
+        if let Some(mut p) = parent_key {
+            for &c in &contents {
+                p = chain(RouterKey(p), c).0;
+                keys.push(p);
+            }
+        }
+        {
+            let keyed = &self.workers[w].keyed;
+            for &h in &s.block_hashes[..contents.len()] {
+                touched ^= keyed.touch(h as u64);
+            }
+            for &k in &keys {
                 touched ^= self.index.map.touch(k);
-                predicted = Some(k);
             }
         }
         std::hint::black_box(touched);
-        // Pass 2: insert, chaining on the keys the blocks really have.
+        // Pass 3: insert, chaining on the keys the blocks really have (the
+        // predicted ones while each block took the key it was given).
+        let mut on_track = !keys.is_empty();
         for (i, &content) in contents.iter().enumerate() {
             let hash = s.block_hashes[i] as u64;
-            let key = parent_key.map(|p| chain(RouterKey(p), content).0);
+            let key = if on_track { Some(keys[i]) } else { parent_key.map(|p| chain(RouterKey(p), content).0) };
             // The node may keep a key from before (its parent known then).
             let Ok(kept) = self.insert_node(w, hash, content, parent_hash, has_parent, key, tier) else {
                 self.counters.blocks_dropped_full += (n - i) as u64;
                 break;
             };
             self.counters.stored_blocks += 1;
+            on_track &= kept == key;
             parent_key = kept;
             parent_hash = hash;
             has_parent = true;
@@ -581,6 +615,7 @@ impl Indexer {
         self.scratch = scratch;
         self.runs = runs;
         self.contents = contents;
+        self.keys = keys;
     }
 
     /// Inserts or updates one block. Returns its key when it has one, or
@@ -599,13 +634,9 @@ impl Indexer {
         let bit = tier.bit();
         let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
-        if let Some(k) = worker.keyed.get_mut(hash) {
-            let old = k.tiers;
-            k.tiers |= bit;
-            if k.tiers != old {
-                self.index.set(k.key, w as u32, k.tiers);
-            }
-            return Ok(Some(k.key));
+        if let Some(&k) = worker.keyed.get(hash) {
+            self.index.update(k, w as u32, |t| t | bit);
+            return Ok(Some(k));
         }
         if let Some(wt) = worker.waiting.get_mut(&hash) {
             // A waiting block stored again: take the new parent, and key it
@@ -616,7 +647,7 @@ impl Indexer {
                 Some(k) => {
                     worker.waiting.remove(&hash);
                     unlink_child(&mut worker.children, hash, old.parent);
-                    worker.keyed.insert(hash, Keyed { key: k, tiers: old.tiers });
+                    worker.keyed.insert(hash, k);
                     self.index.set(k, w as u32, old.tiers);
                     self.resolve_children(w, hash, k);
                 }
@@ -636,7 +667,7 @@ impl Indexer {
         }
         match key {
             Some(k) => {
-                worker.keyed.insert(hash, Keyed { key: k, tiers: bit });
+                worker.keyed.insert(hash, k);
                 let has_children = !worker.children.is_empty();
                 self.index.set(k, w as u32, bit);
                 if has_children {
@@ -663,7 +694,7 @@ impl Indexer {
                 let Some(wt) = worker.waiting.get(&c).copied().filter(|wt| wt.parent == h) else { continue };
                 worker.waiting.remove(&c);
                 let ck = chain(RouterKey(k), wt.content).0;
-                worker.keyed.insert(c, Keyed { key: ck, tiers: wt.tiers });
+                worker.keyed.insert(c, ck);
                 self.index.set(ck, w as u32, wt.tiers);
                 self.counters.blocks_resolved_late += 1;
                 stack.push((c, ck));
@@ -683,14 +714,16 @@ impl Indexer {
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];
-            if let Some(k) = worker.keyed.get_mut(hash).filter(|k| k.tiers & bit != 0) {
-                k.tiers &= !bit;
-                let (key, tiers) = (k.key, k.tiers);
+            if let Some(&key) = worker.keyed.get(hash) {
+                let (old, tiers) = self.index.update(key, w as u32, |t| t & !bit);
                 if tiers == 0 {
                     worker.keyed.remove(hash);
                 }
-                self.index.set(key, w as u32, tiers);
-                self.counters.removed_blocks += 1;
+                if old & bit != 0 {
+                    self.counters.removed_blocks += 1;
+                } else {
+                    self.counters.removed_unknown += 1;
+                }
             } else if let Some(wt) = worker.waiting.get_mut(&hash).filter(|wt| wt.tiers & bit != 0) {
                 wt.tiers &= !bit;
                 if wt.tiers == 0 {
@@ -711,7 +744,7 @@ impl Indexer {
         let w = worker.0 as usize;
         let Some(wb) = self.workers.get_mut(w) else { return };
         for (_, k) in wb.keyed.iter() {
-            self.index.set(k.key, w as u32, 0);
+            self.index.set(*k, w as u32, 0);
         }
         wb.keyed.clear();
         wb.waiting.clear();
@@ -791,7 +824,7 @@ impl Indexer {
         let mut v: Vec<i64> = w
             .keyed
             .iter()
-            .filter(|(_, k)| k.tiers & bit != 0)
+            .filter(|(_, k)| self.index.tiers(**k, worker.0) & bit != 0)
             .map(|(h, _)| h as i64)
             .chain(w.waiting.iter().filter(|(_, k)| k.tiers & bit != 0).map(|(h, _)| *h as i64))
             .collect();
@@ -801,16 +834,20 @@ impl Indexer {
 
     /// The router key a worker's block was filed under, when it is keyed.
     pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
-        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|k| RouterKey(k.key))
+        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|k| RouterKey(*k))
     }
 
     /// Reserves room for `blocks` blocks of one worker (its cache capacity,
     /// when known), so that its table does not grow while events arrive.
+    /// The shared holder index is sized for the sum of every worker's
+    /// reservation.
     pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
         let blocks = blocks.min(self.config.blocks_per_worker_max);
         if let Some(w) = self.workers.get_mut(worker.0 as usize) {
             w.keyed.reserve(blocks.saturating_sub(w.keyed.len()));
-            self.index.map.reserve(blocks);
+            w.reserved = blocks;
+            let total: usize = self.workers.iter().map(|w| w.reserved).sum();
+            self.index.map.reserve(total.saturating_sub(self.index.len()));
         }
     }
 
@@ -835,18 +872,18 @@ impl Indexer {
 
     /// Checks the indexer's invariants; panics naming the one broken.
     ///
-    /// 1. Every keyed block holds a tier and is listed among its key's
-    ///    holders with exactly its tiers.
+    /// 1. Every keyed block is listed among its key's holders, with a tier
+    ///    (its tiers are kept there).
     /// 2. Every holder entry is a keyed block of that worker.
     /// 3. Every waiting block holds a tier and is listed under its parent;
     ///    every listed child is a waiting block with that parent.
     pub fn check_invariants(&self) {
         let mut entries = 0usize;
         for (wi, w) in self.workers.iter().enumerate() {
-            for (h, k) in w.keyed.iter() {
-                assert!(k.tiers & TIER_BITS != 0 && k.tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
-                let holders = self.index.get(k.key).expect("invariant 1: keyed block is indexed");
-                assert!(holders.as_slice().contains(&pack(wi as u32, k.tiers)), "invariant 1: holder entry of {h:x}");
+            for (h, &k) in w.keyed.iter() {
+                assert!(self.index.get(k).is_some(), "invariant 1: keyed block {h:x} is indexed");
+                let tiers = self.index.tiers(k, wi as u32);
+                assert!(tiers & TIER_BITS != 0 && tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
                 entries += 1;
             }
             for (h, wt) in &w.waiting {

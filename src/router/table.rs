@@ -12,7 +12,7 @@
 //! a side slot instead.
 
 /// The key value that marks a free slot.
-const EMPTY: u64 = u64::MAX;
+const EMPTY: u64 = 0;
 
 /// A map from `u64` hash keys to small `Copy` values.
 #[derive(Clone, Debug)]
