@@ -295,6 +295,11 @@ pub struct BenchArgs {
     /// Timed iterations of hash and lookup.
     #[arg(long, default_value_t = 2000)]
     iters: usize,
+    /// Repetitions of each apply measurement: the wall figure is the best
+    /// one, the CPU figure the mean (the thread CPU clock may advance in
+    /// scheduler ticks of several milliseconds, as long as one run).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
 }
 
 /// Reads the events file dynamo_bench.py writes: concatenated msgpack maps
@@ -346,6 +351,15 @@ fn percentile(samples: &mut [u64], p: f64) -> f64 {
     samples.sort_unstable();
     let i = ((p / 100.0) * (samples.len() - 1) as f64).round() as usize;
     samples[i.min(samples.len() - 1)] as f64 / 1000.0
+}
+
+/// Wall and thread CPU seconds of one call of `f`.
+fn measure_once(f: &mut dyn FnMut()) -> (f64, Option<f64>) {
+    let cpu = thread_cpu_s();
+    let t = Instant::now();
+    f();
+    let wall = t.elapsed().as_secs_f64();
+    (wall, cpu.zip(thread_cpu_s()).map(|(a, b)| b - a))
 }
 
 fn time_calls(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
@@ -434,59 +448,73 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         .sum();
 
     // Apply: decoded events into a fresh indexer (cold: every table grows
-    // from empty, as Dynamo's tree does in its figure), best of 3.
-    let mut best = f64::INFINITY;
-    let mut best_cpu = f64::INFINITY;
-    let mut ix_kept = None;
+    // from empty, as Dynamo's tree does in its figure); sized: fresh tables
+    // reserved up front for each worker's blocks, as a router that knows
+    // each worker's capacity can do (`Indexer::reserve`); warm: a
+    // long-running router reuses its tables, so everything is removed
+    // (timed: removals) and the same events applied again (timed: warm).
+    let repeats = args.repeats.max(1);
     let wids_of = |map: &[(i64, WorkerId)]| -> Vec<WorkerId> {
         events.iter().map(|(w, _)| lookup_worker(map, *w).expect("mapped")).collect()
     };
-    for _ in 0..3 {
-        let (mut ix, map) = fresh();
-        let wids = wids_of(&map);
-        let cpu = thread_cpu_s();
-        let t = Instant::now();
-        for ((_, e), w) in events.iter().zip(&wids) {
+    // Best wall time and mean CPU time of `repeats` runs of `f`.
+    let measure = |f: &mut dyn FnMut()| -> (f64, Option<f64>) {
+        let (mut best, mut cpu_sum, mut cpu_ok) = (f64::INFINITY, 0.0, true);
+        for _ in 0..repeats {
+            let cpu = thread_cpu_s();
+            let t = Instant::now();
+            f();
+            best = best.min(t.elapsed().as_secs_f64());
+            match (cpu, thread_cpu_s()) {
+                (Some(a), Some(b)) => cpu_sum += b - a,
+                _ => cpu_ok = false,
+            }
+        }
+        (best, cpu_ok.then(|| cpu_sum / repeats as f64))
+    };
+    let apply_all = |ix: &mut Indexer, wids: &[WorkerId]| {
+        for ((_, e), w) in events.iter().zip(wids) {
             ix.apply(*w, e);
         }
-        best = best.min(t.elapsed().as_secs_f64());
-        if let (Some(a), Some(b)) = (cpu, thread_cpu_s()) {
-            best_cpu = best_cpu.min(b - a);
-        }
-        ix_kept = Some((ix, map));
-    }
-    let (mut ix, map) = ix_kept.expect("ran");
-    // Sized: fresh tables reserved up front for each worker's blocks, as a
-    // router that knows each worker's capacity can do (`Indexer::reserve`).
-    let mut sized_best = f64::INFINITY;
-    let mut sized_cpu = f64::INFINITY;
-    for _ in 0..3 {
-        let (mut ix2, map2) = fresh();
-        let wids = wids_of(&map2);
-        for (wid, id) in &map2 {
-            let per_worker: usize = events
-                .iter()
-                .filter(|(w, _)| w == wid)
-                .map(|(_, e)| match e {
-                    WireEvent::BlockStored(s) => s.block_hashes.len(),
-                    _ => 0,
-                })
-                .sum();
-            ix2.reserve(*id, per_worker);
-        }
-        let cpu = thread_cpu_s();
-        let t = Instant::now();
-        for ((_, e), w) in events.iter().zip(&wids) {
-            ix2.apply(*w, e);
-        }
-        sized_best = sized_best.min(t.elapsed().as_secs_f64());
-        if let (Some(a), Some(b)) = (cpu, thread_cpu_s()) {
-            sized_cpu = sized_cpu.min(b - a);
-        }
-    }
-    // Warm: a long-running router reuses its tables. Remove everything
-    // (timed: removals), then apply the same events again (timed: warm).
-    let wids = wids_of(&map);
+    };
+    let mut prepared: Vec<(Indexer, Vec<WorkerId>)> = (0..repeats)
+        .map(|_| {
+            let (ix, map) = fresh();
+            let wids = wids_of(&map);
+            (ix, wids)
+        })
+        .collect();
+    let mut next = prepared.iter_mut();
+    let (best, best_cpu) = measure(&mut || {
+        let (ix, wids) = next.next().expect("one per repeat");
+        apply_all(ix, wids);
+    });
+    let mut sized: Vec<(Indexer, Vec<WorkerId>)> = (0..repeats)
+        .map(|_| {
+            let (mut ix, map) = fresh();
+            for (wid, id) in &map {
+                let per_worker: usize = events
+                    .iter()
+                    .filter(|(w, _)| w == wid)
+                    .map(|(_, e)| match e {
+                        WireEvent::BlockStored(s) => s.block_hashes.len(),
+                        _ => 0,
+                    })
+                    .sum();
+                ix.reserve(*id, per_worker);
+            }
+            let wids = wids_of(&map);
+            (ix, wids)
+        })
+        .collect();
+    let mut next = sized.iter_mut();
+    let (sized_best, sized_cpu) = measure(&mut || {
+        let (ix, wids) = next.next().expect("one per repeat");
+        apply_all(ix, wids);
+    });
+    drop(sized);
+    let (mut ix, wids) = prepared.pop().expect("repeats >= 1");
+    drop(prepared);
     let removals: Vec<(WorkerId, WireEvent)> = events
         .iter()
         .zip(&wids)
@@ -502,19 +530,20 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
             _ => None,
         })
         .collect();
-    let t = Instant::now();
-    for (w, e) in &removals {
-        ix.apply(*w, e);
+    let (mut remove_s, mut warm_s, mut warm_cpu) = (f64::INFINITY, f64::INFINITY, Some(0.0));
+    for _ in 0..repeats {
+        let (r, _) = measure_once(&mut || {
+            for (w, e) in &removals {
+                ix.apply(*w, e);
+            }
+        });
+        assert_eq!(ix.memory().nodes, 0, "every block removed");
+        let (a, ac) = measure_once(&mut || apply_all(&mut ix, &wids));
+        remove_s = remove_s.min(r);
+        warm_s = warm_s.min(a);
+        warm_cpu = warm_cpu.zip(ac).map(|(x, y)| x + y);
     }
-    let remove_s = t.elapsed().as_secs_f64();
-    assert_eq!(ix.memory().nodes, 0, "every block removed");
-    let cpu = thread_cpu_s();
-    let t = Instant::now();
-    for ((_, e), w) in events.iter().zip(&wids) {
-        ix.apply(*w, e);
-    }
-    let warm_s = t.elapsed().as_secs_f64();
-    let warm_cpu = cpu.zip(thread_cpu_s()).map(|(a, b)| b - a);
+    let warm_cpu = warm_cpu.map(|c| c / repeats as f64);
     // Decode and apply from the payload bytes (what a subscriber does).
     let decode_apply_s = if payloads.is_empty() {
         None
@@ -576,15 +605,14 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         );
     });
     let mem = ix.memory();
-    let _ = map;
     let ours = json!({
         "events": events.len(), "stored_events": stored_events, "stored_blocks": blocks,
         "apply_seconds": best,
         "stored_events_per_s": stored_events as f64 / best,
         "stored_blocks_per_s": blocks as f64 / best,
         "sized_stored_blocks_per_s": blocks as f64 / sized_best,
-        "sized_stored_blocks_per_cpu_s": sized_cpu.is_finite().then(|| blocks as f64 / sized_cpu),
-        "stored_blocks_per_cpu_s": best_cpu.is_finite().then(|| blocks as f64 / best_cpu),
+        "sized_stored_blocks_per_cpu_s": sized_cpu.map(|c| blocks as f64 / c),
+        "stored_blocks_per_cpu_s": best_cpu.map(|c| blocks as f64 / c),
         "warm_stored_blocks_per_cpu_s": warm_cpu.map(|c| blocks as f64 / c),
         "warm_stored_events_per_s": stored_events as f64 / warm_s,
         "warm_stored_blocks_per_s": blocks as f64 / warm_s,
@@ -627,11 +655,11 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     row("stored blocks/s", blocks as f64 / best, "stored_blocks_per_s", true);
     row("stored blocks/s, sized tables", blocks as f64 / sized_best, "stored_blocks_per_s", true);
     row("stored blocks/s, warm tables", blocks as f64 / warm_s, "stored_blocks_per_s", true);
-    if best_cpu.is_finite() {
-        row("stored blocks per CPU-second", blocks as f64 / best_cpu, "-", true);
+    if let Some(c) = best_cpu {
+        row("stored blocks per CPU-second", blocks as f64 / c, "-", true);
     }
-    if sized_cpu.is_finite() {
-        row("  same, sized tables", blocks as f64 / sized_cpu, "-", true);
+    if let Some(c) = sized_cpu {
+        row("  same, sized tables", blocks as f64 / c, "-", true);
     }
     if let Some(c) = warm_cpu {
         row("  same, warm tables", blocks as f64 / c, "-", true);
