@@ -69,15 +69,30 @@ impl<V: Copy + Default> U64Table<V> {
     }
 
     /// Makes room for `more` entries beyond the current ones without growing.
+    /// The new slots are written now, so that the pages are mapped here and
+    /// not at the first inserts.
     pub fn reserve(&mut self, more: usize) {
         let want = (self.len + more) * 4 / 3 + 1;
         if want > self.slots.len() {
-            self.resize(want.next_power_of_two().max(16));
+            self.resize_to(want.next_power_of_two().max(16), true);
         }
     }
 
     fn resize(&mut self, slots: usize) {
-        let old = std::mem::replace(&mut self.slots, vec![(EMPTY, V::default()); slots]);
+        self.resize_to(slots, false);
+    }
+
+    /// Moves the entries into `slots` slots: zeroed memory from the
+    /// allocator (mapped lazily, no fill pass) unless `prefault`.
+    fn resize_to(&mut self, slots: usize, prefault: bool) {
+        let fresh = if prefault {
+            let mut v = Vec::with_capacity(slots);
+            v.resize(slots, (EMPTY, V::default()));
+            v
+        } else {
+            vec![(EMPTY, V::default()); slots]
+        };
+        let old = std::mem::replace(&mut self.slots, fresh);
         self.bits = slots.trailing_zeros();
         for (k, v) in old {
             if k != EMPTY {
@@ -111,12 +126,18 @@ impl<V: Copy + Default> U64Table<V> {
         }
     }
 
-    /// Reads the home slot of `key` and returns its key, so that a later
-    /// access to `key` finds the line in cache: a caller touching many keys
-    /// first lets their misses overlap.
+    /// Reads the home slot of `key` and the slot a cache line further, and
+    /// returns their keys, so that a later access to `key` finds its lines
+    /// in cache (an insert probes past its home slot about half the time at
+    /// the tables' load, often into the next line): a caller touching many
+    /// keys first lets their misses overlap.
     #[inline]
     pub fn touch(&self, key: u64) -> u64 {
-        if self.slots.is_empty() { 0 } else { self.slots[home(key, self.bits)].0 }
+        if self.slots.is_empty() {
+            return 0;
+        }
+        let i = home(key, self.bits);
+        self.slots[i].0 ^ self.slots[(i + 64 / std::mem::size_of::<(u64, V)>().max(1)) & self.mask()].0
     }
 
     /// The value of `key`.
