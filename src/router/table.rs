@@ -12,7 +12,7 @@
 //! a side slot instead.
 
 /// The key value that marks a free slot.
-const EMPTY: u64 = 0;
+const EMPTY: u64 = u64::MAX;
 
 /// A map from `u64` hash keys to small `Copy` values.
 #[derive(Clone, Debug)]
@@ -69,30 +69,21 @@ impl<V: Copy + Default> U64Table<V> {
     }
 
     /// Makes room for `more` entries beyond the current ones without growing.
-    /// The new slots are written now, so that the pages are mapped here and
-    /// not at the first inserts.
+    /// The new slots are written (marked free) now, so their pages are mapped
+    /// here rather than at the first inserts.
     pub fn reserve(&mut self, more: usize) {
         let want = (self.len + more) * 4 / 3 + 1;
         if want > self.slots.len() {
-            self.resize_to(want.next_power_of_two().max(16), true);
+            self.resize(want.next_power_of_two().max(16));
         }
     }
 
     fn resize(&mut self, slots: usize) {
-        self.resize_to(slots, false);
-    }
-
-    /// Moves the entries into `slots` slots: zeroed memory from the
-    /// allocator (mapped lazily, no fill pass) unless `prefault`.
-    fn resize_to(&mut self, slots: usize, prefault: bool) {
-        let fresh = if prefault {
-            let mut v = Vec::with_capacity(slots);
-            v.resize(slots, (EMPTY, V::default()));
-            v
-        } else {
-            vec![(EMPTY, V::default()); slots]
-        };
-        let old = std::mem::replace(&mut self.slots, fresh);
+        // Not zero, on purpose: zeroed memory from the allocator would skip
+        // this fill but take its page faults during the inserts, which
+        // measured slower (route-bench, fresh tables: 5.4 against 6.0 -
+        // 6.6 M blocks/s).
+        let old = std::mem::replace(&mut self.slots, vec![(EMPTY, V::default()); slots]);
         self.bits = slots.trailing_zeros();
         for (k, v) in old {
             if k != EMPTY {
