@@ -360,7 +360,7 @@ fn find_partial(
             continue;
         }
         let content = &cache.blocks.content[id];
-        let cap = content.images.first().map_or(limit, |r| r.block_offset.min(limit));
+        let cap = content.images.as_slice().first().map_or(limit, |r| r.block_offset.min(limit));
         let have = cache.blocks.tokens(row);
         let k = want[..cap as usize].iter().zip(have).take_while(|(a, b)| a == b).count() as u32;
         if k > best.map_or(0, |b| b.1) {

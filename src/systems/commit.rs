@@ -9,7 +9,7 @@ use crate::events::{BlockStored, EventImage, EventImageRun, EventQueue};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key};
 use crate::resources::KvCache;
-use crate::tables::{BlockContent, FlatRun, Medium, RequestScope, Requests};
+use crate::tables::{BlockContent, BlockImageRuns, FlatRun, Medium, RequestScope, Requests};
 
 /// The image runs of the block that starts at `block_start`, from a request's
 /// flat, sorted runs. Runs that start before the block (an item the block
@@ -144,7 +144,7 @@ pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> Block
         b.key.expect("indexed blocks have keys"),
         content.parent,
         cache.blocks.tokens(b),
-        &content.images,
+        content.images.as_slice(),
         cache.scopes.get(content.scope),
     );
     g.event.expect("one block was pushed")
@@ -230,7 +230,7 @@ pub fn commit_computed(
                 parent,
                 depth: i,
                 scope: request.scope,
-                images: runs.clone(),
+                images: BlockImageRuns::from_slice(&runs),
                 link: None,
                 first_child: None,
             },

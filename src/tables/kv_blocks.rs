@@ -59,13 +59,47 @@ pub struct BlockContent {
     /// LoRA and salt of the chain.
     pub scope: ScopeId,
     /// Image runs inside the block, in block order.
-    pub images: Vec<ImageRun>,
+    pub images: BlockImageRuns,
     /// Sibling links for partial reuse: the indexed blocks that extend the
     /// same parent form a list, headed by the parent's `first_child` (or the
     /// scope's root list for first blocks). `None` when not linked.
     pub link: Option<SiblingLink>,
     /// Head of this block's list of indexed children.
     pub first_child: Option<BlockId>,
+}
+
+/// A block's image runs, kept inline when there is at most one (every block
+/// that lies inside a single image), so that committing an image block does
+/// not allocate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum BlockImageRuns {
+    /// A text-only block.
+    #[default]
+    None,
+    /// One run.
+    One(ImageRun),
+    /// Two or more runs.
+    Many(Vec<ImageRun>),
+}
+
+impl BlockImageRuns {
+    /// Copies `runs`, allocating only for two or more.
+    pub fn from_slice(runs: &[ImageRun]) -> Self {
+        match runs {
+            [] => Self::None,
+            [one] => Self::One(*one),
+            many => Self::Many(many.to_vec()),
+        }
+    }
+
+    /// The runs, in block order.
+    pub fn as_slice(&self) -> &[ImageRun] {
+        match self {
+            Self::None => &[],
+            Self::One(run) => std::slice::from_ref(run),
+            Self::Many(runs) => runs,
+        }
+    }
 }
 
 /// A block's place in its parent's list of children.
