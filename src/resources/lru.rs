@@ -74,11 +74,6 @@ impl<K: Key> Lru<K> {
         }
     }
 
-    /// The least recently used key, without removing it.
-    pub fn front(&self) -> Option<K> {
-        self.head
-    }
-
     /// Removes and returns the least recently used key.
     pub fn pop_front(&mut self) -> Option<K> {
         let k = self.head?;
@@ -89,14 +84,6 @@ impl<K: Key> Lru<K> {
     /// Keys from least to most recently used.
     pub fn iter(&self) -> impl Iterator<Item = K> + '_ {
         std::iter::successors(self.head, move |k| self.links[*k].next)
-    }
-
-    /// Removes every key.
-    pub fn clear(&mut self) {
-        self.links.clear();
-        self.head = None;
-        self.tail = None;
-        self.len = 0;
     }
 }
 
