@@ -282,7 +282,7 @@ impl Engine {
         for r in self.requests.rows.values() {
             *scope_refs.entry(r.scope).or_default() += 1;
         }
-        for c in self.cache.blocks.content.values() {
+        for (_, c) in self.cache.blocks.contents() {
             *scope_refs.entry(c.scope).or_default() += 1;
         }
         for id in self.cache.scopes.ids() {

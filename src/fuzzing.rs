@@ -198,7 +198,7 @@ impl<'a> ByteSource<'a> {
             cache_salt,
             medium: self.medium(),
             images,
-            block_images,
+            block_images: block_images.into(),
         }
     }
 }

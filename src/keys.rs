@@ -37,8 +37,21 @@ impl ImageDigest {
 }
 
 /// A block's 32-byte cryptographic key: the SHA-256 chain in docs/hashing.md.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
 pub struct BlockKey(pub [u8; 32]);
+
+/// In-memory maps hash a key's first 8 bytes only: the key is already a
+/// uniformly distributed SHA-256 output that callers cannot steer, so the
+/// other 24 bytes add no spread, and the map's own keyed hasher still mixes
+/// what it is given. Equal keys hash equally, as `Eq` requires. This never
+/// reaches the wire (that is [`BlockKey::wire_hash`]).
+impl std::hash::Hash for BlockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_ne_bytes(head));
+    }
+}
 
 /// The 64-bit block hash that goes on the wire: the first 8 bytes of the
 /// [`BlockKey`], big-endian, as a signed integer (TensorRT-LLM's

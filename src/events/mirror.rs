@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::events::{AllBlocksCleared, BlockStored, EventImageRun, KvEvent, Medium};
+use crate::events::{AllBlocksCleared, BlockImages, BlockStored, EventImageRun, KvEvent, Medium};
 use crate::keys::BlockKey;
 
 /// Advertised blocks, as single-block events.
@@ -91,7 +91,7 @@ pub fn split_stored(s: &BlockStored) -> Vec<BlockStored> {
         let token_ids = s.token_ids.get(i * bs..(i + 1) * bs).map(<[u32]>::to_vec).unwrap_or_default();
         let mut images = Vec::new();
         let mut runs = Vec::new();
-        for r in s.block_images.get(i).map(Vec::as_slice).unwrap_or_default() {
+        for r in s.block_images.get(i).unwrap_or_default() {
             let Some(img) = s.images.get(r.image as usize) else { continue };
             let image = match images.iter().position(|x| x == img) {
                 Some(p) => p,
@@ -112,7 +112,13 @@ pub fn split_stored(s: &BlockStored) -> Vec<BlockStored> {
             lora_name: s.lora_name.clone(),
             cache_salt: s.cache_salt.clone(),
             medium: s.medium,
-            block_images: if runs.is_empty() { Vec::new() } else { vec![runs] },
+            block_images: {
+                let mut b = BlockImages::new();
+                if !runs.is_empty() {
+                    b.push_block(&runs);
+                }
+                b
+            },
             images,
         });
     }

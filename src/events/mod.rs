@@ -67,7 +67,79 @@ pub struct BlockStored {
     pub images: Vec<EventImage>,
     /// Per block, its image runs. Empty when no block holds an image;
     /// otherwise exactly one entry per block.
-    pub block_images: Vec<Vec<EventImageRun>>,
+    pub block_images: BlockImages,
+}
+
+/// The image runs of each block of a [`BlockStored`] event, stored flat (one
+/// vector of runs and one of per-block ends) so that building an event with
+/// many image blocks does not allocate per block. Read it like a list of
+/// per-block slices: [`BlockImages::get`], [`BlockImages::iter`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockImages {
+    runs: Vec<EventImageRun>,
+    /// `ends[i]`: one past the last run of block `i` in `runs`.
+    ends: Vec<u32>,
+}
+
+impl BlockImages {
+    /// No blocks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Blocks listed (0, or one per block of the event).
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether no block is listed.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The runs of block `i`, `None` past the end.
+    pub fn get(&self, i: usize) -> Option<&[EventImageRun]> {
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        Some(&self.runs[start..end])
+    }
+
+    /// Each block's runs, in block order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &[EventImageRun]> + '_ {
+        (0..self.ends.len()).map(|i| self.get(i).expect("i < len"))
+    }
+
+    /// Every run of every block, in block order.
+    pub fn runs(&self) -> &[EventImageRun] {
+        &self.runs
+    }
+
+    /// Appends a run to the block being built (the one after the last
+    /// [`BlockImages::end_block`]).
+    pub fn push_run(&mut self, run: EventImageRun) {
+        self.runs.push(run);
+    }
+
+    /// Closes the block being built (with no run when none was pushed).
+    pub fn end_block(&mut self) {
+        self.ends.push(self.runs.len() as u32);
+    }
+
+    /// Appends one block with `runs`.
+    pub fn push_block(&mut self, runs: &[EventImageRun]) {
+        self.runs.extend_from_slice(runs);
+        self.end_block();
+    }
+}
+
+impl From<Vec<Vec<EventImageRun>>> for BlockImages {
+    fn from(blocks: Vec<Vec<EventImageRun>>) -> Self {
+        let mut out = Self::new();
+        for b in &blocks {
+            out.push_block(b);
+        }
+        out
+    }
 }
 
 /// Blocks stopped being cached in one tier.

@@ -12,7 +12,7 @@ use crate::ids::BlockId;
 use crate::keys::BlockKey;
 use crate::resources::ScopeId;
 use crate::resources::{Lru, Scopes};
-use crate::tables::{KvBlock, KvBlocks, Medium, SiblingLink};
+use crate::tables::{BlockContent, KvBlock, KvBlocks, Medium, SiblingLink};
 
 /// A page in one tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -148,6 +148,15 @@ impl KvCache {
         }
     }
 
+    /// The content of a block that must hold some (an indexed block).
+    pub fn content_of(&self, id: BlockId) -> &BlockContent {
+        self.blocks.content(id).expect("indexed blocks hold content")
+    }
+
+    fn content_of_mut(&mut self, id: BlockId) -> &mut BlockContent {
+        self.blocks.content_mut(id).expect("indexed blocks hold content")
+    }
+
     /// Whether a host tier exists.
     pub fn has_host_tier(&self) -> bool {
         self.pool.pages_host > 0
@@ -157,15 +166,22 @@ impl KvCache {
     /// Returns `None` when the tier has no free page (the caller evicts first).
     pub fn take_free_block(&mut self, medium: Medium) -> Option<BlockId> {
         let page = self.pool.free(medium).pop()?;
-        Some(self.blocks.rows.insert(KvBlock { page, medium, key: None, ref_count: 1, indexed: false }))
+        Some(self.blocks.rows.insert(KvBlock {
+            page,
+            medium,
+            key: None,
+            ref_count: 1,
+            indexed: false,
+            has_content: false,
+        }))
     }
 
     /// Removes a row that is neither referenced, indexed nor in an LRU, and
     /// gives its page back.
     pub fn release_row(&mut self, id: BlockId) {
+        self.remove_content(id);
         let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
         debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
-        self.remove_content(id);
         self.pool.free(b.medium).push(b.page);
     }
 
@@ -173,8 +189,8 @@ impl KvCache {
     /// unlinking it from its siblings.
     pub fn remove_content(&mut self, id: BlockId) {
         self.unlink_child(id);
-        if let Some(c) = self.blocks.content.remove(id) {
-            self.scopes.release(c.scope);
+        if let Some(scope) = self.blocks.take_content(id) {
+            self.scopes.release(scope);
         }
     }
 
@@ -182,7 +198,7 @@ impl KvCache {
     /// root list), or `None` when that parent is gone or not indexed.
     fn children_head(&mut self, parent: Option<BlockId>, scope: ScopeId) -> Option<&mut Option<BlockId>> {
         match parent {
-            Some(p) => self.blocks.content.get_mut(p).map(|c| &mut c.first_child),
+            Some(p) => self.blocks.content_mut(p).map(|c| &mut c.first_child),
             None => Some(self.scopes.root_children_mut(scope)),
         }
     }
@@ -191,26 +207,26 @@ impl KvCache {
     /// that partial reuse can find it. A parent that is not indexed has no
     /// list: the block then stays unlinked.
     pub fn link_child(&mut self, id: BlockId, parent: Option<BlockId>) {
-        let scope = self.blocks.content[id].scope;
+        let scope = self.content_of(id).scope;
         let Some(head) = self.children_head(parent, scope) else { return };
         let next = head.replace(id);
         if let Some(n) = next {
-            let link = self.blocks.content[n].link.as_mut().expect("listed blocks are linked");
+            let link = self.content_of_mut(n).link.as_mut().expect("listed blocks are linked");
             link.prev = Some(id);
         }
-        self.blocks.content[id].link = Some(SiblingLink { parent, prev: None, next });
+        self.content_of_mut(id).link = Some(SiblingLink { parent, prev: None, next });
     }
 
     /// Removes a block from its parent's children list, if it is in one.
     fn unlink_child(&mut self, id: BlockId) {
-        let Some(c) = self.blocks.content.get_mut(id) else { return };
+        let Some(c) = self.blocks.content_mut(id) else { return };
         let Some(link) = c.link.take() else { return };
         let scope = c.scope;
         if let Some(n) = link.next {
-            self.blocks.content[n].link.as_mut().expect("listed blocks are linked").prev = link.prev;
+            self.content_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
         }
         match link.prev {
-            Some(p) => self.blocks.content[p].link.as_mut().expect("listed blocks are linked").next = link.next,
+            Some(p) => self.content_of_mut(p).link.as_mut().expect("listed blocks are linked").next = link.next,
             None => {
                 if let Some(head) = self.children_head(link.parent, scope)
                     && *head == Some(id)
@@ -223,7 +239,7 @@ impl KvCache {
 
     /// Indexed device blocks in the children list starting at `head`, at most `max`.
     pub fn children(&self, head: Option<BlockId>, max: usize) -> impl Iterator<Item = BlockId> + '_ {
-        std::iter::successors(head, move |id| self.blocks.content[*id].link.and_then(|l| l.next)).take(max)
+        std::iter::successors(head, move |id| self.content_of(*id).link.and_then(|l| l.next)).take(max)
     }
 
     /// Device blocks that an allocation could get now: free pages plus
@@ -260,33 +276,29 @@ impl KvCache {
                 let key = b.key.expect("invariant 3: indexed blocks have keys");
                 assert_eq!(self.index.map.get(&key), Some(&id), "invariant 3: index entry of {id:?}");
             }
-            assert_eq!(self.blocks.content.contains_key(id), b.indexed, "invariant 4: content of {id:?}");
+            assert_eq!(b.has_content, b.indexed, "invariant 4: content of {id:?}");
         }
         assert_eq!(used[0] + self.pool.free_device.len(), self.pool.pages_device as usize, "invariant 1: device pages");
         assert_eq!(used[1] + self.pool.free_host.len(), self.pool.pages_host as usize, "invariant 1: host pages");
-        for (id, c) in &self.blocks.content {
+        for (id, c) in self.blocks.contents() {
             let Some(link) = c.link else { continue };
             if let Some(n) = link.next {
+                assert_eq!(self.content_of(n).link.and_then(|l| l.prev), Some(id), "invariant 5: next.prev of {id:?}");
                 assert_eq!(
-                    self.blocks.content[n].link.and_then(|l| l.prev),
-                    Some(id),
-                    "invariant 5: next.prev of {id:?}"
-                );
-                assert_eq!(
-                    self.blocks.content[n].link.map(|l| l.parent),
+                    self.content_of(n).link.map(|l| l.parent),
                     Some(link.parent),
                     "invariant 5: siblings share a parent"
                 );
             }
             match link.prev {
                 Some(p) => assert_eq!(
-                    self.blocks.content[p].link.and_then(|l| l.next),
+                    self.content_of(p).link.and_then(|l| l.next),
                     Some(id),
                     "invariant 5: prev.next of {id:?}"
                 ),
                 None => {
                     let head = match link.parent {
-                        Some(p) => self.blocks.content.get(p).map(|pc| pc.first_child),
+                        Some(p) => self.blocks.content(p).map(|pc| pc.first_child),
                         None => Some(*self.scopes.root_children(c.scope)),
                     };
                     if let Some(head) = head {
@@ -295,7 +307,7 @@ impl KvCache {
                 }
             }
             if let Some(first) = c.first_child {
-                let l = self.blocks.content[first].link.expect("invariant 5: a head is linked");
+                let l = self.content_of(first).link.expect("invariant 5: a head is linked");
                 assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
             }
         }

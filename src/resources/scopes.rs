@@ -55,6 +55,11 @@ impl Scopes {
         self.rows[id].refs += 1;
     }
 
+    /// Adds `n` references at once.
+    pub fn retain_n(&mut self, id: ScopeId, n: u32) {
+        self.rows[id].refs += n;
+    }
+
     /// Drops a reference; the scope is forgotten when none remains.
     pub fn release(&mut self, id: ScopeId) {
         let row = &mut self.rows[id];

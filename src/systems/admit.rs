@@ -342,7 +342,7 @@ fn find_partial(
         return None;
     }
     let head = match matched.last() {
-        Some(&parent) => cache.blocks.content.get(parent)?.first_child,
+        Some(&parent) => cache.blocks.content(parent)?.first_child,
         None => {
             let scope = cache.scopes.find(&RequestScope {
                 lora_id: spec.lora_id,
@@ -359,7 +359,7 @@ fn find_partial(
         if row.medium != Medium::Gpu {
             continue;
         }
-        let content = &cache.blocks.content[id];
+        let content = cache.content_of(id);
         let cap = content.images.as_slice().first().map_or(limit, |r| r.block_offset.min(limit));
         let have = cache.blocks.tokens(row);
         let k = want[..cap as usize].iter().zip(have).take_while(|(a, b)| a == b).count() as u32;

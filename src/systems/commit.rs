@@ -5,11 +5,11 @@
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
-use crate::events::{BlockStored, EventImage, EventImageRun, EventQueue};
+use crate::events::{BlockImages, BlockStored, EventImage, EventImageRun, EventQueue};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key};
 use crate::resources::KvCache;
-use crate::tables::{BlockContent, BlockImageRuns, FlatRun, Medium, RequestScope, Requests};
+use crate::tables::{FlatRun, Medium, RequestScope, Requests};
 
 /// The image runs of the block that starts at `block_start`, from a request's
 /// flat, sorted runs. Runs that start before the block (an item the block
@@ -98,33 +98,34 @@ impl StoredGroup {
             cache_salt: scope.cache_salt.clone(),
             medium,
             images: Vec::new(),
-            block_images: Vec::new(),
+            block_images: BlockImages::new(),
         });
         let block_index = e.keys.len();
         e.keys.push(key);
         e.token_ids.extend_from_slice(tokens);
-        if !runs.is_empty() && e.block_images.is_empty() {
-            e.block_images.resize(block_index, Vec::new());
+        if runs.is_empty() && e.block_images.is_empty() {
+            return;
         }
-        if !e.block_images.is_empty() || !runs.is_empty() {
-            let mut mine = Vec::with_capacity(runs.len());
-            for r in runs {
-                let image = match e.images.iter().position(|i| i.digest == r.digest) {
-                    Some(p) => p,
-                    None => {
-                        e.images.push(EventImage { digest: r.digest, uuid: None });
-                        e.images.len() - 1
-                    }
-                } as u32;
-                mine.push(EventImageRun {
-                    image,
-                    item_offset: r.item_offset,
-                    block_offset: r.block_offset,
-                    len: r.len,
-                });
-            }
-            e.block_images.push(mine);
+        // The first image block lists the text blocks before it as empty.
+        while e.block_images.len() < block_index {
+            e.block_images.end_block();
         }
+        for r in runs {
+            let image = match e.images.iter().position(|i| i.digest == r.digest) {
+                Some(p) => p,
+                None => {
+                    e.images.push(EventImage { digest: r.digest, uuid: None });
+                    e.images.len() - 1
+                }
+            } as u32;
+            e.block_images.push_run(EventImageRun {
+                image,
+                item_offset: r.item_offset,
+                block_offset: r.block_offset,
+                len: r.len,
+            });
+        }
+        e.block_images.end_block();
     }
 
     fn flush(&mut self, events: &mut EventQueue) {
@@ -138,7 +139,7 @@ impl StoredGroup {
 /// tier move, or in a snapshot), built from its retained content.
 pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> BlockStored {
     let b = &cache.blocks.rows[id];
-    let content = &cache.blocks.content[id];
+    let content = cache.content_of(id);
     let mut g = StoredGroup { event: None, blocks_hint: 1, block_size: cache.block_size, medium: b.medium };
     g.push(
         b.key.expect("indexed blocks have keys"),
@@ -183,6 +184,9 @@ pub fn commit_computed(
         block_size: bs,
         medium: Medium::Gpu,
     };
+    // Each advertised block holds a reference on the scope; taken once below.
+    let mut scope_refs = 0u32;
+    let scope = &cache.scopes.get(request.scope).clone();
     for i in request.blocks_committed..full {
         let start = i * bs;
         let tokens = &request.tokens[start as usize..(start + bs) as usize];
@@ -221,33 +225,27 @@ pub fn commit_computed(
         let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
         cache.blocks.set_tokens(medium, page, keyed);
         if events.enabled() {
-            group.push(key, parent, keyed, &runs, cache.scopes.get(request.scope));
+            group.push(key, parent, keyed, &runs, scope);
         }
-        cache.scopes.retain(request.scope);
-        cache.blocks.content.insert(
-            block_id,
-            BlockContent {
-                parent,
-                depth: i,
-                scope: request.scope,
-                images: BlockImageRuns::from_slice(&runs),
-                link: None,
-                first_child: None,
-            },
-        );
+        scope_refs += 1;
+        cache.blocks.set_content(block_id, parent, i, request.scope, &runs);
         // Listed under its parent for partial reuse, when the parent is the
         // indexed copy of its key (a private duplicate parent has no list).
-        let parent_block = if i == 0 {
-            Some(None)
-        } else {
-            let p = request.blocks[i as usize - 1];
-            cache.blocks.rows[p].indexed.then_some(Some(p))
-        };
-        if let Some(parent_block) = parent_block {
-            cache.link_child(block_id, parent_block);
+        // The lists serve partial reuse only, so without it none is kept.
+        if config.partial_reuse {
+            let parent_block = if i == 0 {
+                Some(None)
+            } else {
+                let p = request.blocks[i as usize - 1];
+                cache.blocks.rows[p].indexed.then_some(Some(p))
+            };
+            if let Some(parent_block) = parent_block {
+                cache.link_child(block_id, parent_block);
+            }
         }
     }
     group.flush(events);
+    cache.scopes.retain_n(request.scope, scope_refs);
     request.blocks_committed = full;
     Ok(())
 }

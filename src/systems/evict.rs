@@ -49,7 +49,7 @@ pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters
             let to = PageRef { medium: Medium::Cpu, page: host_page };
             b.medium = Medium::Cpu;
             b.page = host_page;
-            cache.blocks.move_tokens((from.medium, from.page), (to.medium, to.page));
+            cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
             cache.copies.push(BlockCopy { src: from, dst: to, tokens: cache.block_size });
             cache.pool.free_device.push(from.page);
             cache.pool.lru_host.push_back(id);
@@ -80,7 +80,7 @@ pub fn onboard_block(cache: &mut KvCache, id: BlockId, events: &mut EventQueue, 
     b.medium = Medium::Gpu;
     b.page = device_page;
     b.ref_count = 1;
-    cache.blocks.move_tokens((from.medium, from.page), (to.medium, to.page));
+    cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
     cache.copies.push(BlockCopy { src: from, dst: to, tokens: cache.block_size });
     cache.pool.free_host.push(from.page);
     events.push_removed(key, Medium::Cpu);

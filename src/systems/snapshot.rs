@@ -11,7 +11,7 @@ use crate::systems::commit::stored_event_for_block;
 /// batch sequence number it is consistent with, not with event numbers.
 pub fn snapshot_events(cache: &KvCache, hints: &mut RoutingHints, counters: &mut Counters) -> Vec<KvEvent> {
     let mut ids: Vec<_> = cache.index.map.values().copied().collect();
-    ids.sort_by_key(|id| (cache.blocks.content[*id].depth, cache.blocks.rows[*id].medium, *id));
+    ids.sort_by_key(|id| (cache.content_of(*id).depth, cache.blocks.rows[*id].medium, *id));
     let mut out = Vec::with_capacity(ids.len() + 1);
     out.push(KvEvent::AllBlocksCleared(crate::events::AllBlocksCleared { event_seq: 0 }));
     for id in ids {

@@ -7,7 +7,7 @@
 //! advertised block must be re-advertisable (offload, onboard, snapshot) after
 //! the request that wrote it is gone.
 
-use slotmap::{SecondaryMap, SlotMap};
+use slotmap::SlotMap;
 
 use crate::ids::BlockId;
 use crate::keys::{BlockKey, ImageRun};
@@ -47,10 +47,13 @@ pub struct KvBlock {
     /// Whether this block is the prefix index's copy of its key (advertised and
     /// matchable). A keyed block that is not indexed is a private duplicate.
     pub indexed: bool,
+    /// Whether the block's page slot holds its re-advertising content (set
+    /// while indexed; see [`KvBlocks::content`]).
+    pub has_content: bool,
 }
 
 /// What an indexed block needs to be advertised again without its request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct BlockContent {
     /// The parent key; `None` for the first block of a chain.
     pub parent: Option<BlockKey>,
@@ -114,13 +117,19 @@ pub struct SiblingLink {
 }
 
 /// The KV block table.
+///
+/// Token ids and re-advertising content are kept by page slot (device pages
+/// first, then host pages), in flat arrays allocated at creation: committing a
+/// block writes them in place instead of inserting into a map, and a tier move
+/// moves them to the new page. A slot's content is meaningful only while the
+/// row on that page has `has_content` set.
 #[derive(Debug)]
 pub struct KvBlocks {
     /// Rows.
     pub rows: SlotMap<BlockId, KvBlock>,
-    /// Re-advertising data of indexed blocks.
-    pub content: SecondaryMap<BlockId, BlockContent>,
-    /// Token ids of blocks by page: device pages first, then host pages.
+    /// Re-advertising content by page slot.
+    content: Vec<BlockContent>,
+    /// Token ids of blocks by page slot.
     tokens: Vec<u32>,
     block_size: usize,
     pages_device: usize,
@@ -132,19 +141,86 @@ impl KvBlocks {
         let pages = pages_device as usize + pages_host as usize;
         Self {
             rows: SlotMap::with_capacity_and_key(pages),
-            content: SecondaryMap::with_capacity(pages),
+            content: vec![BlockContent::default(); pages],
             tokens: vec![0; pages * block_size as usize],
             block_size: block_size as usize,
             pages_device: pages_device as usize,
         }
     }
 
-    fn page_range(&self, medium: Medium, page: u32) -> std::ops::Range<usize> {
-        let slot = match medium {
+    fn slot(&self, medium: Medium, page: u32) -> usize {
+        match medium {
             Medium::Gpu => page as usize,
             Medium::Cpu => self.pages_device + page as usize,
-        };
+        }
+    }
+
+    fn page_range(&self, medium: Medium, page: u32) -> std::ops::Range<usize> {
+        let slot = self.slot(medium, page);
         slot * self.block_size..(slot + 1) * self.block_size
+    }
+
+    /// The re-advertising content of a block, `None` when the id is stale or
+    /// the block holds none (not indexed).
+    pub fn content(&self, id: BlockId) -> Option<&BlockContent> {
+        let b = self.rows.get(id)?;
+        b.has_content.then(|| &self.content[self.slot(b.medium, b.page)])
+    }
+
+    /// Mutable access to a block's content; `None` as for [`KvBlocks::content`].
+    pub fn content_mut(&mut self, id: BlockId) -> Option<&mut BlockContent> {
+        let b = self.rows.get(id)?;
+        let slot = self.slot(b.medium, b.page);
+        b.has_content.then(|| &mut self.content[slot])
+    }
+
+    /// Every block that holds content, with it.
+    pub fn contents(&self) -> impl Iterator<Item = (BlockId, &BlockContent)> + '_ {
+        self.rows.iter().filter(|(_, b)| b.has_content).map(|(id, b)| (id, &self.content[self.slot(b.medium, b.page)]))
+    }
+
+    /// Gives a live block its content, written in place in its page slot,
+    /// unlinked and with no children.
+    pub fn set_content(
+        &mut self,
+        id: BlockId,
+        parent: Option<BlockKey>,
+        depth: u32,
+        scope: ScopeId,
+        images: &[ImageRun],
+    ) {
+        let b = &mut self.rows[id];
+        b.has_content = true;
+        let slot = match b.medium {
+            Medium::Gpu => b.page as usize,
+            Medium::Cpu => self.pages_device + b.page as usize,
+        };
+        let c = &mut self.content[slot];
+        c.parent = parent;
+        c.depth = depth;
+        c.scope = scope;
+        c.images = BlockImageRuns::from_slice(images);
+        c.link = None;
+        c.first_child = None;
+    }
+
+    /// Drops a block's content (the caller unlinked it first) and returns
+    /// its scope, whose reference the caller gives back. `None` when the
+    /// block holds no content.
+    pub fn take_content(&mut self, id: BlockId) -> Option<ScopeId> {
+        let b = self.rows.get_mut(id)?;
+        if !b.has_content {
+            return None;
+        }
+        b.has_content = false;
+        let slot = match b.medium {
+            Medium::Gpu => b.page as usize,
+            Medium::Cpu => self.pages_device + b.page as usize,
+        };
+        let c = &mut self.content[slot];
+        c.images = BlockImageRuns::None;
+        debug_assert!(c.link.is_none(), "content is unlinked before it is dropped");
+        Some(c.scope)
     }
 
     /// Token ids stored for a block (meaningful once keyed).
@@ -158,10 +234,12 @@ impl KvBlocks {
         self.tokens[range].copy_from_slice(tokens);
     }
 
-    /// Moves a block's token ids between pages (tier moves).
-    pub fn move_tokens(&mut self, from: (Medium, u32), to: (Medium, u32)) {
+    /// Moves a block's token ids and content between pages (tier moves).
+    pub fn move_page(&mut self, from: (Medium, u32), to: (Medium, u32)) {
         let src = self.page_range(from.0, from.1);
         let dst = self.page_range(to.0, to.1).start;
         self.tokens.copy_within(src, dst);
+        let (a, b) = (self.slot(from.0, from.1), self.slot(to.0, to.1));
+        self.content.swap(a, b);
     }
 }
