@@ -25,6 +25,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod capabilities;
 pub mod config;
 pub mod engine;

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod core_bench;
 mod demo;
 mod events;
 mod gpu_bench;
@@ -18,6 +19,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Issue 2's engine benchmark: admit + commit + finish of a 4096-token
+    /// prompt, cold, cold under eviction and warm, interleaved with the bare
+    /// SHA-256 chain and reported as ratios to it.
+    CoreBench {
+        /// Repetitions of each case.
+        #[arg(long, default_value_t = 2000)]
+        reps: usize,
+    },
     /// A short demonstration of the engine that prints its events.
     Demo,
     /// Tail, record or replay a KV event stream.
@@ -43,6 +52,7 @@ fn main() {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Demo) => demo::run(),
+        Some(Command::CoreBench { reps }) => std::process::exit(core_bench::run(reps)),
         Some(Command::Sim(args)) => std::process::exit(sim::run(&args)),
         None => std::process::exit(sim::run(&sim::SimArgs::default())),
         Some(Command::Events(args)) => {
