@@ -333,6 +333,13 @@ typedef struct kvc_config {
      */
     uint32_t routing_hints_max;
     /**
+     * Most closed event batches kept for `kvc_step`'s callers to read; when
+     * a step closes with that many unread, the oldest is dropped and counted
+     * in `kvc_counters.event_batches_dropped`. With a publisher attached, 0
+     * keeps none and publishes each batch without a copy.
+     */
+    uint32_t event_batches_max;
+    /**
      * A `kvc_kv_transfer_role` value.
      */
     uint32_t kv_transfer_role;
@@ -809,6 +816,10 @@ typedef struct kvc_counters {
      * Events produced.
      */
     uint64_t events_emitted;
+    /**
+     * Closed event batches dropped unread (`kvc_config.event_batches_max`).
+     */
+    uint64_t event_batches_dropped;
     /**
      * Gauge: requests alive now.
      */

@@ -42,6 +42,13 @@ pub struct EngineConfig {
     pub runs_per_item_max: u32,
     /// Capacity of the digest-to-UUID routing-hint table.
     pub routing_hints_max: u32,
+    /// Most closed event batches kept for `drain_*`. When a step closes with
+    /// this many undrained, the oldest is dropped and counted
+    /// (`Counters::event_batches_dropped`), so a caller that never drains
+    /// (one that only publishes) holds bounded memory. With a publisher
+    /// attached, 0 keeps nothing and hands each batch to the publisher
+    /// without a copy.
+    pub event_batches_max: u32,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +67,7 @@ impl Default for EngineConfig {
             mm_items_per_request_max: 64,
             runs_per_item_max: 64,
             routing_hints_max: 4096,
+            event_batches_max: 1024,
         }
     }
 }

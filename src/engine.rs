@@ -61,7 +61,7 @@ impl Engine {
             items: MmItems::with_capacity(config.mm_items_max as usize),
             cache: KvCache::new(config.block_size_tokens, config.blocks_device, config.blocks_host),
             hints: RoutingHints::with_capacity(config.routing_hints_max as usize),
-            events: EventQueue::new(config.kv_events && config.block_reuse),
+            events: EventQueue::new(config.kv_events && config.block_reuse, config.event_batches_max as usize),
             counters: Counters::default(),
             step_index: 0,
             publisher: None,
@@ -148,9 +148,20 @@ impl Engine {
     pub fn step(&mut self) -> Vec<BlockCopy> {
         let (copies, batch) =
             systems::run_step(self.step_index, &mut self.cache, &mut self.hints, &mut self.events, &mut self.counters);
-        if let (Some(publisher), Some(batch)) = (&mut self.publisher, batch) {
-            // Never blocks: the publisher queues and drops (counting a gap) when full.
-            publisher.publish(batch.events.clone());
+        if let Some(batch) = batch {
+            // Publishing never blocks: the publisher queues and drops
+            // (counting a gap) when full. The batch is copied only when it is
+            // also kept for draining.
+            match &mut self.publisher {
+                Some(publisher) if self.events.retain_max() == 0 => {
+                    publisher.publish(batch.events);
+                }
+                Some(publisher) => {
+                    publisher.publish(batch.events.clone());
+                    self.events.retain(batch, &mut self.counters);
+                }
+                None => self.events.retain(batch, &mut self.counters),
+            }
         }
         self.step_index += 1;
         #[cfg(any(debug_assertions, kvc_paranoid))]

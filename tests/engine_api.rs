@@ -390,3 +390,28 @@ fn partial_reuse_copies_the_shared_tokens() {
     assert_eq!(b.tokens_cached, 4);
     assert!(off.step().is_empty());
 }
+
+/// Undrained event batches are bounded by `event_batches_max`: a caller that
+/// never drains keeps only the newest batches, and every dropped one is
+/// counted; draining keeps them all.
+#[test]
+fn undrained_batches_are_bounded_and_counted() {
+    let mut e = Engine::new(EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: 64,
+        event_batches_max: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut steps = Vec::new();
+    for i in 0..5u32 {
+        serve(&mut e, &RequestSpec { tokens: &[100 + i, 1, 2, 3, 4], ..Default::default() });
+        steps.push(e.step_index() - 1);
+    }
+    let kept = e.drain_batches();
+    assert_eq!(kept.iter().map(|b| b.step_index).collect::<Vec<_>>(), steps[3..].to_vec(), "the newest two");
+    assert_eq!(e.counters().event_batches_dropped, 3);
+    serve(&mut e, &RequestSpec { tokens: &[200, 1, 2, 3, 4], ..Default::default() });
+    assert_eq!(e.drain_batches().len(), 1);
+    assert_eq!(e.counters().event_batches_dropped, 3, "a drained queue drops nothing");
+}

@@ -133,6 +133,34 @@ fn engine_steps_arrive_in_order_and_decode_to_their_events() {
     assert_eq!((stats.dropped_queue_full, stats.dropped_send_failed), (0, 0));
 }
 
+/// With `event_batches_max` 0 and a publisher attached, every batch goes to
+/// the wire and none is kept for draining: a publish-only caller holds no
+/// growing queue, and nothing is lost on the stream.
+#[test]
+fn publish_only_engine_keeps_no_batches() {
+    let ctx = zmq::Context::new();
+    let mut publisher = Publisher::bind(config()).unwrap();
+    let sub = Sub::connect(&ctx, publisher.endpoint());
+    let first = sync(&mut publisher, &sub);
+    let mut e = Engine::new(EngineConfig {
+        block_size_tokens: 4,
+        blocks_device: 64,
+        event_batches_max: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    e.attach_publisher(publisher);
+    for i in 0..3u32 {
+        run(&mut e, &[10 + i, 1, 2, 3, 4], None);
+    }
+    assert!(e.drain_batches().is_empty());
+    for i in 0..3u64 {
+        let m = sub.recv();
+        assert_eq!(m.seq, first + i);
+        assert!(matches!(m.batch.events.as_slice(), [WireEvent::BlockStored(_)]));
+    }
+}
+
 /// Replay must serve every retained batch from the asked sequence number on,
 /// keep only `buffer_steps` of them, and end with the END sentinel.
 #[test]

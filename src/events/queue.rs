@@ -22,12 +22,14 @@ pub struct EventQueue {
     next_event_seq: u64,
     open: Vec<KvEvent>,
     closed: VecDeque<EventBatch>,
+    retain_max: usize,
 }
 
 impl EventQueue {
-    /// A queue; when `enabled` is false every push is a no-op.
-    pub fn new(enabled: bool) -> Self {
-        Self { enabled, ..Default::default() }
+    /// A queue; when `enabled` is false every push is a no-op. At most
+    /// `retain_max` closed batches are kept for draining (see [`EventQueue::retain`]).
+    pub fn new(enabled: bool, retain_max: usize) -> Self {
+        Self { enabled, retain_max, ..Default::default() }
     }
 
     /// Whether events are produced at all.
@@ -80,15 +82,16 @@ impl EventQueue {
         &self.open
     }
 
-    /// Closes the open step: resolves UUID hints of its image items and moves
-    /// its events to the drainable batches. Returns the closed batch, or
-    /// `None` when the step produced no event (no empty batch is kept).
+    /// Closes the open step: resolves UUID hints of its image items and
+    /// returns its events as a batch (the caller publishes it and/or keeps it
+    /// with [`EventQueue::retain`]), or `None` when the step produced no event
+    /// (no empty batch is made).
     pub fn close_step(
         &mut self,
         step_index: u64,
         hints: &mut RoutingHints,
         counters: &mut Counters,
-    ) -> Option<&EventBatch> {
+    ) -> Option<EventBatch> {
         if self.open.is_empty() {
             return None;
         }
@@ -101,8 +104,28 @@ impl EventQueue {
             }
         }
         counters.events_emitted += events.len() as u64;
-        self.closed.push_back(EventBatch { step_index, events });
-        self.closed.back()
+        Some(EventBatch { step_index, events })
+    }
+
+    /// Most closed batches kept for draining.
+    pub fn retain_max(&self) -> usize {
+        self.retain_max
+    }
+
+    /// Keeps a closed batch for draining. When `retain_max` batches are
+    /// already waiting, the oldest is dropped (all of them when `retain_max`
+    /// is 0, this one included) and counted, so memory stays bounded when
+    /// nobody drains.
+    pub fn retain(&mut self, batch: EventBatch, counters: &mut Counters) {
+        if self.retain_max == 0 {
+            counters.event_batches_dropped += 1;
+            return;
+        }
+        while self.closed.len() >= self.retain_max {
+            self.closed.pop_front();
+            counters.event_batches_dropped += 1;
+        }
+        self.closed.push_back(batch);
     }
 
     /// Takes every closed batch, oldest first.

@@ -92,6 +92,11 @@ pub struct kvc_config {
     pub runs_per_item_max: u32,
     /// Capacity of the digest-to-UUID routing-hint table.
     pub routing_hints_max: u32,
+    /// Most closed event batches kept for `kvc_step`'s callers to read; when
+    /// a step closes with that many unread, the oldest is dropped and counted
+    /// in `kvc_counters.event_batches_dropped`. With a publisher attached, 0
+    /// keeps none and publishes each batch without a copy.
+    pub event_batches_max: u32,
     /// A `kvc_kv_transfer_role` value.
     pub kv_transfer_role: u32,
     /// Whether finished requests leave their blocks matchable (prefix reuse).
@@ -128,6 +133,7 @@ impl kvc_config {
             mm_items_per_request_max: c.mm_items_per_request_max,
             runs_per_item_max: c.runs_per_item_max,
             routing_hints_max: c.routing_hints_max,
+            event_batches_max: c.event_batches_max,
             kv_transfer_role: kvc_kv_transfer_role::None as u32,
             block_reuse: c.block_reuse,
             kv_events: c.kv_events,
@@ -178,6 +184,7 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         mm_items_per_request_max: c.mm_items_per_request_max,
         runs_per_item_max: c.runs_per_item_max,
         routing_hints_max: c.routing_hints_max,
+        event_batches_max: c.event_batches_max,
     };
     config.validate()?;
     let deployment = Deployment {

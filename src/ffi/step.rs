@@ -149,6 +149,8 @@ pub struct kvc_counters {
     pub hint_oversized: u64,
     /// Events produced.
     pub events_emitted: u64,
+    /// Closed event batches dropped unread (`kvc_config.event_batches_max`).
+    pub event_batches_dropped: u64,
     /// Gauge: requests alive now.
     pub requests_live: u64,
     /// Gauge: free device blocks now.
@@ -429,6 +431,7 @@ pub unsafe extern "C" fn kvc_engine_counters(engine: *mut kvc_engine, counters_o
                 hint_conflicts: c.hint_conflicts,
                 hint_oversized: c.hint_oversized,
                 events_emitted: c.events_emitted,
+                event_batches_dropped: c.event_batches_dropped,
                 requests_live: st.engine.requests_live() as u64,
                 blocks_free_device: st.engine.blocks_free_device() as u64,
                 blocks_cached_device: cached_device as u64,

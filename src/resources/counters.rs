@@ -33,4 +33,6 @@ pub struct Counters {
     pub hint_oversized: u64,
     /// Events produced.
     pub events_emitted: u64,
+    /// Closed event batches dropped undrained by `event_batches_max`.
+    pub event_batches_dropped: u64,
 }

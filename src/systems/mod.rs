@@ -25,13 +25,13 @@ use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
 /// 2. close the event batch, resolving UUID hints last so that every pairing
 ///    recorded during the step is seen, and a conflict found late in the step
 ///    still keeps an ambiguous UUID off the wire.
-pub fn run_step<'a>(
+pub fn run_step(
     step_index: u64,
     cache: &mut KvCache,
     hints: &mut RoutingHints,
-    events: &'a mut EventQueue,
+    events: &mut EventQueue,
     counters: &mut Counters,
-) -> (Vec<BlockCopy>, Option<&'a EventBatch>) {
+) -> (Vec<BlockCopy>, Option<EventBatch>) {
     let copies = std::mem::take(&mut cache.copies);
     let batch = events.close_step(step_index, hints, counters);
     (copies, batch)
