@@ -298,3 +298,60 @@ fn partial_reuse_copies_the_shared_prefix() {
     assert_eq!(info.tokens_computed, 6, "one full block and 2 copied tokens");
     h.apply(&Op::Step, &bases); // applies the prefix copy, then checks every computed token's KV
 }
+
+/// Once the host tier is full, the oldest offload is the one dropped, with
+/// Removed(CPU) for its key; each step's offloads are reported as copies to
+/// distinct host pages.
+#[test]
+fn full_host_tier_drops_the_oldest_offload_first() {
+    let serve = |e: &mut Engine, first: u32| -> Vec<kvcore::resources::BlockCopy> {
+        let tokens: Vec<u32> = (0..8 * BS + 1).map(|i| first * 1000 + i).collect();
+        let a = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
+        e.commit(a.id, tokens.len() as u64).unwrap();
+        e.finish(a.id).unwrap();
+        e.step()
+    };
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BS, blocks_device: 9, blocks_host: 20, ..Default::default() })
+            .unwrap();
+    serve(&mut e, 1); // 8 cached blocks on the device
+    e.drain_events();
+    let mut first_offloads: Vec<BlockKey> = Vec::new();
+    for round in 2..6u32 {
+        let copies = serve(&mut e, round); // 9 new pages: the previous prompt's 8 blocks offload
+        let mut pages: Vec<u32> = copies.iter().filter(|c| c.dst.medium == Medium::Cpu).map(|c| c.dst.page).collect();
+        assert_eq!(pages.len(), 8, "round {round}");
+        pages.sort_unstable();
+        pages.dedup();
+        assert_eq!(pages.len(), 8, "round {round}: distinct host pages");
+        let events = e.drain_events();
+        let stored_cpu: Vec<BlockKey> = events
+            .iter()
+            .filter_map(|ev| match ev {
+                KvEvent::BlockStored(s) if s.medium == Medium::Cpu => Some(s.keys.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let removed_cpu: Vec<BlockKey> = events
+            .iter()
+            .filter_map(|ev| match ev {
+                KvEvent::BlockRemoved(r) if r.medium == Medium::Cpu => Some(r.keys.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if round == 2 {
+            first_offloads = stored_cpu;
+            assert!(removed_cpu.is_empty());
+        } else if round == 4 {
+            // 20 host pages held rounds 2 and 3 (16 blocks); round 4 needs 8
+            // more, so the 4 oldest (the first offloads of round 2) go.
+            let mut want = first_offloads[..4].to_vec();
+            let mut got = removed_cpu.clone();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "the oldest offloads are dropped first");
+        }
+    }
+}
