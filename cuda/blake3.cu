@@ -58,9 +58,11 @@ __device__ __forceinline__ u32 rotr8(u32 x) { return __byte_perm(x, 0, 0x0321); 
 __device__ __forceinline__ u32 rotr12(u32 x) { return __funnelshift_r(x, x, 12); }
 __device__ __forceinline__ u32 rotr7(u32 x) { return __funnelshift_r(x, x, 7); }
 
-// MODE 0: plain additions; MODE 1: additions as multiply-adds by `one`.
-#define B3_ADD3(a, b, x) (MODE == 0 ? (a + b + (x)) : ((x) * one + (b * one + a)))
-#define B3_ADD2(c, d) (MODE == 0 ? (c + d) : (d * one + c))
+// MODE 0: plain additions; MODE 1: additions as multiply-adds by `one`;
+// MODE 2: three-way additions plain, two-way ones as multiply-adds; MODE 3:
+// the reverse.
+#define B3_ADD3(a, b, x) ((MODE == 0 || MODE == 2) ? (a + b + (x)) : ((x) * one + (b * one + a)))
+#define B3_ADD2(c, d) ((MODE == 0 || MODE == 3) ? (c + d) : (d * one + c))
 
 #define B3_G(a, b, c, d, x, y)          \
     do {                                \
@@ -288,12 +290,64 @@ __device__ void b3_fold(u32 (*s_cv)[9], u32 k, bool root, u32 one) {
     }
 }
 
+// After a group's chunk values are in s_cv[0..n): folds them into the
+// group's value, then climbs the tree (the last block of each set of 64
+// folds the set). Returns true in the block that wrote the item's digest
+// (the same value in every thread of the block).
+template <int MODE>
+__device__ __forceinline__ bool b3_finish(const Blake3Item& it, u32 local_group, u32 n, u32 (*s_cv)[9], u32* s_last,
+                                          u32* cvs, u32* counters, u32 one) {
+    const u32 t = threadIdx.x;
+    const bool single = it.groups == 1;
+    b3_fold<MODE>(s_cv, n, single, one);
+    if (single) {
+        if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+        return true;
+    }
+    // Climb: publish this value; the last of its set of 64 folds the set.
+    u32* vals = cvs + it.cv_first * 8;
+    u32* ctrs = counters + it.ctr_first;
+    u32 idx = local_group;
+    u32 count = it.groups;
+    while (true) {
+        if (t < 8) vals[(u64)idx * 8 + t] = s_cv[0][t];
+        __threadfence();
+        __syncthreads();
+        const u32 parent = idx / B3_GROUP;
+        const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+        const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+        if (t == 0) {
+            u32 old = atomicAdd(&ctrs[parent], 1u);
+            *s_last = old == siblings - 1;
+            // Reset for the next use of the scratch: every sibling has counted.
+            if (*s_last) ctrs[parent] = 0;
+        }
+        __syncthreads();
+        if (!*s_last) return false;
+        __threadfence();
+        for (u32 k = t; k < siblings; k += blockDim.x) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[k][i] = __ldcg(&vals[((u64)parent * B3_GROUP + k) * 8 + i]);
+        }
+        __syncthreads();
+        b3_fold<MODE>(s_cv, siblings, parents == 1, one);
+        if (parents == 1) {
+            if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+            return true;
+        }
+        vals += (u64)count * 8;
+        ctrs += parents;
+        idx = parent;
+        count = parents;
+    }
+}
+
 template <int MODE, int PAIR>
-__device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+__device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one,
+                                          u32 g) {
     __shared__ u32 s_cv[B3_GROUP][9];  // padded against bank conflicts
     __shared__ u32 s_item;
     __shared__ u32 s_last;
-    const u32 g = blockIdx.x;
     const u32 t = threadIdx.x;
     if (t == 0) s_item = b3_find_item(items, n_items, g);
     __syncthreads();
@@ -302,7 +356,6 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u64 first_chunk = (u64)local_group * B3_GROUP;
     const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-    const bool single = it.groups == 1;
     const u8* base = (const u8*)it.data;
     const bool aligned = (it.data & 15) == 0;
 #ifdef B3_PAIR
@@ -338,68 +391,295 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
         for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
     }
     __syncthreads();
-    b3_fold<MODE>(s_cv, n, single, one);
-    if (single) {
-        if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
-        return;
-    }
-    // Climb: publish this value; the last of its set of 64 folds the set.
-    u32* vals = cvs + it.cv_first * 8;
-    u32* ctrs = counters + it.ctr_first;
-    u32 idx = local_group;
-    u32 count = it.groups;
-    while (true) {
-        if (t < 8) vals[(u64)idx * 8 + t] = s_cv[0][t];
-        __threadfence();
-        __syncthreads();
-        const u32 parent = idx / B3_GROUP;
-        const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
-        const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
-        if (t == 0) {
-            u32 old = atomicAdd(&ctrs[parent], 1u);
-            s_last = old == siblings - 1;
-            // Reset for the next use of the scratch: every sibling has counted.
-            if (s_last) ctrs[parent] = 0;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        for (u32 k = t; k < siblings; k += blockDim.x) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) s_cv[k][i] = __ldcg(&vals[((u64)parent * B3_GROUP + k) * 8 + i]);
-        }
-        __syncthreads();
-        b3_fold<MODE>(s_cv, siblings, parents == 1, one);
-        if (parents == 1) {
-            if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
-            return;
-        }
-        vals += (u64)count * 8;
-        ctrs += parents;
-        idx = parent;
-        count = parents;
-    }
+    b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
 }
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_latency(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<0, 0>(items, n_items, cvs, counters, one);
+    b3_digest<0, 0>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_throughput(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 0>(items, n_items, cvs, counters, one);
+    b3_digest<1, 0>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 
 #ifdef B3_PAIR
 // One warp per group, two chunks per thread (launch with 32 threads per block).
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 1>(items, n_items, cvs, counters, one);
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair_latency(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<0, 1>(items, n_items, cvs, counters, one);
+    b3_digest<0, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+#endif  // B3_PAIR
+
+#ifdef B3_STAGED
+// Staged kernels (a module of their own, B3_STAGED): the chunk bytes come
+// into shared memory by asynchronous copies (cp.async, no registers held
+// while they fly) and are hashed from there.
+//
+// Each warp stages its own 32 chunks, one row at a time (row j: the j-th
+// 64-byte block of every chunk): lane l copies 16-byte unit (l & 3) of chunk
+// (l >> 2) + 8 i, so one instruction touches 8 chunks (8 lines), not 32 as
+// the per-thread loads do. A ring of R row slots per block keeps R - 1 rows
+// in flight; R = 16 brings the whole group in at once (the latency kernels:
+// nothing is waited for after the first row). Only a __syncwarp orders the
+// copies of one lane against the reads of another, since each warp reads
+// only the rows it staged.
+//
+// Slot layout: chunk c's 64 bytes of a row are four 16-byte units; unit u is
+// stored at position u ^ ((c >> 1) & 3), so the 8 lanes of one phase of a
+// 16-byte shared load (8 consecutive chunks, the same u) hit 8 distinct bank
+// groups.
+
+__device__ __forceinline__ void b3_cp16(u32 smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void b3_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void b3_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ u32 b3_slot_off(u32 slot, u32 c, u32 u) {
+    return ((slot * B3_GROUP + c) * 4u + (u ^ ((c >> 1) & 3u))) * 16u;
+}
+
+// The warp of `lane` copies row j of its chunks [c0, c0 + 32) below `nfull`
+// (group-relative) from the group's bytes at `g` into slot `slot`.
+__device__ __forceinline__ void b3_issue_row(u32 sbase, const u8* g, u32 c0, u32 nfull, u32 j, u32 slot, u32 lane) {
+#pragma unroll
+    for (u32 i = 0; i < 4; i++) {
+        const u32 k = i * 32 + lane;
+        const u32 c = c0 + (k >> 2), u = k & 3;
+        if (c < nfull) b3_cp16(sbase + b3_slot_off(slot, c, u), g + (u64)c * 1024 + j * 64 + u * 16);
+    }
+}
+
+// Chaining values of the group's whole chunks [0, nfull) (none of them the
+// root), staged through a ring of R slots. Every thread of the block calls it
+// (warp-wide barriers inside); thread t gets chunk t's value when t < nfull.
+template <int MODE, int R>
+__device__ __forceinline__ void b3_chunks_staged(u32 cv[8], const u8* stage, const u8* g, u64 first_chunk, u32 nfull,
+                                                 u32 one) {
+    const u32 t = threadIdx.x, lane = t & 31, c0 = t & ~31u;
+    const u32 sbase = (u32)__cvta_generic_to_shared(stage);
+#pragma unroll
+    for (int i = 0; i < 8; i++) cv[i] = B3_IV[i];
+#pragma unroll
+    for (u32 j = 0; j < R - 1; j++) {
+        b3_issue_row(sbase, g, c0, nfull, j, j, lane);
+        b3_cp_commit();
+    }
+#pragma unroll 1
+    for (u32 j = 0; j < 16; j++) {
+        // Every lane has read the slot the next row goes into (row j - 1's).
+        __syncwarp();
+        const u32 nj = j + R - 1;
+        if (nj < 16) b3_issue_row(sbase, g, c0, nfull, nj, nj % R, lane);
+        // One group per iteration, empty or not: R - 1 pending means row j is in.
+        b3_cp_commit();
+        b3_cp_wait<R - 1>();
+        __syncwarp();
+        if (t < nfull) {
+            u32 m[16];
+#pragma unroll
+            for (u32 u = 0; u < 4; u++) {
+                const uint4 w = *(const uint4*)(stage + b3_slot_off(j % R, t, u));
+                m[4 * u] = w.x; m[4 * u + 1] = w.y; m[4 * u + 2] = w.z; m[4 * u + 3] = w.w;
+            }
+            const u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
+            b3_compress<MODE>(cv, m, first_chunk + t, 64, flags, one);
+        }
+    }
+}
+
+// One group of item `it` (64 threads): whole chunks staged when the item is
+// 16-byte aligned, the rest (a partial last chunk, a one-chunk item, which
+// carries the root flag, or an unaligned item) from global memory as in
+// b3_digest. When this block writes the digest and `flag` is set, it then
+// writes `seq` to *flag (after a system fence), so that the host can wait on
+// host memory instead of the stream.
+template <int MODE, int R>
+__device__ __forceinline__ void b3_digest_staged(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
+                                                 u32* flag, u32 seq) {
+    __shared__ u32 s_cv[B3_GROUP][9];
+    __shared__ u32 s_last;
+    extern __shared__ uint4 b3_stage[];
+    const u32 t = threadIdx.x;
+    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
+    const u64 first_chunk = (u64)local_group * B3_GROUP;
+    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
+    const u8* base = (const u8*)it.data;
+    const bool aligned = (it.data & 15) == 0;
+    const u64 whole = it.len / 1024;
+    const u32 nfull = (!aligned || chunks == 1 || whole <= first_chunk) ? 0u : (u32)min((u64)n, whole - first_chunk);
+    if (nfull > 0) {
+        u32 cv[8];
+        b3_chunks_staged<MODE, R>(cv, (const u8*)b3_stage, base + first_chunk * 1024, first_chunk, nfull, one);
+        if (t < nfull) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
+        }
+    }
+    if (t >= nfull && t < n) {
+        u64 c = first_chunk + t;
+        u64 off = c * 1024;
+        u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
+        u32 cv[8];
+        b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
+    }
+    __syncthreads();
+    const bool done = b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
+    if (done && flag != nullptr) {
+        __threadfence_system();
+        __syncthreads();
+        if (t == 0) *(volatile u32*)flag = seq;
+    }
+}
+
+template <int MODE, int R>
+__device__ __forceinline__ void b3_digest_staged_table(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
+                                                       u32* counters, u32 one) {
+    __shared__ u32 s_item;
+    if (threadIdx.x == 0) s_item = b3_find_item(items, n_items, blockIdx.x);
+    __syncthreads();
+    const Blake3Item it = items[s_item];
+    b3_digest_staged<MODE, R>(it, blockIdx.x - it.group_first, cvs, counters, one, nullptr, 0);
+}
+
+// Latency: plain additions, the whole group staged at once (64 KiB of
+// dynamic shared memory).
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_staged(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_staged_table<0, 16>(items, n_items, cvs, counters, one);
+}
+
+// One item passed by value (no table to read, from mapped host memory or
+// anywhere else, before the first load can start), whole group staged, and
+// the completion flag: the one-image call of the C API.
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one(
+    u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
+    Blake3Item it;
+    it.data = data;
+    it.len = len;
+    it.out = out;
+    it.cv_first = 0;
+    it.ctr_first = 0;
+    it.group_first = 0;
+    it.groups = groups;
+    b3_digest_staged<0, 16>(it, blockIdx.x, cvs, counters, one, flag, seq);
+}
+
+// Throughput: additions on the FMA pipe, a ring of R rows (4 KiB each).
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring2(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_staged_table<1, 2>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring3(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_staged_table<1, 3>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring4(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_staged_table<1, 4>(items, n_items, cvs, counters, one);
+}
+// The same with plain additions (ALU pipe only).
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring3_plain(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_staged_table<0, 3>(items, n_items, cvs, counters, one);
+}
+
+// Experiments on one item passed by value (no flag), from global memory:
+// only L lanes of each warp hash a chunk (64 chunks per block over 64 * 32 /
+// L threads), to see whether a warp with fewer active lanes issues faster
+// and whether all four schedulers of an SM help one image.
+template <int MODE, int L>
+__device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one) {
+    __shared__ u32 s_cv[B3_GROUP][9];
+    __shared__ u32 s_last;
+    const u32 t = threadIdx.x, lane = t & 31, k = (t >> 5) * L + lane;
+    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
+    const u64 first_chunk = (u64)local_group * B3_GROUP;
+    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
+    const u8* base = (const u8*)it.data;
+    const bool aligned = (it.data & 15) == 0;
+    if (lane < L && k < n) {
+        u64 c = first_chunk + k;
+        u64 off = c * 1024;
+        u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
+        u32 cv[8];
+        b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
+    }
+    __syncthreads();
+    b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
+}
+
+#define B3_SPARSE_ENTRY(NAME, MODE, L)                                                                          \
+    extern "C" __global__ void __launch_bounds__(B3_GROUP * 32 / L) NAME(u64 data, u64 len, u64 out, u32 groups, \
+                                                                        u32* cvs, u32* counters, u32 one) {     \
+        Blake3Item it;                                                                                          \
+        it.data = data;                                                                                         \
+        it.len = len;                                                                                           \
+        it.out = out;                                                                                           \
+        it.cv_first = 0;                                                                                        \
+        it.ctr_first = 0;                                                                                       \
+        it.group_first = 0;                                                                                     \
+        it.groups = groups;                                                                                     \
+        b3_digest_sparse<MODE, L>(it, blockIdx.x, cvs, counters, one);                                          \
+    }
+B3_SPARSE_ENTRY(b3x_one_m0_l32, 0, 32)
+B3_SPARSE_ENTRY(b3x_one_m0_l16, 0, 16)
+B3_SPARSE_ENTRY(b3x_one_m0_l8, 0, 8)
+B3_SPARSE_ENTRY(b3x_one_m2_l32, 2, 32)
+B3_SPARSE_ENTRY(b3x_one_m2_l16, 2, 16)
+B3_SPARSE_ENTRY(b3x_one_m3_l16, 3, 16)
+B3_SPARSE_ENTRY(b3x_one_m1_l16, 1, 16)
+B3_SPARSE_ENTRY(b3x_one_m2_l8, 2, 8)
+
+#endif  // B3_STAGED
+
+#ifdef B3_PAIR
+// Persistent grids (each block loops over groups, so the last wave is not a
+// partial one) and a register cap for more warps per SM: experiments.
+template <int MODE, int PAIR>
+__device__ __forceinline__ void b3_digest_persist(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
+                                                  u32* counters, u32 one) {
+    __shared__ u32 s_total;
+    if (threadIdx.x == 0) s_total = items[n_items - 1].group_first + items[n_items - 1].groups;
+    __syncthreads();
+    const u32 total = s_total;
+    for (u32 g = blockIdx.x; g < total; g += gridDim.x) {
+        __syncthreads();
+        b3_digest<MODE, PAIR>(items, n_items, cvs, counters, one, g);
+    }
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_persist(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_persist<1, 1>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_throughput_persist(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_persist<1, 0>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP, 16) b3x_throughput_lb16(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 0>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2, 18) b3x_pair_lb18(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_m3(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<3, 1>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 #endif  // B3_PAIR

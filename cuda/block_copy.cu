@@ -95,3 +95,25 @@ extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
         }
     }
 }
+
+// Gather and scatter for the staged host path: a list of byte segments
+// (destination, source, length), one warp per segment, between the device
+// pool and a contiguous device staging buffer that the copy engines move to
+// or from the host tier in long runs. `vec16`: every address and length is a
+// multiple of 16.
+struct Seg {
+    u64 dst;
+    u64 src;
+    u64 len;
+};
+
+extern "C" __global__ void __launch_bounds__(1024) kv_seg_copy(const Seg* __restrict__ segs, u32 n, u32 vec16) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 w = warp; w < n; w += warps) {
+        const Seg s = segs[w];
+        if (vec16) copy_run_vec((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+        else copy_run_bytes((u8*)s.dst, (const u8*)s.src, s.len, lane);
+    }
+}

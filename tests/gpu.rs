@@ -115,7 +115,7 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
 mod device {
     use super::*;
     use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
-    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, HostTier, launch_copy_wave};
+    use kvcore::gpu::{CopyOp, DeviceBytes, Gpu, HostCopyPath, HostTier, OneItemPath, StagingConfig, launch_copy_wave};
     use std::sync::Arc;
 
     fn gpu() -> Option<Arc<Gpu>> {
@@ -220,6 +220,26 @@ mod device {
                 "alone, length {len}"
             );
         }
+        // Every one-item path of the one-call digest (table, by value, by
+        // value with the completion flag), aligned and not, around chunk
+        // and group boundaries.
+        let base = {
+            use cudarc::driver::DevicePtr;
+            dev.device_ptr(gpu.stream()).0
+        };
+        for len in [0u64, 1, 1023, 1024, 1025, 2048, 65535, 65536, 65537, (3 << 20) - 5, 3 << 20, (4 << 20) + 1024] {
+            for off in [0u64, 16, 3] {
+                if off + len > data.len() as u64 {
+                    continue;
+                }
+                let want = blake3::hash(&data[off as usize..(off + len) as usize]);
+                for path in [OneItemPath::Table, OneItemPath::ByValue, OneItemPath::ByValueFlag] {
+                    // SAFETY: the range lies inside `dev`, alive for the call.
+                    let got = unsafe { gpu.digest_device_via(&[DeviceBytes { ptr: base + off, len }], path) }.unwrap();
+                    assert_eq!(&got[0], want.as_bytes(), "{path:?}, length {len} offset {off}");
+                }
+            }
+        }
         // Several items through the reusable buffers of the one-call path,
         // after smaller and larger calls used them.
         let spans = [(0usize, 5 << 20), (7, 3000), (1 << 20, 129 << 10)];
@@ -243,7 +263,13 @@ mod device {
             BlockGeometry { regions: 4, block_bytes: 8192, planes: 2, tokens_per_block: 16 },
             BlockGeometry { regions: 2, block_bytes: 96 * 3, planes: 3, tokens_per_block: 4 },
         ];
-        let paths = [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Split, HostCopyPath::Auto];
+        let paths = [
+            HostCopyPath::Kernel,
+            HostCopyPath::CopyEngines,
+            HostCopyPath::Split,
+            HostCopyPath::Staged,
+            HostCopyPath::Auto,
+        ];
         for (g, path) in geometries.iter().flat_map(|g| paths.iter().map(move |p| (*g, *p))) {
             let (dev_n, host_n) = (64u32, 48u32);
             let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
@@ -254,6 +280,11 @@ mod device {
             let tier = Arc::new(tier);
             let mut engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
             engine.set_host_path(path);
+            if path == HostCopyPath::Staged {
+                // Small slots: many pieces per wave, each slot reused.
+                let cfg = StagingConfig { slot_bytes: 5 * g.block_bytes, slots: 2, blocks: 2 };
+                engine.set_staging(&gpu, cfg).unwrap();
+            }
             for _ in 0..5 {
                 let copies = random_copies(&mut rng, &g, dev_n, host_n, 300);
                 gpu.copy_blocks(&engine, &copies).unwrap();
@@ -304,6 +335,80 @@ mod device {
                 let d = op.src_page as usize * bb;
                 assert!(host[h..h + bb] == cpu_dev.data[r][d..d + bb], "page {} region {r}", op.src_page);
             }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod staged {
+    use super::*;
+    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, HostTier, StagingConfig, launch_copy_wave};
+    use rand::seq::SliceRandom;
+    use std::sync::Arc;
+
+    /// Offload and onboard at once with device pages in random order and
+    /// host pages in order: the automatic path takes the staged copy engines
+    /// (one host run per region and direction), and both pools end exactly
+    /// as the CPU twin leaves them; the same kind of wave forced through
+    /// small slots (many pieces, slots reused) agrees too.
+    #[test]
+    fn staged_path_scatters_device_pages_bit_exactly() {
+        let gpu = match Gpu::probe(0) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipping: no GPU ({e})");
+                return;
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(31);
+        let g = BlockGeometry { regions: 3, block_bytes: 16384, planes: 2, tokens_per_block: 16 };
+        let (dev_n, host_n) = (256u32, 128u32);
+        for slot_bytes in [8u64 << 20, 7 * 16384] {
+            let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
+            let mut cpu_host = random_pool(&mut rng, &g, host_n);
+            let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
+            let mut tier = HostTier::new(&gpu, g, host_n).unwrap();
+            tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
+            let tier = Arc::new(tier);
+            let mut engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4 }).unwrap();
+            let auto = slot_bytes == 8 << 20;
+            if !auto {
+                // Runs of 7 pages are below the automatic path's threshold.
+                engine.set_host_path(HostCopyPath::Staged);
+            }
+            let mut perm: Vec<u32> = (0..dev_n).collect();
+            perm.shuffle(&mut rng);
+            // Offload 64 device pages to host pages 0..64; onboard host pages 64..128 to 64 others.
+            let mut copies = Vec::new();
+            for i in 0..64u32 {
+                copies.push(BlockCopy { src: page(Medium::Gpu, perm[i as usize]), dst: page(Medium::Cpu, i), tokens: 16 });
+                copies.push(BlockCopy {
+                    src: page(Medium::Cpu, 64 + i),
+                    dst: page(Medium::Gpu, perm[64 + i as usize]),
+                    tokens: 16,
+                });
+            }
+            let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
+            assert_eq!(waves.len(), 1, "no page is both read and written");
+            let ops: Vec<CopyOp> = waves[0].clone();
+            let wave = gpu.prepare_wave(&engine, ops).unwrap();
+            let (o, i) = wave.staged_runs();
+            assert!(o > 0 && i > 0, "the staged copy engines move both directions ({o}, {i})");
+            assert_eq!(wave.dma_runs(), (0, 0), "no direct copy-engine runs");
+            if auto {
+                assert_eq!(engine.host_path(), HostCopyPath::Auto);
+                assert_eq!((o, i), (3, 3), "one run of 64 host pages per region and direction");
+            } else {
+                assert!(o >= 3 * 64 / 7, "pieces of 7 pages ({o} runs)");
+            }
+            launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
+            copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
+            gpu.synchronize().unwrap();
+            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
+            gpu.synchronize().unwrap();
+            assert!(got_dev == cpu_dev.data.concat(), "device pool differs (slot {slot_bytes})");
+            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs (slot {slot_bytes})");
         }
     }
 }

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice, sys};
 
 use super::GpuError;
 use super::digest::{CHUNK_BYTES, GROUP_CHUNKS, groups_of_len, scratch_of_len};
-use super::dma::{self, RunList};
+use super::dma::{self, RunList, StagedList};
 use super::kernels::{KernelId, KernelOptions, ModuleCache, arch_for};
 use super::launch::{self, Blake3Item};
 use super::pool::{BlockGeometry, CopyOp, KvPool, plan_copy_waves};
@@ -42,20 +42,46 @@ struct DigestArena {
     host_ptr: usize,
     /// The device-mapped address of `host`.
     host_dev: u64,
+    /// The last completion value the one-item kernel was given (the flag
+    /// word at the start of `host` holds it once that kernel is done).
+    seq: u32,
 }
 
 /// Items up to which the one-call digest's kernel reads the table from
 /// mapped host memory instead of a device copy.
 const MAPPED_TABLE_ITEMS: usize = 4;
 
+/// Where the completion flag and the outputs start in a digest arena's host
+/// buffer: the flag word at 0, the outputs at 256.
+const ARENA_OUT_OFF: usize = 256;
+
 /// Byte offsets in a digest arena for `n` items and `values` scratch values:
-/// outputs at 0 (host buffer), the table after them (both buffers), the
-/// values after that (device buffer); the device buffer's total.
+/// the completion flag at 0 and outputs at [`ARENA_OUT_OFF`] (host buffer),
+/// the table after them (both buffers), the values after that (device
+/// buffer); the device buffer's total.
 fn arena_layout(n: usize, values: u64) -> (usize, usize, usize) {
     let up = |x: usize| x.div_ceil(256) * 256;
-    let table_off = up(32 * n);
+    let table_off = up(ARENA_OUT_OFF + 32 * n);
     let values_off = up(table_off + 48 * n);
     (table_off, values_off, values_off + 32 * values.max(1) as usize)
+}
+
+/// How [`Gpu::digest_device_via`] runs a call of one item (calls of several
+/// items always take the table kernel and a stream synchronize). The
+/// benchmark compares them; [`Gpu::digest_device`] takes the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OneItemPath {
+    /// The item table (read from mapped host memory), the kernel of
+    /// [`Gpu::digest_variant`], a stream synchronize.
+    Table,
+    /// The item passed by value to `blake3_digest_one` (no table read
+    /// before the first load), a stream synchronize.
+    ByValue,
+    /// As `ByValue`, waiting on the kernel's completion flag in mapped host
+    /// memory instead of the stream (the stream is still checked for
+    /// errors while waiting).
+    #[default]
+    ByValueFlag,
 }
 
 /// A device-resident byte string: a device address and a length.
@@ -184,7 +210,7 @@ impl Gpu {
     /// TB/s on 96 images of 3 MiB, twice as fast on 1 KiB items).
     pub fn digest_variant(&self, groups: u32) -> KernelId {
         if groups <= 2 * self.sm_count {
-            KernelId::Blake3Latency
+            KernelId::Blake3Staged
         } else if groups <= 16 * self.sm_count {
             KernelId::Blake3Throughput
         } else {
@@ -210,6 +236,16 @@ impl Gpu {
     /// As [`Gpu::prepare_digests`]; the call returns only after the kernel
     /// finished, so the items need to live only for the call.
     pub unsafe fn digest_device(&self, items: &[DeviceBytes]) -> Result<Vec<[u8; 32]>, GpuError> {
+        // SAFETY: this function's contract.
+        unsafe { self.digest_device_via(items, OneItemPath::default()) }
+    }
+
+    /// As [`Gpu::digest_device`], with the one-item path chosen by the
+    /// caller (benchmarks compare them).
+    ///
+    /// # Safety
+    /// As [`Gpu::digest_device`].
+    pub unsafe fn digest_device_via(&self, items: &[DeviceBytes], path: OneItemPath) -> Result<Vec<[u8; 32]>, GpuError> {
         if items.is_empty() {
             return Err(GpuError::InvalidArgument("a digest batch needs at least one item".to_owned()));
         }
@@ -228,7 +264,9 @@ impl Gpu {
             }
         };
         if grow {
-            // Drop the old buffers after the stream is idle (every call synchronizes before returning).
+            // Drop the old buffers after the stream is idle (a call that
+            // waited on its flag may leave its kernel's last block exiting).
+            self.stream.synchronize()?;
             *guard = None;
             let cap = |x: usize| x.next_power_of_two().max(1 << 16);
             let counters_buf: CudaSlice<u32> = self.stream.alloc_zeros(cap(counters.max(1) as usize))?;
@@ -250,16 +288,58 @@ impl Gpu {
             // made) and host_dev is a valid out-pointer.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut host_dev, host_ptr as *mut std::ffi::c_void, 0) }
                 .result()?;
+            // SAFETY: the buffer holds at least 256 bytes (cap), and no kernel uses it yet.
+            unsafe { std::ptr::write_volatile(host_ptr as *mut u32, 0) };
             self.stream.synchronize()?;
-            *guard =
-                Some(DigestArena { counters: counters_buf, counters_ptr, work, work_ptr, host, host_ptr, host_dev });
+            *guard = Some(DigestArena {
+                counters: counters_buf,
+                counters_ptr,
+                work,
+                work_ptr,
+                host,
+                host_ptr,
+                host_dev,
+                seq: 0,
+            });
         }
-        let a = guard.as_ref().expect("just made");
-        // The digests go straight into the mapped host buffer (offset 0).
-        let (table, groups, _, _) = build_table(items, a.host_dev)?;
+        let a = guard.as_mut().expect("just made");
+        if n == 1 && path != OneItemPath::Table {
+            let it = items[0];
+            a.seq = a.seq.wrapping_add(1).max(1);
+            let flag = if path == OneItemPath::ByValueFlag { a.host_dev } else { 0 };
+            // SAFETY: the item is valid by this function's contract; the
+            // output (32 bytes at ARENA_OUT_OFF) and the flag (offset 0) lie
+            // in the mapped host buffer, the values at work_ptr + values_off
+            // and the zero counters were sized above by scratch_of_len for
+            // this length (the kernel leaves the counters zero).
+            unsafe {
+                launch::blake3_digest_one_raw(
+                    self,
+                    (it.ptr, it.len),
+                    a.host_dev + ARENA_OUT_OFF as u64,
+                    a.work_ptr + values_off as u64,
+                    a.counters_ptr,
+                    flag,
+                    a.seq,
+                )
+            }?;
+            if flag != 0 {
+                self.wait_flag(a.host_ptr as *const u32, a.seq)?;
+            } else {
+                self.stream.synchronize()?;
+            }
+            // SAFETY: the kernel wrote the digest before the flag (system
+            // fence) or has completed; 32 bytes at ARENA_OUT_OFF lie inside
+            // the pinned buffer, which lives while we hold the lock.
+            let out = unsafe { std::slice::from_raw_parts((a.host_ptr + ARENA_OUT_OFF) as *const u8, 32) };
+            return Ok(vec![out.try_into().expect("32 bytes")]);
+        }
+        // The digests go straight into the mapped host buffer.
+        let out_dev = a.host_dev + ARENA_OUT_OFF as u64;
+        let (table, groups, _, _) = build_table(items, out_dev)?;
         launch::check_table(
             &table,
-            a.host_dev,
+            out_dev,
             (a.work.len() - values_off) as u64 / 32,
             a.counters.len() as u64,
             groups,
@@ -312,9 +392,43 @@ impl Gpu {
         self.stream.synchronize()?;
         // SAFETY: the stream is idle, so the kernel's writes to the mapped
         // buffer are complete and visible; the pinned buffer lives while we
-        // hold the lock, and 32 n <= table_off bytes lie inside it.
-        let out = unsafe { std::slice::from_raw_parts(a.host_ptr as *const u8, 32 * n) };
+        // hold the lock, and ARENA_OUT_OFF + 32 n <= table_off bytes lie inside it.
+        let out = unsafe { std::slice::from_raw_parts((a.host_ptr + ARENA_OUT_OFF) as *const u8, 32 * n) };
         Ok(out.chunks_exact(32).map(|c| c.try_into().expect("32-byte chunks")).collect())
+    }
+
+    /// Waits until the word at `flag` (mapped pinned host memory) equals
+    /// `seq`, checking the stream every few hundred reads so that a failed
+    /// kernel becomes an error instead of a hang.
+    fn wait_flag(&self, flag: *const u32, seq: u32) -> Result<(), GpuError> {
+        let mut spins = 0u32;
+        loop {
+            // SAFETY: `flag` points into the arena's pinned buffer, held by
+            // the caller's lock; the device writes it, hence the volatile read.
+            if unsafe { std::ptr::read_volatile(flag) } == seq {
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                return Ok(());
+            }
+            spins += 1;
+            if spins % 512 == 0 {
+                // SAFETY: the stream is a live stream of this context.
+                match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                    sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    sys::CUresult::CUDA_SUCCESS => {
+                        // SAFETY: as above.
+                        if unsafe { std::ptr::read_volatile(flag) } == seq {
+                            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                            return Ok(());
+                        }
+                        return Err(GpuError::InvalidArgument(
+                            "the digest kernel finished without raising its completion flag".to_owned(),
+                        ));
+                    }
+                    e => return Err(GpuError::Driver(cudarc::driver::DriverError(e))),
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// A digest batch over ranges `(offset, len)` of a device buffer the batch
@@ -377,7 +491,12 @@ impl Gpu {
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
         let id = NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (dma_out, dma_in) = (self.ctx.new_stream()?, self.ctx.new_stream()?);
+        let staging = match &host {
+            Some(_) => Some(Staging::new(self, StagingConfig::default())?),
+            None => None,
+        };
         Ok(CopyEngine {
+            staging,
             id,
             device,
             host,
@@ -405,22 +524,63 @@ impl Gpu {
         let runs_of = |ops: &[CopyOp]| dma::runs(g, ops, &engine.device.region_bases, &engine.host_bases);
         let (writes, reads): (Vec<CopyOp>, Vec<CopyOp>) =
             all.iter().filter(|op| op.touches_host()).partition(|op| op.media & 2 != 0);
-        let (dma_out, dma_in) = match engine.host_path {
-            HostCopyPath::Kernel => (RunList::default(), RunList::default()),
-            HostCopyPath::CopyEngines => (runs_of(&writes), runs_of(&reads)),
-            HostCopyPath::Split => (runs_of(&writes), RunList::default()),
+        let offload: Vec<CopyOp> = writes.iter().copied().filter(|op| op.media == 2).collect();
+        let onboard: Vec<CopyOp> = reads.iter().copied().filter(|op| op.media == 1).collect();
+        let staged_of = |ops: &[CopyOp], to_host: bool| -> Option<StagedList> {
+            let st = engine.staging.as_ref()?;
+            let slots = if to_host { &st.out_slots } else { &st.in_slots };
+            dma::staged(
+                g,
+                ops,
+                &engine.device.region_bases,
+                &engine.host_bases,
+                to_host,
+                slots,
+                st.config.slot_bytes,
+            )
+        };
+        let none = || (RunList::default(), RunList::default(), StagedList::default(), StagedList::default());
+        let (dma_out, dma_in, st_out, st_in) = match engine.host_path {
+            HostCopyPath::Kernel => none(),
+            HostCopyPath::CopyEngines => (runs_of(&writes), runs_of(&reads), StagedList::default(), StagedList::default()),
+            HostCopyPath::Split => (runs_of(&writes), RunList::default(), StagedList::default(), StagedList::default()),
+            HostCopyPath::Staged => match (staged_of(&offload, true), staged_of(&onboard, false)) {
+                (Some(o), Some(i)) => (RunList::default(), RunList::default(), o, i),
+                _ => none(),
+            },
             HostCopyPath::Auto => {
                 // The copy engines pay about a microsecond per run (measured:
                 // 64 KiB runs reach 0.81 of their rate, 16 KiB runs 0.07), and
                 // one direction on them with the other on the kernel is slower
                 // than both on the kernel: they take a wave's host copies only
-                // when every direction present merges into long runs.
+                // when every direction present merges into long runs, directly
+                // (both ends consecutive) or through the staging buffer (host
+                // pages consecutive, device pages anywhere).
                 let (o, i) = (runs_of(&writes), runs_of(&reads));
                 let long = |l: &RunList| l.is_empty() || l.bytes() >= dma::LONG_RUN * l.len() as u64;
-                if long(&o) && long(&i) { (o, i) } else { (RunList::default(), RunList::default()) }
+                let staged_long = |l: &Option<StagedList>| {
+                    l.as_ref().is_some_and(|l| l.is_empty() || l.bytes() >= dma::STAGED_LONG_RUN * l.host_runs() as u64)
+                };
+                if long(&o) && long(&i) {
+                    (o, i, StagedList::default(), StagedList::default())
+                } else {
+                    let (so, si) = (staged_of(&offload, true), staged_of(&onboard, false));
+                    // Host-to-host copies (media 3) have no staged form.
+                    let no_host_to_host = writes.iter().all(|op| op.media == 2);
+                    if no_host_to_host && staged_long(&so) && staged_long(&si) {
+                        (RunList::default(), RunList::default(), so.unwrap_or_default(), si.unwrap_or_default())
+                    } else {
+                        none()
+                    }
+                }
             }
         };
-        let by_dma = |op: &CopyOp| (op.media & 2 != 0 && !dma_out.is_empty()) || (op.media == 1 && !dma_in.is_empty());
+        let by_dma = |op: &CopyOp| {
+            (op.media & 2 != 0 && !dma_out.is_empty())
+                || (op.media == 1 && !dma_in.is_empty())
+                || (op.media == 2 && !st_out.is_empty())
+                || (op.media == 1 && !st_in.is_empty())
+        };
         let mut ops: Vec<CopyOp> = all.iter().copied().filter(|op| !by_dma(op)).collect();
         ops.sort_by_key(|op| op.media & 2 == 0);
         let host_writes = ops.iter().take_while(|op| op.media & 2 != 0).count();
@@ -432,7 +592,26 @@ impl Gpu {
             self.stream.clone_htod(bytemuck::cast_slice::<CopyOp, u8>(&ops))?
         };
         let touches_host = ops.iter().any(CopyOp::touches_host);
-        Ok(CopyWave { engine_id: engine.id, ops_dev, touches_host, split_at, ops, dma_out, dma_in, total })
+        let upload = |l: &StagedList| -> Result<Option<CudaSlice<u8>>, GpuError> {
+            if l.is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(self.stream.clone_htod(bytemuck::cast_slice::<dma::Seg, u8>(&l.segs))?))
+        };
+        let staged = [(upload(&st_out)?, st_out), (upload(&st_in)?, st_in)];
+        let staging_gen = engine.staging.as_ref().map_or(0, |s| s.generation);
+        Ok(CopyWave {
+            engine_id: engine.id,
+            ops_dev,
+            touches_host,
+            split_at,
+            ops,
+            dma_out,
+            dma_in,
+            staged,
+            staging_gen,
+            total,
+        })
     }
 
     /// Attaches a pool that lives in a device buffer the engine keeps alive:
@@ -629,6 +808,11 @@ pub struct CopyWave {
     pub(super) dma_out: RunList,
     /// Runs the other copy engine reads from the host tier.
     pub(super) dma_in: RunList,
+    /// The staged path's offload and onboard, each with its segments on the
+    /// device (`None` when the direction is empty).
+    pub(super) staged: [(Option<CudaSlice<u8>>, StagedList); 2],
+    /// The engine's staging generation the staged lists were built for.
+    pub(super) staging_gen: u64,
     /// Copies in the wave, both paths.
     pub(super) total: usize,
     pub(super) ops_dev: CudaSlice<u8>,
@@ -654,6 +838,12 @@ impl CopyWave {
     pub fn dma_runs(&self) -> (usize, usize) {
         (self.dma_out.len(), self.dma_in.len())
     }
+
+    /// Copy-engine runs of the staged path, to the host tier and from it
+    /// (after sorting by host page and merging).
+    pub fn staged_runs(&self) -> (usize, usize) {
+        (self.staged[0].1.host_runs(), self.staged[1].1.host_runs())
+    }
 }
 
 /// Who moves the bytes of copies to and from the host tier.
@@ -667,9 +857,19 @@ pub enum HostCopyPath {
     /// The copy engine for offload (writes to the host tier), the kernel for
     /// onboard.
     Split,
+    /// The copy engines through a device staging buffer: each direction's
+    /// copies are sorted by host page, so that runs of consecutive host
+    /// pages become single copy-engine runs whatever the device pages are; a
+    /// gather (offload) or scatter (onboard) kernel of a few thread blocks
+    /// moves the device pages to or from the staging slot, pipelined with
+    /// the copy engines slot by slot ([`StagingConfig`]). Host-to-host copies
+    /// and waves whose blocks exceed a slot stay on the kernel.
+    Staged,
     /// Per wave: the copy engines when the host copies of every direction
     /// present merge into runs of at least [`dma::LONG_RUN`] bytes on
-    /// average (no SM used, full copy-engine rate), else the kernel.
+    /// average (no SM used, full copy-engine rate); else the staged path
+    /// when their host pages alone merge into runs of at least
+    /// [`dma::STAGED_LONG_RUN`] bytes on average; else the kernel.
     #[default]
     Auto,
 }
@@ -691,6 +891,92 @@ pub struct CopyEngine {
     pub(super) vec16: bool,
     /// The device buffer the pool lives in, when the engine owns a reference to it.
     keep: Option<Arc<CudaSlice<u8>>>,
+    /// Staging buffers and streams of the staged path (with a host tier).
+    staging: Option<Staging>,
+}
+
+/// Sizes of the staged host path's device buffers: per direction, `slots`
+/// slots of `slot_bytes` each (the unit the gather or scatter kernel and the
+/// copy engine hand each other). Two slots of 8 MiB per direction (32 MiB of
+/// device memory in all): a slot takes about 150 µs over PCIe and 10-20 µs
+/// to gather, so two keep the copy engine busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagingConfig {
+    /// Bytes of one slot (at least one block).
+    pub slot_bytes: u64,
+    /// Slots per direction (at least 1; 2 pipelines).
+    pub slots: u32,
+    /// Thread blocks of each gather or scatter launch (1 to 8, so that both
+    /// directions together stay within 16).
+    pub blocks: u32,
+}
+
+impl Default for StagingConfig {
+    fn default() -> Self {
+        Self { slot_bytes: 8 << 20, slots: 2, blocks: 8 }
+    }
+}
+
+static NEXT_STAGING_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The staged path's device state: slots for each direction, the streams of
+/// the gather and scatter kernels, and one event per slot and direction for
+/// "slot filled" and "slot free" (reused wave after wave; a wait always
+/// refers to the latest record, enqueued before the next one).
+#[derive(Debug)]
+struct Staging {
+    config: StagingConfig,
+    generation: u64,
+    _out_buf: CudaSlice<u8>,
+    _in_buf: CudaSlice<u8>,
+    out_slots: Vec<u64>,
+    in_slots: Vec<u64>,
+    gather: Arc<CudaStream>,
+    scatter: Arc<CudaStream>,
+    /// Enqueueing of staged waves takes turns (the events are shared).
+    events: std::sync::Mutex<StagingEvents>,
+}
+
+#[derive(Debug)]
+struct StagingEvents {
+    out_full: Vec<CudaEvent>,
+    out_free: Vec<CudaEvent>,
+    in_full: Vec<CudaEvent>,
+    in_free: Vec<CudaEvent>,
+}
+
+impl Staging {
+    fn new(gpu: &Gpu, config: StagingConfig) -> Result<Staging, GpuError> {
+        if config.slot_bytes == 0 || config.slots == 0 || !(1..=8).contains(&config.blocks) {
+            return Err(GpuError::InvalidArgument(format!("unsupported staging configuration {config:?}")));
+        }
+        let bytes = usize::try_from(config.slot_bytes * config.slots as u64)
+            .map_err(|_| GpuError::InvalidArgument("staging too large".to_owned()))?;
+        let out_buf: CudaSlice<u8> = gpu.stream.alloc_zeros(bytes)?;
+        let in_buf: CudaSlice<u8> = gpu.stream.alloc_zeros(bytes)?;
+        let slots_of = |b: &CudaSlice<u8>| {
+            let base = b.device_ptr(&gpu.stream).0;
+            (0..config.slots as u64).map(|i| base + i * config.slot_bytes).collect::<Vec<u64>>()
+        };
+        let (out_slots, in_slots) = (slots_of(&out_buf), slots_of(&in_buf));
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let events = || -> Result<Vec<CudaEvent>, GpuError> {
+            (0..config.slots).map(|_| Ok(gpu.ctx.new_event(flags)?)).collect()
+        };
+        let events = StagingEvents { out_full: events()?, out_free: events()?, in_full: events()?, in_free: events()? };
+        gpu.stream.synchronize()?;
+        Ok(Staging {
+            config,
+            generation: NEXT_STAGING_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            _out_buf: out_buf,
+            _in_buf: in_buf,
+            out_slots,
+            in_slots,
+            gather: gpu.ctx.new_stream()?,
+            scatter: gpu.ctx.new_stream()?,
+            events: std::sync::Mutex::new(events),
+        })
+    }
 }
 
 impl CopyEngine {
@@ -720,6 +1006,28 @@ impl CopyEngine {
     pub fn set_host_path(&mut self, path: HostCopyPath) {
         self.host_path = path;
     }
+
+    /// The staged path's buffer sizes (`None` without a host tier).
+    pub fn staging(&self) -> Option<StagingConfig> {
+        self.staging.as_ref().map(|s| s.config)
+    }
+
+    /// Reallocates the staged path's buffers (after the engine's queued
+    /// copies finish); waves prepared before are refused afterwards.
+    pub fn set_staging(&mut self, gpu: &Gpu, config: StagingConfig) -> Result<(), GpuError> {
+        if self.host.is_none() {
+            return Err(GpuError::InvalidArgument("staging needs a host tier".to_owned()));
+        }
+        gpu.synchronize()?;
+        if let Some(st) = &self.staging {
+            st.gather.synchronize()?;
+            st.scatter.synchronize()?;
+        }
+        self.dma_out.synchronize()?;
+        self.dma_in.synchronize()?;
+        self.staging = Some(Staging::new(gpu, config)?);
+        Ok(())
+    }
 }
 
 impl Drop for CopyEngine {
@@ -727,6 +1035,10 @@ impl Drop for CopyEngine {
         // The pools may be freed with the engine: let its copies finish first.
         let _ = self.dma_out.synchronize();
         let _ = self.dma_in.synchronize();
+        if let Some(st) = &self.staging {
+            let _ = st.gather.synchronize();
+            let _ = st.scatter.synchronize();
+        }
     }
 }
 
@@ -754,13 +1066,80 @@ fn run_wave(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) 
             unsafe { dma::enqueue(list, s) }?;
         }
     }
+    let staged_ends = if wave.staged.iter().any(|(_, l)| !l.is_empty()) { run_staged(gpu, engine, wave)? } else { vec![] };
     launch::kv_block_copy(gpu, engine, wave, grid)?;
-    for (s, _) in &sides {
-        let join = gpu.ctx.new_event(None)?;
+    for s in sides.iter().map(|(s, _)| *s).chain(staged_ends.iter()) {
+        let join = gpu.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
         join.record(s)?;
         main.wait(&join)?;
     }
     Ok(())
+}
+
+/// Enqueues a wave's staged directions, forked from the handle's stream;
+/// returns the streams that end each direction (for the caller to join).
+///
+/// Offload, piece i in slot k = i mod slots: the gather stream waits until
+/// the copy engine emptied slot k (piece i - slots), gathers the device
+/// pages into it, and the copy engine's stream waits for that and moves the
+/// slot to the host runs. Onboard mirrors it: the copy engine fills slot k
+/// once the scatter kernel emptied it, then the scatter stream scatters it.
+fn run_staged(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave) -> Result<Vec<Arc<CudaStream>>, GpuError> {
+    let st = engine.staging.as_ref().ok_or_else(|| GpuError::InvalidArgument("no staging buffers".to_owned()))?;
+    if st.generation != wave.staging_gen {
+        return Err(GpuError::InvalidArgument("the wave was prepared for other staging buffers".to_owned()));
+    }
+    let ev = st.events.lock().map_err(|_| GpuError::InvalidArgument("staging events poisoned".to_owned()))?;
+    let fork = gpu.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+    fork.record(gpu.stream())?;
+    let slots = st.config.slots as usize;
+    let mut ends = Vec::new();
+    for (dir, (segs_dev, list)) in wave.staged.iter().enumerate() {
+        let Some(segs_dev) = segs_dev else { continue };
+        let to_host = dir == 0;
+        let segs_base = segs_dev.device_ptr(gpu.stream()).0;
+        // (first stage, second stage) streams and (full, free) events.
+        let (kernel_s, dma_s) = if to_host { (&st.gather, &engine.dma_out) } else { (&st.scatter, &engine.dma_in) };
+        let (full, free) = if to_host { (&ev.out_full, &ev.out_free) } else { (&ev.in_full, &ev.in_free) };
+        let first = if to_host { kernel_s } else { dma_s };
+        first.wait(&fork)?;
+        for (i, piece) in list.pieces.iter().enumerate() {
+            let k = i % slots;
+            let segs = segs_base + 24 * piece.seg_first as u64;
+            let n = u32::try_from(piece.seg_count).expect("a slot holds fewer than 2^32 segments");
+            if to_host {
+                kernel_s.wait(&free[k])?;
+                // SAFETY: the segments were built by `dma::staged` from pages
+                // that `check_wave` put inside their pools (valid by attach's
+                // contract) and from this staging generation's slot k (owned
+                // by the engine, checked above); the gather stream waited for
+                // the copy engine to finish reading the slot; vec16 is the
+                // engine's proof of alignment (slots are 256-byte aligned and
+                // hold whole segments back to back).
+                unsafe { launch::kv_seg_copy_raw(gpu, kernel_s, segs, n, engine.vec16, st.config.blocks) }?;
+                full[k].record(kernel_s)?;
+                dma_s.wait(&full[k])?;
+                // SAFETY: the runs join slot k (filled above, on this stream's
+                // side of the event) and host pages inside the host tier,
+                // which the engine holds; runs of one piece do not overlap.
+                unsafe { dma::enqueue(&piece.runs, dma_s) }?;
+                free[k].record(dma_s)?;
+            } else {
+                dma_s.wait(&free[k])?;
+                // SAFETY: as above, in the other direction; the copy engine
+                // waited for the scatter kernel to finish reading slot k.
+                unsafe { dma::enqueue(&piece.runs, dma_s) }?;
+                full[k].record(dma_s)?;
+                kernel_s.wait(&full[k])?;
+                // SAFETY: as for the gather; the slot was filled before the
+                // event this stream waited on.
+                unsafe { launch::kv_seg_copy_raw(gpu, kernel_s, segs, n, engine.vec16, st.config.blocks) }?;
+                free[k].record(kernel_s)?;
+            }
+        }
+        ends.push(Arc::clone(if to_host { dma_s } else { kernel_s }));
+    }
+    Ok(ends)
 }
 
 /// Launches one prepared wave with an explicit number of thread blocks (for

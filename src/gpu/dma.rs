@@ -41,7 +41,7 @@ impl RunList {
         self.sizes.iter().map(|s| *s as u64).sum()
     }
 
-    fn push(&mut self, dst: u64, src: u64, n: u64) {
+    pub(super) fn push(&mut self, dst: u64, src: u64, n: u64) {
         if n == 0 {
             return;
         }
@@ -83,6 +83,121 @@ pub(super) fn runs(g: &BlockGeometry, ops: &[CopyOp], device_bases: &[u64], host
     }
     list
 }
+
+/// A device-side segment of the staged path (`Seg` in `cuda/block_copy.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct Seg {
+    pub(super) dst: u64,
+    pub(super) src: u64,
+    pub(super) len: u64,
+}
+
+/// One piece of a staged direction: the segments that fill (offload) or
+/// empty (onboard) one staging slot, and the copy engine's runs between that
+/// slot and the host tier.
+#[derive(Debug, Clone)]
+pub(super) struct StagedPiece {
+    pub(super) seg_first: usize,
+    pub(super) seg_count: usize,
+    pub(super) runs: RunList,
+}
+
+/// One direction of a wave on the staged path: the copies sorted by host
+/// address, laid out back to back in staging slots (piece i in slot i mod
+/// slots), so that the copy engine moves runs of consecutive host pages
+/// whatever the device pages are, and a gather (offload) or scatter
+/// (onboard) kernel moves the scattered device pages to or from the slot.
+#[derive(Debug, Clone, Default)]
+pub struct StagedList {
+    pub(super) segs: Vec<Seg>,
+    pub(super) pieces: Vec<StagedPiece>,
+}
+
+impl StagedList {
+    /// Whether the direction has nothing to move.
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+
+    /// Runs the copy engine moves, over all pieces.
+    pub fn host_runs(&self) -> usize {
+        self.pieces.iter().map(|p| p.runs.len()).sum()
+    }
+
+    /// Pieces (staging slot fills).
+    pub fn pieces(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Bytes moved.
+    pub fn bytes(&self) -> u64 {
+        self.segs.iter().map(|s| s.len).sum()
+    }
+}
+
+/// Builds the staged plan of one direction: `to_host` for offload (ops of
+/// media 2), else onboard (media 1). `slots` are the staging slots' device
+/// addresses, each `slot_bytes` long. `None` when a single segment does not
+/// fit in a slot.
+pub(super) fn staged(
+    g: &BlockGeometry,
+    ops: &[CopyOp],
+    device_bases: &[u64],
+    host_bases: &[u64],
+    to_host: bool,
+    slots: &[u64],
+    slot_bytes: u64,
+) -> Option<StagedList> {
+    // (host address, device address, length), one per (copy, region, plane run).
+    let mut entries: Vec<(u64, u64, u64)> = Vec::with_capacity(ops.len() * g.regions as usize);
+    let plane = g.plane_bytes();
+    for r in 0..g.regions as usize {
+        for op in ops {
+            let (host_page, dev_page) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
+            let h = host_bases[r] + host_page as u64 * g.block_bytes;
+            let d = device_bases[r] + dev_page as u64 * g.block_bytes;
+            if op.tokens >= g.tokens_per_block {
+                entries.push((h, d, g.block_bytes));
+            } else {
+                let n = op.tokens as u64 * g.token_bytes();
+                for p in 0..g.planes as u64 {
+                    entries.push((h + p * plane, d + p * plane, n));
+                }
+            }
+        }
+    }
+    entries.retain(|e| e.2 > 0);
+    if entries.iter().any(|e| e.2 > slot_bytes) || slots.is_empty() {
+        return None;
+    }
+    entries.sort_unstable_by_key(|e| e.0);
+    let mut list = StagedList::default();
+    let mut fill = slot_bytes; // forces a first piece
+    for (h, d, len) in entries {
+        if fill + len > slot_bytes {
+            list.pieces.push(StagedPiece { seg_first: list.segs.len(), seg_count: 0, runs: RunList::default() });
+            fill = 0;
+        }
+        let slot = slots[(list.pieces.len() - 1) % slots.len()];
+        let piece = list.pieces.last_mut().expect("a piece was just started");
+        let s = slot + fill;
+        if to_host {
+            list.segs.push(Seg { dst: s, src: d, len });
+            piece.runs.push(h, s, len);
+        } else {
+            list.segs.push(Seg { dst: d, src: s, len });
+            piece.runs.push(s, h, len);
+        }
+        piece.seg_count += 1;
+        fill += len;
+    }
+    Some(list)
+}
+
+/// Average host run (bytes) from which [`HostCopyPath::Auto`](super::HostCopyPath)
+/// takes the staged path for a direction whose device pages are scattered.
+pub const STAGED_LONG_RUN: u64 = 128 << 10;
 
 /// Average run length (bytes) from which the copy engines beat the kernel
 /// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).
@@ -170,5 +285,34 @@ mod tests {
         assert_eq!(l.srcs[0], 0x1000);
         assert_eq!((l.dsts[2], l.srcs[2]), (0x1000 + 32, 0x9000 + 5 * 64 + 32));
         assert_eq!(l.bytes(), 2 * (128 + 16));
+    }
+
+    /// The staged plan sorts copies by host page, so consecutive host pages
+    /// form one run whatever the device pages are; pieces never overflow a
+    /// slot, alternate between slots, and every copy's bytes appear once.
+    #[test]
+    fn staged_runs_follow_host_pages() {
+        let g = BlockGeometry { regions: 1, block_bytes: 64, planes: 1, tokens_per_block: 4 };
+        let (dev, host) = ([0x1000u64], [0x9000u64]);
+        // Offload device pages 7, 2, 5, 0 to host pages 3, 1, 2, 0 (in host order: 0..=3).
+        let ops: Vec<CopyOp> = [(7, 3), (2, 1), (5, 2), (0, 0)]
+            .map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 4, media: 2 })
+            .to_vec();
+        let slots = [0x100000u64, 0x200000];
+        let l = staged(&g, &ops, &dev, &host, true, &slots, 192).unwrap();
+        assert_eq!(l.pieces(), 2, "three blocks fill a slot of 192 bytes");
+        assert_eq!(l.host_runs(), 2, "one run per piece");
+        let p0 = &l.pieces[0];
+        assert_eq!((p0.runs.dsts[0], p0.runs.srcs[0], p0.runs.sizes[0]), (0x9000, 0x100000, 192));
+        assert_eq!(l.pieces[1].runs.srcs[0], 0x200000, "the second piece goes to the second slot");
+        let gathered: Vec<u64> = l.segs.iter().map(|s| s.src).collect();
+        assert_eq!(gathered, vec![0x1000, 0x1000 + 2 * 64, 0x1000 + 5 * 64, 0x1000 + 7 * 64]);
+        assert_eq!(l.bytes(), 4 * 64);
+        // Onboard: the segments scatter from the slot into the device pages.
+        let on: Vec<CopyOp> = ops.iter().map(|o| CopyOp { src_page: o.dst_page, dst_page: o.src_page, ..*o }).collect();
+        let l = staged(&g, &on, &dev, &host, false, &slots, 4096).unwrap();
+        assert_eq!((l.pieces(), l.host_runs()), (1, 1));
+        assert_eq!(l.segs[3], Seg { dst: 0x1000 + 7 * 64, src: 0x100000 + 3 * 64, len: 64 });
+        assert!(staged(&g, &ops, &dev, &host, true, &slots, 32).is_none(), "a block larger than a slot");
     }
 }

@@ -22,11 +22,14 @@ pub enum ModuleId {
     BlockCopy,
     /// `cuda/blake3.cu` with the two-chunks-per-thread kernels (`B3_PAIR`).
     Blake3Pair,
+    /// `cuda/blake3.cu` with the kernels that stage chunks through shared
+    /// memory (`B3_STAGED`).
+    Blake3Staged,
 }
 
 impl ModuleId {
     /// Every module.
-    pub const ALL: [ModuleId; 3] = [ModuleId::Blake3, ModuleId::BlockCopy, ModuleId::Blake3Pair];
+    pub const ALL: [ModuleId; 4] = [ModuleId::Blake3, ModuleId::BlockCopy, ModuleId::Blake3Pair, ModuleId::Blake3Staged];
 
     /// The full source NVRTC compiles: the tuning defines, the shared
     /// header, then the file.
@@ -35,6 +38,7 @@ impl ModuleId {
         let (defines, body) = match self {
             ModuleId::Blake3 => (String::new(), include_str!("../../cuda/blake3.cu")),
             ModuleId::Blake3Pair => ("#define B3_PAIR 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
+            ModuleId::Blake3Staged => ("#define B3_STAGED 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
             ModuleId::BlockCopy => {
                 (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
             }
@@ -45,7 +49,7 @@ impl ModuleId {
     /// The file name, for error messages and NVRTC's program name.
     pub fn file_name(self) -> &'static str {
         match self {
-            ModuleId::Blake3 | ModuleId::Blake3Pair => "blake3.cu",
+            ModuleId::Blake3 | ModuleId::Blake3Pair | ModuleId::Blake3Staged => "blake3.cu",
             ModuleId::BlockCopy => "block_copy.cu",
         }
     }
@@ -91,24 +95,77 @@ pub enum KernelId {
     Blake3PairLatency,
     /// A wave of block copies.
     KvBlockCopy,
+    /// Plain additions, each group's whole chunks brought into shared memory
+    /// at once by asynchronous copies (64 KiB per block), then hashed from
+    /// there: no load latency on the chain of 16 compressions.
+    Blake3Staged,
+    /// As `Blake3Staged` for one item passed by value, with a completion
+    /// flag in host memory (the one-image call; its own signature).
+    Blake3One,
+    /// Additions on the FMA pipe, chunks staged through a ring of 2 rows.
+    Blake3Ring2,
+    /// As `Blake3Ring2` with 3 rows.
+    Blake3Ring3,
+    /// As `Blake3Ring2` with 4 rows.
+    Blake3Ring4,
+    /// As `Blake3Ring3` with plain additions.
+    Blake3Ring3Plain,
+    /// Segment copies between the device pool and a staging buffer (the
+    /// staged host path's gather and scatter).
+    KvSegCopy,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 5] = [
+    pub const ALL: [KernelId; 12] = [
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
         KernelId::Blake3PairLatency,
         KernelId::KvBlockCopy,
+        KernelId::Blake3Staged,
+        KernelId::Blake3One,
+        KernelId::Blake3Ring2,
+        KernelId::Blake3Ring3,
+        KernelId::Blake3Ring4,
+        KernelId::Blake3Ring3Plain,
+        KernelId::KvSegCopy,
     ];
 
     /// The kernels the default paths launch.
-    pub const USED: [KernelId; 3] = [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::KvBlockCopy];
+    pub const USED: [KernelId; 6] = [
+        KernelId::Blake3Staged,
+        KernelId::Blake3One,
+        KernelId::Blake3Throughput,
+        KernelId::Blake3Pair,
+        KernelId::KvBlockCopy,
+        KernelId::KvSegCopy,
+    ];
 
-    /// The BLAKE3 kernels (one signature, one table layout).
-    pub const BLAKE3: [KernelId; 4] =
-        [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::Blake3Pair, KernelId::Blake3PairLatency];
+    /// The BLAKE3 kernels that take an item table (one signature, one table layout).
+    pub const BLAKE3: [KernelId; 9] = [
+        KernelId::Blake3Latency,
+        KernelId::Blake3Throughput,
+        KernelId::Blake3Pair,
+        KernelId::Blake3PairLatency,
+        KernelId::Blake3Staged,
+        KernelId::Blake3Ring2,
+        KernelId::Blake3Ring3,
+        KernelId::Blake3Ring4,
+        KernelId::Blake3Ring3Plain,
+    ];
+
+    /// Bytes of dynamic shared memory the kernel is launched with (the
+    /// staging of the staged BLAKE3 kernels: 4 KiB per row slot).
+    pub fn dynamic_smem(self) -> u32 {
+        match self {
+            KernelId::Blake3Staged | KernelId::Blake3One => 16 * 4096,
+            KernelId::Blake3Ring2 => 2 * 4096,
+            KernelId::Blake3Ring3 | KernelId::Blake3Ring3Plain => 3 * 4096,
+            KernelId::Blake3Ring4 => 4 * 4096,
+            _ => 0,
+        }
+    }
 
     /// Threads per block a BLAKE3 kernel is launched with.
     pub fn blake3_block(self) -> u32 {
@@ -123,7 +180,13 @@ impl KernelId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
             KernelId::Blake3Pair | KernelId::Blake3PairLatency => ModuleId::Blake3Pair,
-            KernelId::KvBlockCopy => ModuleId::BlockCopy,
+            KernelId::KvBlockCopy | KernelId::KvSegCopy => ModuleId::BlockCopy,
+            KernelId::Blake3Staged
+            | KernelId::Blake3One
+            | KernelId::Blake3Ring2
+            | KernelId::Blake3Ring3
+            | KernelId::Blake3Ring4
+            | KernelId::Blake3Ring3Plain => ModuleId::Blake3Staged,
         }
     }
 
@@ -135,6 +198,13 @@ impl KernelId {
             KernelId::Blake3Pair => "blake3_digest_pair",
             KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
             KernelId::KvBlockCopy => "kv_block_copy",
+            KernelId::Blake3Staged => "blake3_digest_staged",
+            KernelId::Blake3One => "blake3_digest_one",
+            KernelId::Blake3Ring2 => "blake3_digest_ring2",
+            KernelId::Blake3Ring3 => "blake3_digest_ring3",
+            KernelId::Blake3Ring4 => "blake3_digest_ring4",
+            KernelId::Blake3Ring3Plain => "blake3_digest_ring3_plain",
+            KernelId::KvSegCopy => "kv_seg_copy",
         }
     }
 
@@ -214,8 +284,22 @@ impl ModuleCache {
         }
         let module = self.module(id.module())?;
         let f = module.load_function(id.name())?;
+        let smem = id.dynamic_smem();
+        if smem > 48 * 1024 {
+            // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
         functions[id.index()] = Some(f.clone());
         Ok(f)
+    }
+
+    /// An entry point of `module` by name, loaded each call (benchmarks of
+    /// experimental kernels that have no [`KernelId`]).
+    pub fn function_named(&self, module: ModuleId, name: &str) -> Result<CudaFunction, GpuError> {
+        Ok(self.module(module)?.load_function(name)?)
     }
 
     fn module(&self, id: ModuleId) -> Result<Arc<CudaModule>, GpuError> {

@@ -103,8 +103,11 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
     let one = 1u32;
-    let cfg =
-        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (batch.groups, 1, 1),
+        block_dim: (variant.blake3_block(), 1, 1),
+        shared_mem_bytes: variant.dynamic_smem(),
+    };
     let mut b = stream.launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,
@@ -139,13 +142,144 @@ pub(super) unsafe fn blake3_digest_raw(
     assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
     let f = gpu.function(variant)?;
     let one = 1u32;
-    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (groups, 1, 1),
+        block_dim: (variant.blake3_block(), 1, 1),
+        shared_mem_bytes: variant.dynamic_smem(),
+    };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&table).arg(&n_items).arg(&values).arg(&counters).arg(&one);
     // SAFETY: pointers are passed as 64-bit values, which is how the kernel
     // receives its pointer parameters; what they point to is valid by this
     // function's contract, and the kernel stays inside it as argued in
     // `blake3_digest`.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// Benchmarks only: launches the experimental table kernel `name` of
+/// `module` (same signature and table as [`blake3_digest`]) on `batch`,
+/// with `block` threads per block and `grid` blocks (a persistent kernel
+/// loops over the groups; `None`: one block per group).
+pub fn blake3_experiment(
+    gpu: &Gpu,
+    batch: &DigestBatch,
+    module: super::kernels::ModuleId,
+    name: &str,
+    block: u32,
+    grid: Option<u32>,
+) -> Result<(), GpuError> {
+    assert_whole(batch);
+    assert!(block == 32 || block == 64, "the experiments use 32 or 64 threads per block");
+    assert!(name.starts_with("b3x_"), "experimental kernels are named b3x_*");
+    let f = gpu.modules().function_named(module, name)?;
+    let n_items = batch.table.len() as u32;
+    let one = 1u32;
+    let grid = grid.unwrap_or(batch.groups).clamp(1, batch.groups);
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
+    // SAFETY: as in `blake3_digest`: the experiments share the signature
+    // and the table layout, and a block count below the groups is what
+    // their loops over groups expect.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// Benchmarks only: launches the experimental one-item kernel `name`
+/// (`(u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32
+/// one)`) on the single item of `batch`, with `block` threads per block.
+pub fn blake3_one_experiment(gpu: &Gpu, batch: &DigestBatch, name: &str, block: u32) -> Result<(), GpuError> {
+    assert_whole(batch);
+    assert_eq!(batch.table.len(), 1, "one item");
+    assert!(name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
+    assert!([64, 128, 256].contains(&block), "64 chunks over 64, 128 or 256 threads");
+    let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3Staged, name)?;
+    let it = batch.table[0];
+    let one = 1u32;
+    let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&it.data).arg(&it.len).arg(&it.out).arg(&it.groups).arg(&batch.cvs).arg(&batch.counters).arg(&one);
+    // SAFETY: the signature matches; the item's bytes are valid by the
+    // batch's contract, its output and scratch (from 0, as its table entry
+    // says) lie in buffers the batch owns.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// `blake3_digest_one(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+/// u32* counters, u32 one, u32* flag, u32 seq)`: the digest of one item
+/// passed by value (no table), written to `out`; when `flag` is not 0, the
+/// block that wrote the digest then writes `seq` to it.
+///
+/// # Safety
+/// `data` must name `len` readable bytes of device memory; `out` 32
+/// writable bytes and `flag` (when not 0) 4 writable bytes, both reachable
+/// from the device (device memory or mapped pinned host memory); `values`
+/// must hold `scratch_of_len(len).0` values of 32 bytes and `counters` as
+/// many zero counters as `scratch_of_len(len).1`; all of it must stay valid
+/// until the launch completes.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn blake3_digest_one_raw(
+    gpu: &Gpu,
+    item: (u64, u64),
+    out: u64,
+    values: u64,
+    counters: u64,
+    flag: u64,
+    seq: u32,
+) -> Result<(), GpuError> {
+    let (data, len) = item;
+    let groups = groups_of_len(len);
+    assert!(groups >= 1 && groups <= i32::MAX as u64, "the grid fits");
+    let groups = groups as u32;
+    let f = gpu.function(KernelId::Blake3One)?;
+    let one = 1u32;
+    let cfg = LaunchConfig {
+        grid_dim: (groups, 1, 1),
+        block_dim: (KernelId::Blake3One.blake3_block(), 1, 1),
+        shared_mem_bytes: KernelId::Blake3One.dynamic_smem(),
+    };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&data).arg(&len).arg(&out).arg(&groups).arg(&values).arg(&counters).arg(&one).arg(&flag).arg(&seq);
+    // SAFETY: the argument list matches the .cu signature (u64, u64, u64,
+    // u32, pointer, pointer, u32, pointer, u32); the kernel reads the item's
+    // bytes below `len`, writes its 32 output bytes, the flag, and the
+    // scratch that `scratch_of_len` sizes (values, then counters), all valid
+    // by this function's contract.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+/// `kv_seg_copy(const Seg* segs, u32 n, u32 vec16)` on `stream` with
+/// `blocks` thread blocks of 1024 threads: copies `n` byte segments
+/// (destination, source, length; 24 bytes each) read from `segs`.
+///
+/// # Safety
+/// `segs` must hold `n` segments in device memory, each naming valid,
+/// non-overlapping device memory (or mapped pinned host memory) for its
+/// length, with no segment writing bytes another reads; with `vec16`, every
+/// address and length a multiple of 16; all valid until the launch completes.
+pub(super) unsafe fn kv_seg_copy_raw(
+    gpu: &Gpu,
+    stream: &cudarc::driver::CudaStream,
+    segs: u64,
+    n: u32,
+    vec16: bool,
+    blocks: u32,
+) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    assert!((1..=16).contains(&blocks), "the staged path uses at most 16 thread blocks");
+    let f = gpu.function(KernelId::KvSegCopy)?;
+    let vec16 = u32::from(vec16);
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&segs).arg(&n).arg(&vec16);
+    // SAFETY: the argument list matches the .cu signature (pointer, u32,
+    // u32); every address the kernel touches is inside a segment, valid by
+    // this function's contract.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }

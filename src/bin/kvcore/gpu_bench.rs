@@ -20,18 +20,16 @@ mod imp {
     use std::time::Instant;
 
     use cudarc::driver::CudaSlice;
-    use kvcore::gpu::kernels::KernelId;
+    use kvcore::gpu::kernels::{KernelId, ModuleId};
     use kvcore::gpu::measure::{CopyLimits, copy_limits, time_ms};
-    use kvcore::gpu::{BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostTier, launch_copy_wave};
+    use kvcore::gpu::{
+        BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostTier, OneItemPath, StagingConfig,
+        launch_copy_wave,
+    };
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
 
     type R<T> = Result<T, GpuError>;
-
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(|a, b| a.partial_cmp(b).expect("timings are finite"));
-        v[v.len() / 2]
-    }
 
     /// Random bytes on the host and the device.
     fn random_data(gpu: &Gpu, rng: &mut StdRng, bytes: usize) -> R<(Vec<u8>, CudaSlice<u8>)> {
@@ -90,22 +88,101 @@ mod imp {
                     bytes / (t * 1e-3) / 1e12
                 );
             }
+            // Experiments (kernels without a KernelId): persistent grids and
+            // register caps on big batches, sparse warps on one image.
+            let mut experiments = serde_json::Map::new();
+            let sms = gpu.sm_count();
+            let exps: Vec<(ModuleId, &str, u32, Option<u32>)> = if batch.groups() > 16 * sms {
+                vec![
+                    (ModuleId::Blake3Pair, "b3x_pair_persist", 32, Some(16 * sms)),
+                    (ModuleId::Blake3Pair, "b3x_pair_persist", 32, Some(12 * sms)),
+                    (ModuleId::Blake3Pair, "b3x_throughput_persist", 64, Some(14 * sms)),
+                    (ModuleId::Blake3Pair, "b3x_throughput_lb16", 64, None),
+                    (ModuleId::Blake3Pair, "b3x_pair_lb18", 32, None),
+                    (ModuleId::Blake3Pair, "b3x_pair_m3", 32, None),
+                ]
+            } else {
+                vec![]
+            };
+            for (module, ename, block, grid) in exps {
+                let r = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_experiment(gpu, &batch, module, ename, block, grid));
+                let key = format!("{ename}/{}", grid.map_or("groups".to_owned(), |g| g.to_string()));
+                match r {
+                    Ok(t) => {
+                        let ok = gpu.read_digests(&batch)? == got;
+                        println!("blake3 {name:<24} {key:<26} {:>9.1} us  {:.3} TB/s  correct={ok}", t * 1e3, bytes / (t * 1e-3) / 1e12);
+                        experiments.insert(key, json!({"us": t * 1e3, "TBps": bytes / (t * 1e-3) / 1e12, "correct": ok}));
+                    }
+                    Err(e) => {
+                        println!("blake3 {name:<24} {key:<26} failed: {e}");
+                        experiments.insert(key, json!({"error": e.to_string()}));
+                    }
+                }
+            }
+            if batch.len() == 1 && bytes <= (3 << 20) as f64 {
+                for (ename, block) in [
+                    ("b3x_one_m0_l32", 64),
+                    ("b3x_one_m0_l16", 128),
+                    ("b3x_one_m0_l8", 256),
+                    ("b3x_one_m2_l32", 64),
+                    ("b3x_one_m2_l16", 128),
+                    ("b3x_one_m3_l16", 128),
+                    ("b3x_one_m1_l16", 128),
+                    ("b3x_one_m2_l8", 256),
+                ] {
+                    match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, ename, block)) {
+                        Ok(t) => {
+                            let ok = gpu.read_digests(&batch)? == got;
+                            println!("blake3 {name:<24} {ename:<26} {:>9.1} us  correct={ok}", t * 1e3);
+                            experiments.insert(ename.into(), json!({"us": t * 1e3, "correct": ok}));
+                        }
+                        Err(e) => {
+                            println!("blake3 {name:<24} {ename:<26} failed: {e}");
+                            experiments.insert(ename.into(), json!({"error": e.to_string()}));
+                        }
+                    }
+                }
+            }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
-            let mut entry = json!({
+            let mut entry = json!({"experiments": experiments,
                 "case": name, "items": batch.len(), "bytes": bytes, "correct": correct && again,
                 "kernel_us": t * 1e3, "TBps": bytes / (t * 1e-3) / 1e12, "variants": variants,
             });
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
-                // The whole API call: table upload, launch, digest read-back.
-                let mut wall = Vec::new();
+                // The whole API call (launch, wait, digest in host memory),
+                // by each one-item path, interleaved so that drift hits all alike.
                 let view = data.slice(..items[0].1 as usize);
-                for _ in 0..50 {
-                    let t0 = Instant::now();
-                    let d = gpu.digest_views(std::slice::from_ref(&view))?;
-                    wall.push(t0.elapsed().as_secs_f64() * 1e6);
-                    assert_eq!(d[0], got[0], "repeated digests agree");
+                let paths = [OneItemPath::Table, OneItemPath::ByValue, OneItemPath::ByValueFlag];
+                let mut walls: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+                let (ptr, len) = {
+                    use cudarc::driver::DevicePtr;
+                    (view.device_ptr(gpu.stream()).0, view.len() as u64)
+                };
+                let item = [kvcore::gpu::DeviceBytes { ptr, len }];
+                for round in 0..300 {
+                    for (k, p) in paths.iter().enumerate() {
+                        let t0 = Instant::now();
+                        // SAFETY: the item is a view of `data`, alive for the whole loop.
+                        let d = unsafe { gpu.digest_device_via(&item, *p)? };
+                        if round >= 20 {
+                            walls[k].push(t0.elapsed().as_secs_f64() * 1e6);
+                        }
+                        assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                    }
                 }
-                entry["api_call_us_median"] = json!(median(wall));
+                let mut calls = serde_json::Map::new();
+                for (p, w) in paths.iter().zip(walls) {
+                    let mut sorted = w.clone();
+                    sorted.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+                    let (med, p10, p90) =
+                        (sorted[sorted.len() / 2], sorted[sorted.len() / 10], sorted[sorted.len() * 9 / 10]);
+                    println!("blake3 {name:<24} API call {:<12} median {med:>6.1} us (p10 {p10:.1}, p90 {p90:.1})", format!("{p:?}"));
+                    calls.insert(format!("{p:?}"), json!({"median_us": med, "p10_us": p10, "p90_us": p90}));
+                }
+                let d = gpu.digest_views(std::slice::from_ref(&view))?;
+                assert_eq!(d[0], got[0], "the safe call agrees");
+                entry["api_call_us_median"] = calls["ByValueFlag"]["median_us"].clone();
+                entry["api_call"] = Value::Object(calls);
             }
             println!(
                 "blake3 {:<24} launch_digests {:>9.1} us  {:.3} TB/s  correct={}",
@@ -176,7 +253,14 @@ mod imp {
     /// Offload, onboard and both at once through the host tier, by each
     /// [`HostCopyPath`] (the kernel with 16 thread blocks, the copy engines,
     /// or one of each).
-    fn host_copies(gpu: &Arc<Gpu>, l: &CopyLimits, quick: bool, sizes: &[u64], path: HostCopyPath) -> R<Vec<Value>> {
+    fn host_copies(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        quick: bool,
+        sizes: &[u64],
+        path: HostCopyPath,
+        staging: Option<StagingConfig>,
+    ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(8);
         let unroll = gpu.modules().options().copy_unroll;
         let mut out = Vec::new();
@@ -187,6 +271,10 @@ mod imp {
             let tier = Arc::new(HostTier::new(gpu, g, host_blocks)?);
             let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             engine.set_host_path(path);
+            if let Some(cfg) = staging {
+                engine.set_staging(gpu, cfg)?;
+            }
+            let staging_desc = format!("{:?}", engine.staging());
             let n = host_blocks;
             let offload: Vec<CopyOp> =
                 (0..n).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
@@ -207,33 +295,55 @@ mod imp {
                 contiguous.push(CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 });
                 contiguous.push(CopyOp { src_page: half + i, dst_page: dev_blocks - half + i, tokens: 16, media: 1 });
             }
+            // Both ways, device pages in random order, host pages in order
+            // (what the engine does when it allocates a step's offload host
+            // pages consecutively), and fully scattered (host pages random too).
+            let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
+            dev_perm.shuffle(&mut rng);
+            let mut host_perm: Vec<u32> = (0..n).collect();
+            host_perm.shuffle(&mut rng);
+            let mut dev_scattered: Vec<CopyOp> = Vec::new();
+            let mut scattered: Vec<CopyOp> = Vec::new();
+            for i in 0..half as usize {
+                // Device pages: [0, half) offload sources, [half, 2 half) onboard targets (a permutation split).
+                let (src, dst) = (dev_perm[i], dev_perm[half as usize + i]);
+                dev_scattered.push(CopyOp { src_page: src, dst_page: i as u32, tokens: 16, media: 2 });
+                dev_scattered.push(CopyOp { src_page: half + i as u32, dst_page: dst, tokens: 16, media: 1 });
+                scattered.push(CopyOp { src_page: src, dst_page: host_perm[i], tokens: 16, media: 2 });
+                scattered.push(CopyOp { src_page: host_perm[half as usize + i], dst_page: dst, tokens: 16, media: 1 });
+            }
             let per_op = 32.0 * bb as f64;
             let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll,
-                "path": format!("{path:?}")});
+                "path": format!("{path:?}"), "staging": staging_desc});
             for (name, ops, limit) in [
                 ("offload_d2h", offload, l.pinned_d2h),
                 ("onboard_h2d", onboard, l.pinned_h2d),
                 ("both_ways", mixed, l.pinned_both),
                 ("both_ways_in_order", contiguous, l.pinned_both),
+                ("both_ways_dev_scattered", dev_scattered, l.pinned_both),
+                ("both_ways_scattered", scattered, l.pinned_both),
             ] {
                 let moved = ops.len() as f64 * per_op;
                 let wave = gpu.prepare_wave(&engine, ops)?;
                 let t = time_ms(gpu, 2, 10, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
                 let rate = moved / (t * 1e-3) / 1e9;
-                let (runs_out, runs_in) = wave.dma_runs();
+                let (runs_out, runs_in) = if matches!(wave.staged_runs(), (0, 0)) { wave.dma_runs() } else { wave.staged_runs() };
                 println!(
-                    "copy   {:<11} {:<11} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, batched call {})",
+                    "copy   {:<11} {:<23} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, staged {}, batched call {}) {}",
                     format!("{path:?}"),
                     name,
                     bb,
                     rate,
                     100.0 * rate / limit,
                     limit,
-                    kvcore::gpu::dma::batch_api_in_use()
+                    wave.staged_runs() != (0, 0),
+                    kvcore::gpu::dma::batch_api_in_use(),
+                    if staging.is_some() { staging_desc.as_str() } else { "" }
                 );
                 gpu.synchronize()?;
                 entry[name] = json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved,
-                    "dma_runs": [runs_out, runs_in], "batched_call": kvcore::gpu::dma::batch_api_in_use()});
+                    "dma_runs": [runs_out, runs_in], "staged": wave.staged_runs() != (0, 0),
+                    "batched_call": kvcore::gpu::dma::batch_api_in_use()});
             }
             out.push(entry);
         }
@@ -281,9 +391,15 @@ mod imp {
 
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
-        for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Auto] {
-            hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path)?);
+        for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Staged, HostCopyPath::Auto] {
+            hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path, None)?);
         }
+        for slot_mib in [4u64, 16] {
+            let cfg = StagingConfig { slot_bytes: slot_mib << 20, ..StagingConfig::default() };
+            hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
+        }
+        let cfg = StagingConfig { blocks: 4, ..StagingConfig::default() };
+        hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
         report.insert("host_copy".into(), Value::Array(hc));
 
         let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
