@@ -596,12 +596,214 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring3_plain
     b3_digest_staged_table<0, 3>(items, n_items, cvs, counters, one);
 }
 
+// Quad kernel (the one-image call): four threads per chunk, thread q of a
+// quad holding column q of the state (v[q], v[4+q], v[8+q], v[12+q]).
+// Measured on an H200, one warp hashing 32 chunks is bound by issuing 48
+// dependent-chain ALU instructions per G layer at 2 cycles each (about
+// 0.75 us per compression); a quad runs one G per thread per step, so a
+// layer costs the latency of its 12-op chain, and two 3-word shuffles per
+// round (diagonalise, undo) move the state between the column and the
+// diagonal steps. Message words are read from shared memory by index
+// (B3_QSCHED: the words of thread q's G in each round), so the schedule
+// costs no register shuffling.
+__device__ __constant__ u8 B3_QSCHED[4][28] = {
+    {0, 1, 8, 9, 2, 6, 1, 11, 3, 4, 6, 5, 10, 7, 4, 0, 12, 13, 7, 2, 9, 14, 13, 3, 11, 15, 14, 10},
+    {2, 3, 10, 11, 3, 10, 12, 5, 10, 12, 9, 0, 12, 9, 11, 2, 9, 11, 5, 3, 11, 5, 0, 10, 5, 0, 2, 12},
+    {4, 5, 12, 13, 7, 0, 9, 14, 13, 2, 11, 15, 14, 3, 5, 8, 15, 10, 0, 1, 8, 12, 2, 6, 1, 9, 3, 4},
+    {6, 7, 14, 15, 4, 13, 15, 8, 7, 14, 8, 1, 13, 15, 1, 6, 14, 8, 6, 4, 15, 1, 4, 7, 8, 6, 7, 13},
+};
+
+__device__ __forceinline__ void b3_g1(u32& a, u32& b, u32& c, u32& d, u32 x, u32 y) {
+    a = a + b + x;
+    d = rotr16(d ^ a);
+    c = c + d;
+    b = rotr12(b ^ c);
+    a = a + b + y;
+    d = rotr8(d ^ a);
+    c = c + d;
+    b = rotr7(b ^ c);
+}
+
+// One compression by a quad: in (cva, cvb) = (cv[q], cv[4+q]); the message
+// is msg[0..16) (shared memory, read by index); out the same two words of
+// the new chaining value. `qmask`: the quad's lanes.
+__device__ __forceinline__ void b3_compress_quad(u32& cva, u32& cvb, const u32* msg, const u32 widx[28], u32 q, u32 qmask,
+                                                 u64 counter, u32 block_len, u32 flags) {
+    u32 w[28];
+#pragma unroll
+    for (int k = 0; k < 28; k++) w[k] = msg[widx[k]];
+    u32 a = cva, b = cvb, c = B3_IV[q];
+    u32 d = q == 0 ? (u32)counter : q == 1 ? (u32)(counter >> 32) : q == 2 ? block_len : flags;
+#pragma unroll
+    for (int r = 0; r < 7; r++) {
+        b3_g1(a, b, c, d, w[4 * r], w[4 * r + 1]);
+        b = __shfl_sync(qmask, b, (q + 1) & 3, 4);
+        c = __shfl_sync(qmask, c, (q + 2) & 3, 4);
+        d = __shfl_sync(qmask, d, (q + 3) & 3, 4);
+        b3_g1(a, b, c, d, w[4 * r + 2], w[4 * r + 3]);
+        b = __shfl_sync(qmask, b, (q + 3) & 3, 4);
+        c = __shfl_sync(qmask, c, (q + 2) & 3, 4);
+        d = __shfl_sync(qmask, d, (q + 1) & 3, 4);
+    }
+    cva = a ^ c;
+    cvb = b ^ d;
+}
+
+// Folds s_cv[0..k) into s_cv[0] as b3_fold does, one quad per pair (the
+// block has 4 * 64 threads); `msg` holds a 17-word row per quad.
+__device__ void b3_fold_quad(u32 (*s_cv)[9], u32 (*msg)[17], u32 k, bool root, const u32 widx[28]) {
+    const u32 t = threadIdx.x, p = t >> 2, q = t & 3, qmask = 0xFu << (t & 28);
+    while (k > 1) {
+        const u32 pairs = k / 2;
+        u32 oa = 0, ob = 0;
+        if (p < pairs) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const u32 wi = 4 * q + i;  // message word: left value, then right
+                msg[p][wi] = s_cv[2 * p + (wi >> 3)][wi & 7];
+            }
+            __syncwarp(qmask);
+            oa = B3_IV[q];
+            ob = B3_IV[4 + q];
+            b3_compress_quad(oa, ob, msg[p], widx, q, qmask, 0, 64, B3_PARENT | ((root && k == 2) ? B3_ROOT : 0u));
+        }
+        u32 carry = 0;
+        const bool odd = k & 1;
+        if (odd && t < 8) carry = s_cv[k - 1][t];
+        __syncthreads();
+        if (p < pairs) {
+            s_cv[p][q] = oa;
+            s_cv[p][4 + q] = ob;
+        }
+        if (odd && t < 8) s_cv[pairs][t] = carry;
+        __syncthreads();
+        k = pairs + (k & 1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(4 * B3_GROUP) blake3_digest_quad(
+    u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
+    __shared__ u32 s_cv[B3_GROUP][9];
+    __shared__ u32 s_msg[B3_GROUP][17];
+    __shared__ u32 s_last;
+    const u32 t = threadIdx.x, p = t >> 2, q = t & 3, qmask = 0xFu << (t & 28);
+    u32 widx[28];
+#pragma unroll
+    for (int k = 0; k < 28; k++) widx[k] = B3_QSCHED[q][k];
+    const u32 local_group = blockIdx.x;
+    const u64 chunks = len == 0 ? 1 : (len + 1023) / 1024;
+    const u64 first_chunk = (u64)local_group * B3_GROUP;
+    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
+    const u8* base = (const u8*)data;
+    const bool aligned = (data & 15) == 0;
+    if (p < n) {
+        const u64 c = first_chunk + p;
+        const u64 off = c * 1024;
+        if (aligned && chunks > 1 && off + 1024 <= len) {
+            // A whole chunk: the quad loads each 64-byte block together
+            // (16 bytes a thread), the next one while hashing the current.
+            const uint4* src = (const uint4*)(base + off) + q;
+            uint4 next = __ldg(src);
+            u32 cva = B3_IV[q], cvb = B3_IV[4 + q];
+#pragma unroll 1
+            for (u32 j = 0; j < 16; j++) {
+                __syncwarp(qmask);
+                s_msg[p][4 * q] = next.x;
+                s_msg[p][4 * q + 1] = next.y;
+                s_msg[p][4 * q + 2] = next.z;
+                s_msg[p][4 * q + 3] = next.w;
+                __syncwarp(qmask);
+                if (j < 15) next = __ldg(src + 4 * (j + 1));
+                const u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
+                b3_compress_quad(cva, cvb, s_msg[p], widx, q, qmask, c, 64, flags);
+            }
+            s_cv[p][q] = cva;
+            s_cv[p][4 + q] = cvb;
+        } else if (q == 0) {
+            // A partial or unaligned chunk (or the one-chunk root): one thread.
+            const u32 clen = len == 0 ? 0u : (u32)min((u64)1024, len - off);
+            u32 cv[8];
+            b3_chunk<0>(cv, base + off, clen, c, aligned, chunks == 1, one);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[p][i] = cv[i];
+        }
+    }
+    __syncthreads();
+    Blake3Item it;
+    it.data = data;
+    it.len = len;
+    it.out = out;
+    it.cv_first = 0;
+    it.ctr_first = 0;
+    it.group_first = 0;
+    it.groups = groups;
+    // Fold and climb as b3_finish, with quad folds.
+    bool done;
+    {
+        const bool single = it.groups == 1;
+        b3_fold_quad(s_cv, s_msg, n, single, widx);
+        if (single) {
+            if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+            done = true;
+        } else {
+            u32* vals = cvs;
+            u32* ctrs = counters;
+            u32 idx = local_group;
+            u32 count = it.groups;
+            done = false;
+            while (true) {
+                if (t < 8) vals[(u64)idx * 8 + t] = s_cv[0][t];
+                __threadfence();
+                __syncthreads();
+                const u32 parent = idx / B3_GROUP;
+                const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+                const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+                if (t == 0) {
+                    u32 old = atomicAdd(&ctrs[parent], 1u);
+                    s_last = old == siblings - 1;
+                    if (s_last) ctrs[parent] = 0;
+                }
+                __syncthreads();
+                if (!s_last) break;
+                __threadfence();
+                for (u32 k = t; k < siblings * 8; k += blockDim.x) {
+                    s_cv[k >> 3][k & 7] = __ldcg(&vals[(u64)parent * B3_GROUP * 8 + k]);
+                }
+                __syncthreads();
+                b3_fold_quad(s_cv, s_msg, siblings, parents == 1, widx);
+                if (parents == 1) {
+                    if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
+                    done = true;
+                    break;
+                }
+                vals += (u64)count * 8;
+                ctrs += parents;
+                idx = parent;
+                count = parents;
+            }
+        }
+    }
+    if (done && flag != nullptr) {
+        __threadfence_system();
+        __syncthreads();
+        if (t == 0) *(volatile u32*)flag = seq;
+    }
+}
+
 // Experiments on one item passed by value (no flag), from global memory:
 // only L lanes of each warp hash a chunk (64 chunks per block over 64 * 32 /
 // L threads), to see whether a warp with fewer active lanes issues faster
 // and whether all four schedulers of an SM help one image.
+__device__ __forceinline__ u64 b3_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 template <int MODE, int L>
-__device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one) {
+__device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
+                                                 u64* trace = nullptr) {
+    const u64 t0 = b3_ns(), c0 = clock64();
     __shared__ u32 s_cv[B3_GROUP][9];
     __shared__ u32 s_last;
     const u32 t = threadIdx.x, lane = t & 31, k = (t >> 5) * L + lane;
@@ -619,8 +821,28 @@ __device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local
 #pragma unroll
         for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
     }
+    const u64 t1 = b3_ns(), c1 = clock64();
     __syncthreads();
-    b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
+    const u64 t2 = b3_ns();
+    const bool done = b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
+    if (trace != nullptr && t == 0) {
+        // start, chunks done (thread 0), all chunks done, end; cycles of thread 0's chunk; wrote the digest
+        u64* r = trace + 8 * (u64)local_group;
+        r[0] = t0; r[1] = t1; r[2] = t2; r[3] = b3_ns(); r[4] = c1 - c0; r[5] = done;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+                                                                    u32* counters, u32 one, u64* trace) {
+    Blake3Item it;
+    it.data = data;
+    it.len = len;
+    it.out = out;
+    it.cv_first = 0;
+    it.ctr_first = 0;
+    it.group_first = 0;
+    it.groups = groups;
+    b3_digest_sparse<0, 32>(it, blockIdx.x, cvs, counters, one, trace);
 }
 
 #define B3_SPARSE_ENTRY(NAME, MODE, L)                                                                          \
@@ -648,6 +870,12 @@ B3_SPARSE_ENTRY(b3x_one_m2_l8, 2, 8)
 #endif  // B3_STAGED
 
 #ifdef B3_PAIR
+__device__ __forceinline__ u64 b3_ns_p() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // Persistent grids (each block loops over groups, so the last wave is not a
 // partial one) and a register cap for more warps per SM: experiments.
 template <int MODE, int PAIR>
@@ -677,6 +905,16 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP, 16) b3x_throughput_lb16(
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2, 18) b3x_pair_lb18(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
     b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+// Per block: start and end (globaltimer ns), cycles (clock64) in between.
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
+    const u64 t0 = b3_ns_p(), c0 = clock64();
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+    if (threadIdx.x == 0) {
+        u64* r = trace + 4 * (u64)blockIdx.x;
+        r[0] = t0; r[1] = b3_ns_p(); r[2] = clock64() - c0;
+    }
 }
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_m3(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {

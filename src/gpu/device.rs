@@ -210,7 +210,7 @@ impl Gpu {
     /// TB/s on 96 images of 3 MiB, twice as fast on 1 KiB items).
     pub fn digest_variant(&self, groups: u32) -> KernelId {
         if groups <= 2 * self.sm_count {
-            KernelId::Blake3Staged
+            KernelId::Blake3Latency
         } else if groups <= 16 * self.sm_count {
             KernelId::Blake3Throughput
         } else {

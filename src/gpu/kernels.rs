@@ -99,8 +99,9 @@ pub enum KernelId {
     /// at once by asynchronous copies (64 KiB per block), then hashed from
     /// there: no load latency on the chain of 16 compressions.
     Blake3Staged,
-    /// As `Blake3Staged` for one item passed by value, with a completion
-    /// flag in host memory (the one-image call; its own signature).
+    /// One item passed by value, four threads per chunk (one state column
+    /// each), with a completion flag in host memory: the one-image call
+    /// (its own signature).
     Blake3One,
     /// Additions on the FMA pipe, chunks staged through a ring of 2 rows.
     Blake3Ring2,
@@ -134,7 +135,7 @@ impl KernelId {
 
     /// The kernels the default paths launch.
     pub const USED: [KernelId; 6] = [
-        KernelId::Blake3Staged,
+        KernelId::Blake3Latency,
         KernelId::Blake3One,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
@@ -159,7 +160,7 @@ impl KernelId {
     /// staging of the staged BLAKE3 kernels: 4 KiB per row slot).
     pub fn dynamic_smem(self) -> u32 {
         match self {
-            KernelId::Blake3Staged | KernelId::Blake3One => 16 * 4096,
+            KernelId::Blake3Staged => 16 * 4096,
             KernelId::Blake3Ring2 => 2 * 4096,
             KernelId::Blake3Ring3 | KernelId::Blake3Ring3Plain => 3 * 4096,
             KernelId::Blake3Ring4 => 4 * 4096,
@@ -171,6 +172,7 @@ impl KernelId {
     pub fn blake3_block(self) -> u32 {
         match self {
             KernelId::Blake3Pair | KernelId::Blake3PairLatency => 32,
+            KernelId::Blake3One => 256,
             _ => 64,
         }
     }
@@ -199,7 +201,7 @@ impl KernelId {
             KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
             KernelId::KvBlockCopy => "kv_block_copy",
             KernelId::Blake3Staged => "blake3_digest_staged",
-            KernelId::Blake3One => "blake3_digest_one",
+            KernelId::Blake3One => "blake3_digest_quad",
             KernelId::Blake3Ring2 => "blake3_digest_ring2",
             KernelId::Blake3Ring3 => "blake3_digest_ring3",
             KernelId::Blake3Ring4 => "blake3_digest_ring4",

@@ -168,6 +168,7 @@ pub fn blake3_experiment(
     name: &str,
     block: u32,
     grid: Option<u32>,
+    trace: Option<&mut cudarc::driver::CudaSlice<u64>>,
 ) -> Result<(), GpuError> {
     assert_whole(batch);
     assert!(block == 32 || block == 64, "the experiments use 32 or 64 threads per block");
@@ -179,20 +180,33 @@ pub fn blake3_experiment(
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
+    if let Some(t) = trace {
+        assert!(t.len() >= 4 * grid as usize, "a trace holds 4 words per block");
+        b.arg(t);
+    }
     // SAFETY: as in `blake3_digest`: the experiments share the signature
     // and the table layout, and a block count below the groups is what
-    // their loops over groups expect.
+    // their loops over groups expect; a traced kernel writes 4 words per
+    // block into the trace (its extra argument, sized above).
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
 
 /// Benchmarks only: launches the experimental one-item kernel `name`
 /// (`(u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32
-/// one)`) on the single item of `batch`, with `block` threads per block.
-pub fn blake3_one_experiment(gpu: &Gpu, batch: &DigestBatch, name: &str, block: u32) -> Result<(), GpuError> {
+/// one)`, or the quad kernel, whose flag is left off) on the single item of
+/// `batch`, with `block` threads per block.
+pub fn blake3_one_experiment(
+    gpu: &Gpu,
+    batch: &DigestBatch,
+    name: &str,
+    block: u32,
+    trace: Option<&mut cudarc::driver::CudaSlice<u64>>,
+) -> Result<(), GpuError> {
     assert_whole(batch);
     assert_eq!(batch.table.len(), 1, "one item");
-    assert!(name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
+    let quad = name == KernelId::Blake3One.name();
+    assert!(quad || name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
     assert!([64, 128, 256].contains(&block), "64 chunks over 64, 128 or 256 threads");
     let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3Staged, name)?;
     let it = batch.table[0];
@@ -200,9 +214,18 @@ pub fn blake3_one_experiment(gpu: &Gpu, batch: &DigestBatch, name: &str, block: 
     let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&it.data).arg(&it.len).arg(&it.out).arg(&it.groups).arg(&batch.cvs).arg(&batch.counters).arg(&one);
+    let (no_flag, no_seq) = (0u64, 0u32);
+    if quad {
+        b.arg(&no_flag).arg(&no_seq);
+    }
+    if let Some(t) = trace {
+        assert!(t.len() >= 8 * batch.groups as usize, "a trace holds 8 words per block");
+        b.arg(t);
+    }
     // SAFETY: the signature matches; the item's bytes are valid by the
     // batch's contract, its output and scratch (from 0, as its table entry
-    // says) lie in buffers the batch owns.
+    // says) lie in buffers the batch owns; a traced kernel writes 8 words
+    // per block into the trace (sized above).
     unsafe { b.launch(cfg) }?;
     Ok(())
 }

@@ -31,6 +31,11 @@ mod imp {
 
     type R<T> = Result<T, GpuError>;
 
+    fn median_of(mut v: Vec<f64>) -> f64 {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        v[v.len() / 2]
+    }
+
     /// Random bytes on the host and the device.
     fn random_data(gpu: &Gpu, rng: &mut StdRng, bytes: usize) -> R<(Vec<u8>, CudaSlice<u8>)> {
         let mut host = vec![0u8; bytes];
@@ -105,7 +110,7 @@ mod imp {
                 vec![]
             };
             for (module, ename, block, grid) in exps {
-                let r = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_experiment(gpu, &batch, module, ename, block, grid));
+                let r = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_experiment(gpu, &batch, module, ename, block, grid, None));
                 let key = format!("{ename}/{}", grid.map_or("groups".to_owned(), |g| g.to_string()));
                 match r {
                     Ok(t) => {
@@ -121,6 +126,7 @@ mod imp {
             }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 for (ename, block) in [
+                    ("blake3_digest_quad", 256),
                     ("b3x_one_m0_l32", 64),
                     ("b3x_one_m0_l16", 128),
                     ("b3x_one_m0_l8", 256),
@@ -130,7 +136,7 @@ mod imp {
                     ("b3x_one_m1_l16", 128),
                     ("b3x_one_m2_l8", 256),
                 ] {
-                    match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, ename, block)) {
+                    match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, ename, block, None)) {
                         Ok(t) => {
                             let ok = gpu.read_digests(&batch)? == got;
                             println!("blake3 {name:<24} {ename:<26} {:>9.1} us  correct={ok}", t * 1e3);
@@ -142,6 +148,63 @@ mod imp {
                         }
                     }
                 }
+            }
+            // Traces: where the time of one block goes, and the SM clock
+            // while it runs (clock64 cycles over globaltimer ns).
+            if batch.len() == 1 && bytes <= (3 << 20) as f64 {
+                let mut tr = gpu.stream().alloc_zeros::<u64>(8 * batch.groups() as usize)?;
+                for _ in 0..5 {
+                    kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, "b3x_one_trace", 64, Some(&mut tr))?;
+                }
+                let v = gpu.stream().clone_dtoh(&tr)?;
+                gpu.synchronize()?;
+                let rows: Vec<&[u64]> = v.chunks_exact(8).collect();
+                let start = rows.iter().map(|r| r[0]).min().unwrap_or(0);
+                let f = |x: u64| (x - start) as f64 / 1e3;
+                let last = rows.iter().find(|r| r[5] == 1).copied().unwrap_or(rows[0]);
+                let chunk_ns: Vec<f64> = rows.iter().map(|r| (r[1] - r[0]) as f64).collect();
+                let ghz: Vec<f64> = rows.iter().map(|r| r[4] as f64 / (r[1] - r[0]).max(1) as f64).collect();
+                let summary = json!({
+                    "blocks": rows.len(),
+                    "start_spread_us": f(rows.iter().map(|r| r[0]).max().unwrap_or(0)),
+                    "chunk_phase_us_median": median_of(chunk_ns.clone()) / 1e3,
+                    "chunk_phase_us_max": chunk_ns.iter().cloned().fold(0.0, f64::max) / 1e3,
+                    "all_chunks_done_us_max": rows.iter().map(|r| f(r[2])).fold(0.0, f64::max),
+                    "digest_block": {"start_us": f(last[0]), "chunks_us": f(last[1]), "synced_us": f(last[2]), "end_us": f(last[3])},
+                    "sm_clock_ghz_median": median_of(ghz),
+                });
+                println!("blake3 {name:<24} trace {summary}");
+                experiments.insert("trace_one".into(), summary);
+            }
+            if batch.groups() > 16 * sms {
+                let mut tr = gpu.stream().alloc_zeros::<u64>(4 * batch.groups() as usize)?;
+                for _ in 0..3 {
+                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, "b3x_pair_trace", 32, None, Some(&mut tr))?;
+                }
+                let v = gpu.stream().clone_dtoh(&tr)?;
+                gpu.synchronize()?;
+                let rows: Vec<&[u64]> = v.chunks_exact(4).collect();
+                let start = rows.iter().map(|r| r[0]).min().unwrap_or(0);
+                let end = rows.iter().map(|r| r[1]).max().unwrap_or(0);
+                let durs: Vec<f64> = rows.iter().map(|r| (r[1] - r[0]) as f64 / 1e3).collect();
+                let ghz: Vec<f64> = rows.iter().map(|r| r[2] as f64 / (r[1] - r[0]).max(1) as f64).collect();
+                // Blocks running at each tenth of the span.
+                let span = (end - start) as f64;
+                let occupancy: Vec<usize> = (0..10)
+                    .map(|k| {
+                        let at = start + (span * (k as f64 + 0.5) / 10.0) as u64;
+                        rows.iter().filter(|r| r[0] <= at && at < r[1]).count()
+                    })
+                    .collect();
+                let summary = json!({
+                    "span_us": span / 1e3,
+                    "block_us_median": median_of(durs.clone()),
+                    "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
+                    "sm_clock_ghz_median": median_of(ghz),
+                    "blocks_running_by_tenth": occupancy,
+                });
+                println!("blake3 {name:<24} trace {summary}");
+                experiments.insert("trace_pair".into(), summary);
             }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
             let mut entry = json!({"experiments": experiments,
@@ -389,6 +452,14 @@ mod imp {
         let data = Arc::new(data);
         report.insert("blake3".into(), Value::Array(digests(&gpu, &host, &data)?));
 
+        if std::env::var("KVCORE_GPU_BENCH_ONLY").as_deref() == Ok("blake3") {
+            // A shorter run while tuning the digest kernels.
+            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
+            if let Some(p) = out_path {
+                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
+            }
+            return Ok(());
+        }
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
         for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Staged, HostCopyPath::Auto] {
