@@ -802,7 +802,7 @@ __device__ __forceinline__ u64 b3_ns() {
 
 template <int MODE, int L>
 __device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
-                                                 u64* trace = nullptr) {
+                                                 u64* trace = nullptr, u32* flag = nullptr, u32 seq = 0) {
     const u64 t0 = b3_ns(), c0 = clock64();
     __shared__ u32 s_cv[B3_GROUP][9];
     __shared__ u32 s_last;
@@ -830,6 +830,27 @@ __device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local
         u64* r = trace + 8 * (u64)local_group;
         r[0] = t0; r[1] = t1; r[2] = t2; r[3] = b3_ns(); r[4] = c1 - c0; r[5] = done;
     }
+    if (done && flag != nullptr) {
+        __threadfence_system();
+        __syncthreads();
+        if (t == 0) *(volatile u32*)flag = seq;
+    }
+}
+
+// The one-image call: one item by value (no table to read before the first
+// load), one thread per chunk from global memory, plain additions, and the
+// completion flag.
+extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
+    u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
+    Blake3Item it;
+    it.data = data;
+    it.len = len;
+    it.out = out;
+    it.cv_first = 0;
+    it.ctr_first = 0;
+    it.group_first = 0;
+    it.groups = groups;
+    b3_digest_sparse<0, 32>(it, blockIdx.x, cvs, counters, one, nullptr, flag, seq);
 }
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
@@ -915,6 +936,31 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace(
         u64* r = trace + 4 * (u64)blockIdx.x;
         r[0] = t0; r[1] = b3_ns_p(); r[2] = clock64() - c0;
     }
+}
+// As b3x_pair_trace, with the largest carveout.
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace_c(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
+    const u64 t0 = b3_ns_p(), c0 = clock64();
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+    if (threadIdx.x == 0) {
+        u64* r = trace + 4 * (u64)blockIdx.x;
+        r[0] = t0; r[1] = b3_ns_p(); r[2] = clock64() - c0;
+    }
+}
+// The same kernels as blake3_digest_pair / _throughput, loaded under their
+// own names so that the bench can give them the largest shared-memory
+// carveout (more resident blocks per SM) without touching the originals.
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_c(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_throughput_c(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 0>(items, n_items, cvs, counters, one, blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP / 2, 16) b3x_pair_c16(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_m3(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {

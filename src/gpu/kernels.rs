@@ -99,9 +99,9 @@ pub enum KernelId {
     /// at once by asynchronous copies (64 KiB per block), then hashed from
     /// there: no load latency on the chain of 16 compressions.
     Blake3Staged,
-    /// One item passed by value, four threads per chunk (one state column
-    /// each), with a completion flag in host memory: the one-image call
-    /// (its own signature).
+    /// One item passed by value (no table read before the first load), one
+    /// thread per chunk, plain additions, with a completion flag in host
+    /// memory: the one-image call (its own signature).
     Blake3One,
     /// Additions on the FMA pipe, chunks staged through a ring of 2 rows.
     Blake3Ring2,
@@ -172,7 +172,7 @@ impl KernelId {
     pub fn blake3_block(self) -> u32 {
         match self {
             KernelId::Blake3Pair | KernelId::Blake3PairLatency => 32,
-            KernelId::Blake3One => 256,
+
             _ => 64,
         }
     }
@@ -201,7 +201,7 @@ impl KernelId {
             KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
             KernelId::KvBlockCopy => "kv_block_copy",
             KernelId::Blake3Staged => "blake3_digest_staged",
-            KernelId::Blake3One => "blake3_digest_quad",
+            KernelId::Blake3One => "blake3_digest_one_flag",
             KernelId::Blake3Ring2 => "blake3_digest_ring2",
             KernelId::Blake3Ring3 => "blake3_digest_ring3",
             KernelId::Blake3Ring4 => "blake3_digest_ring4",
@@ -301,7 +301,16 @@ impl ModuleCache {
     /// An entry point of `module` by name, loaded each call (benchmarks of
     /// experimental kernels that have no [`KernelId`]).
     pub fn function_named(&self, module: ModuleId, name: &str) -> Result<CudaFunction, GpuError> {
-        Ok(self.module(module)?.load_function(name)?)
+        let f = self.module(module)?.load_function(name)?;
+        if name.ends_with("_c") || name.ends_with("_c16") {
+            // The largest shared-memory carveout: resident blocks are then
+            // limited by registers, not by the L1/shared split.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+        }
+        Ok(f)
     }
 
     fn module(&self, id: ModuleId) -> Result<Arc<CudaModule>, GpuError> {

@@ -99,11 +99,11 @@ mod imp {
             let sms = gpu.sm_count();
             let exps: Vec<(ModuleId, &str, u32, Option<u32>)> = if batch.groups() > 16 * sms {
                 vec![
-                    (ModuleId::Blake3Pair, "b3x_pair_persist", 32, Some(16 * sms)),
+                    (ModuleId::Blake3Pair, "b3x_pair_c", 32, None),
+                    (ModuleId::Blake3Pair, "b3x_pair_c16", 32, None),
+                    (ModuleId::Blake3Pair, "b3x_throughput_c", 64, None),
                     (ModuleId::Blake3Pair, "b3x_pair_persist", 32, Some(12 * sms)),
-                    (ModuleId::Blake3Pair, "b3x_throughput_persist", 64, Some(14 * sms)),
                     (ModuleId::Blake3Pair, "b3x_throughput_lb16", 64, None),
-                    (ModuleId::Blake3Pair, "b3x_pair_lb18", 32, None),
                     (ModuleId::Blake3Pair, "b3x_pair_m3", 32, None),
                 ]
             } else {
@@ -127,6 +127,7 @@ mod imp {
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 for (ename, block) in [
                     ("blake3_digest_quad", 256),
+                    ("blake3_digest_one_flag", 64),
                     ("b3x_one_m0_l32", 64),
                     ("b3x_one_m0_l16", 128),
                     ("b3x_one_m0_l8", 256),
@@ -205,6 +206,36 @@ mod imp {
                 });
                 println!("blake3 {name:<24} trace {summary}");
                 experiments.insert("trace_pair".into(), summary);
+            }
+            if batch.groups() > 16 * sms {
+                let mut tr = gpu.stream().alloc_zeros::<u64>(4 * batch.groups() as usize)?;
+                for _ in 0..3 {
+                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, "b3x_pair_trace_c", 32, None, Some(&mut tr))?;
+                }
+                let v = gpu.stream().clone_dtoh(&tr)?;
+                gpu.synchronize()?;
+                let rows: Vec<&[u64]> = v.chunks_exact(4).collect();
+                let start = rows.iter().map(|r| r[0]).min().unwrap_or(0);
+                let end = rows.iter().map(|r| r[1]).max().unwrap_or(0);
+                let durs: Vec<f64> = rows.iter().map(|r| (r[1] - r[0]) as f64 / 1e3).collect();
+                let ghz: Vec<f64> = rows.iter().map(|r| r[2] as f64 / (r[1] - r[0]).max(1) as f64).collect();
+                // Blocks running at each tenth of the span.
+                let span = (end - start) as f64;
+                let occupancy: Vec<usize> = (0..10)
+                    .map(|k| {
+                        let at = start + (span * (k as f64 + 0.5) / 10.0) as u64;
+                        rows.iter().filter(|r| r[0] <= at && at < r[1]).count()
+                    })
+                    .collect();
+                let summary = json!({
+                    "span_us": span / 1e3,
+                    "block_us_median": median_of(durs.clone()),
+                    "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
+                    "sm_clock_ghz_median": median_of(ghz),
+                    "blocks_running_by_tenth": occupancy,
+                });
+                println!("blake3 {name:<24} trace (carveout) {summary}");
+                experiments.insert("trace_pair_c".into(), summary);
             }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
             let mut entry = json!({"experiments": experiments,
