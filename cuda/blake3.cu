@@ -28,7 +28,8 @@
 // Compiled with B3_PAIR defined (a module of its own, so that the kernels
 // above never depend on it), two more entry points hash two whole chunks
 // per thread side by side, one warp per group: twice the independent
-// instructions per thread, half the warps.
+// instructions per thread, half the warps. With B3_ONE defined, the
+// one-image kernel (one item by value, a completion flag; see its section).
 
 #define B3_CHUNK_START 1u
 #define B3_CHUNK_END 2u
@@ -58,11 +59,9 @@ __device__ __forceinline__ u32 rotr8(u32 x) { return __byte_perm(x, 0, 0x0321); 
 __device__ __forceinline__ u32 rotr12(u32 x) { return __funnelshift_r(x, x, 12); }
 __device__ __forceinline__ u32 rotr7(u32 x) { return __funnelshift_r(x, x, 7); }
 
-// MODE 0: plain additions; MODE 1: additions as multiply-adds by `one`;
-// MODE 2: three-way additions plain, two-way ones as multiply-adds; MODE 3:
-// the reverse.
-#define B3_ADD3(a, b, x) ((MODE == 0 || MODE == 2) ? (a + b + (x)) : ((x) * one + (b * one + a)))
-#define B3_ADD2(c, d) ((MODE == 0 || MODE == 3) ? (c + d) : (d * one + c))
+// MODE 0: plain additions; MODE 1: additions as multiply-adds by `one`.
+#define B3_ADD3(a, b, x) (MODE == 0 ? (a + b + (x)) : ((x) * one + (b * one + a)))
+#define B3_ADD2(c, d) (MODE == 0 ? (c + d) : (d * one + c))
 
 #define B3_G(a, b, c, d, x, y)          \
     do {                                \
@@ -417,416 +416,58 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair_la
 }
 #endif  // B3_PAIR
 
-#ifdef B3_STAGED
-// Staged kernels (a module of their own, B3_STAGED): the chunk bytes come
-// into shared memory by asynchronous copies (cp.async, no registers held
-// while they fly) and are hashed from there.
+#ifdef B3_ONE
+// The one-image call (a module of its own, B3_ONE): the item comes by value
+// (no table to read, over PCIe from mapped memory or from device memory,
+// before the first load can start), one thread per chunk from global memory,
+// plain additions, and a completion flag in host memory that the host spins
+// on instead of synchronizing the stream.
 //
-// Each warp stages its own 32 chunks, one row at a time (row j: the j-th
-// 64-byte block of every chunk): lane l copies 16-byte unit (l & 3) of chunk
-// (l >> 2) + 8 i, so one instruction touches 8 chunks (8 lines), not 32 as
-// the per-thread loads do. A ring of R row slots per block keeps R - 1 rows
-// in flight; R = 16 brings the whole group in at once (the latency kernels:
-// nothing is waited for after the first row). Only a __syncwarp orders the
-// copies of one lane against the reads of another, since each warp reads
-// only the rows it staged.
-//
-// Slot layout: chunk c's 64 bytes of a row are four 16-byte units; unit u is
-// stored at position u ^ ((c >> 1) & 3), so the 8 lanes of one phase of a
-// 16-byte shared load (8 consecutive chunks, the same u) hit 8 distinct bank
-// groups.
+// Measured on an H200 (globaltimer and clock64 inside the kernel, 3 MiB, 48
+// blocks): the chunk phase takes 11.9 us (16 compressions, 0.75 us each:
+// one warp issues the 48 ALU instructions of a G layer at 2 cycles each),
+// the 12 tree levels above it 10.5 us, so the last block writes the digest
+// 23 us after the first block starts; launch and completion add about 6 us.
+// Tried and slower: staging each group's 64 KiB into shared memory first
+// (cp.async), 16 or 8 active lanes per warp over more warps, additions on
+// the FMA pipe (longer chains), four threads per chunk with the state
+// diagonalised by shuffles (docs/benchmarks.md, "Third pass").
 
-__device__ __forceinline__ void b3_cp16(u32 smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void b3_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void b3_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ u32 b3_slot_off(u32 slot, u32 c, u32 u) {
-    return ((slot * B3_GROUP + c) * 4u + (u ^ ((c >> 1) & 3u))) * 16u;
-}
-
-// The warp of `lane` copies row j of its chunks [c0, c0 + 32) below `nfull`
-// (group-relative) from the group's bytes at `g` into slot `slot`.
-__device__ __forceinline__ void b3_issue_row(u32 sbase, const u8* g, u32 c0, u32 nfull, u32 j, u32 slot, u32 lane) {
-#pragma unroll
-    for (u32 i = 0; i < 4; i++) {
-        const u32 k = i * 32 + lane;
-        const u32 c = c0 + (k >> 2), u = k & 3;
-        if (c < nfull) b3_cp16(sbase + b3_slot_off(slot, c, u), g + (u64)c * 1024 + j * 64 + u * 16);
-    }
-}
-
-// Chaining values of the group's whole chunks [0, nfull) (none of them the
-// root), staged through a ring of R slots. Every thread of the block calls it
-// (warp-wide barriers inside); thread t gets chunk t's value when t < nfull.
-template <int MODE, int R>
-__device__ __forceinline__ void b3_chunks_staged(u32 cv[8], const u8* stage, const u8* g, u64 first_chunk, u32 nfull,
-                                                 u32 one) {
-    const u32 t = threadIdx.x, lane = t & 31, c0 = t & ~31u;
-    const u32 sbase = (u32)__cvta_generic_to_shared(stage);
-#pragma unroll
-    for (int i = 0; i < 8; i++) cv[i] = B3_IV[i];
-#pragma unroll
-    for (u32 j = 0; j < R - 1; j++) {
-        b3_issue_row(sbase, g, c0, nfull, j, j, lane);
-        b3_cp_commit();
-    }
-#pragma unroll 1
-    for (u32 j = 0; j < 16; j++) {
-        // Every lane has read the slot the next row goes into (row j - 1's).
-        __syncwarp();
-        const u32 nj = j + R - 1;
-        if (nj < 16) b3_issue_row(sbase, g, c0, nfull, nj, nj % R, lane);
-        // One group per iteration, empty or not: R - 1 pending means row j is in.
-        b3_cp_commit();
-        b3_cp_wait<R - 1>();
-        __syncwarp();
-        if (t < nfull) {
-            u32 m[16];
-#pragma unroll
-            for (u32 u = 0; u < 4; u++) {
-                const uint4 w = *(const uint4*)(stage + b3_slot_off(j % R, t, u));
-                m[4 * u] = w.x; m[4 * u + 1] = w.y; m[4 * u + 2] = w.z; m[4 * u + 3] = w.w;
-            }
-            const u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
-            b3_compress<MODE>(cv, m, first_chunk + t, 64, flags, one);
-        }
-    }
-}
-
-// One group of item `it` (64 threads): whole chunks staged when the item is
-// 16-byte aligned, the rest (a partial last chunk, a one-chunk item, which
-// carries the root flag, or an unaligned item) from global memory as in
-// b3_digest. When this block writes the digest and `flag` is set, it then
-// writes `seq` to *flag (after a system fence), so that the host can wait on
-// host memory instead of the stream.
-template <int MODE, int R>
-__device__ __forceinline__ void b3_digest_staged(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
-                                                 u32* flag, u32 seq) {
-    __shared__ u32 s_cv[B3_GROUP][9];
-    __shared__ u32 s_last;
-    extern __shared__ uint4 b3_stage[];
-    const u32 t = threadIdx.x;
-    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
-    const u64 first_chunk = (u64)local_group * B3_GROUP;
-    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-    const u8* base = (const u8*)it.data;
-    const bool aligned = (it.data & 15) == 0;
-    const u64 whole = it.len / 1024;
-    const u32 nfull = (!aligned || chunks == 1 || whole <= first_chunk) ? 0u : (u32)min((u64)n, whole - first_chunk);
-    if (nfull > 0) {
-        u32 cv[8];
-        b3_chunks_staged<MODE, R>(cv, (const u8*)b3_stage, base + first_chunk * 1024, first_chunk, nfull, one);
-        if (t < nfull) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
-        }
-    }
-    if (t >= nfull && t < n) {
-        u64 c = first_chunk + t;
-        u64 off = c * 1024;
-        u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
-        u32 cv[8];
-        b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
-#pragma unroll
-        for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
-    }
-    __syncthreads();
-    const bool done = b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
-    if (done && flag != nullptr) {
-        __threadfence_system();
-        __syncthreads();
-        if (t == 0) *(volatile u32*)flag = seq;
-    }
-}
-
-template <int MODE, int R>
-__device__ __forceinline__ void b3_digest_staged_table(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
-                                                       u32* counters, u32 one) {
-    __shared__ u32 s_item;
-    if (threadIdx.x == 0) s_item = b3_find_item(items, n_items, blockIdx.x);
-    __syncthreads();
-    const Blake3Item it = items[s_item];
-    b3_digest_staged<MODE, R>(it, blockIdx.x - it.group_first, cvs, counters, one, nullptr, 0);
-}
-
-// Latency: plain additions, the whole group staged at once (64 KiB of
-// dynamic shared memory).
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_staged(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_staged_table<0, 16>(items, n_items, cvs, counters, one);
-}
-
-// One item passed by value (no table to read, from mapped host memory or
-// anywhere else, before the first load can start), whole group staged, and
-// the completion flag: the one-image call of the C API.
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one(
-    u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
-    Blake3Item it;
-    it.data = data;
-    it.len = len;
-    it.out = out;
-    it.cv_first = 0;
-    it.ctr_first = 0;
-    it.group_first = 0;
-    it.groups = groups;
-    b3_digest_staged<0, 16>(it, blockIdx.x, cvs, counters, one, flag, seq);
-}
-
-// Throughput: additions on the FMA pipe, a ring of R rows (4 KiB each).
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring2(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_staged_table<1, 2>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring3(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_staged_table<1, 3>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring4(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_staged_table<1, 4>(items, n_items, cvs, counters, one);
-}
-// The same with plain additions (ALU pipe only).
-extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_ring3_plain(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_staged_table<0, 3>(items, n_items, cvs, counters, one);
-}
-
-// Quad kernel (the one-image call): four threads per chunk, thread q of a
-// quad holding column q of the state (v[q], v[4+q], v[8+q], v[12+q]).
-// Measured on an H200, one warp hashing 32 chunks is bound by issuing 48
-// dependent-chain ALU instructions per G layer at 2 cycles each (about
-// 0.75 us per compression); a quad runs one G per thread per step, so a
-// layer costs the latency of its 12-op chain, and two 3-word shuffles per
-// round (diagonalise, undo) move the state between the column and the
-// diagonal steps. Message words are read from shared memory by index
-// (B3_QSCHED: the words of thread q's G in each round), so the schedule
-// costs no register shuffling.
-__device__ __constant__ u8 B3_QSCHED[4][28] = {
-    {0, 1, 8, 9, 2, 6, 1, 11, 3, 4, 6, 5, 10, 7, 4, 0, 12, 13, 7, 2, 9, 14, 13, 3, 11, 15, 14, 10},
-    {2, 3, 10, 11, 3, 10, 12, 5, 10, 12, 9, 0, 12, 9, 11, 2, 9, 11, 5, 3, 11, 5, 0, 10, 5, 0, 2, 12},
-    {4, 5, 12, 13, 7, 0, 9, 14, 13, 2, 11, 15, 14, 3, 5, 8, 15, 10, 0, 1, 8, 12, 2, 6, 1, 9, 3, 4},
-    {6, 7, 14, 15, 4, 13, 15, 8, 7, 14, 8, 1, 13, 15, 1, 6, 14, 8, 6, 4, 15, 1, 4, 7, 8, 6, 7, 13},
-};
-
-__device__ __forceinline__ void b3_g1(u32& a, u32& b, u32& c, u32& d, u32 x, u32 y) {
-    a = a + b + x;
-    d = rotr16(d ^ a);
-    c = c + d;
-    b = rotr12(b ^ c);
-    a = a + b + y;
-    d = rotr8(d ^ a);
-    c = c + d;
-    b = rotr7(b ^ c);
-}
-
-// One compression by a quad: in (cva, cvb) = (cv[q], cv[4+q]); the message
-// is msg[0..16) (shared memory, read by index); out the same two words of
-// the new chaining value. `qmask`: the quad's lanes.
-__device__ __forceinline__ void b3_compress_quad(u32& cva, u32& cvb, const u32* msg, const u32 widx[28], u32 q, u32 qmask,
-                                                 u64 counter, u32 block_len, u32 flags) {
-    u32 w[28];
-#pragma unroll
-    for (int k = 0; k < 28; k++) w[k] = msg[widx[k]];
-    u32 a = cva, b = cvb, c = B3_IV[q];
-    u32 d = q == 0 ? (u32)counter : q == 1 ? (u32)(counter >> 32) : q == 2 ? block_len : flags;
-#pragma unroll
-    for (int r = 0; r < 7; r++) {
-        b3_g1(a, b, c, d, w[4 * r], w[4 * r + 1]);
-        b = __shfl_sync(qmask, b, (q + 1) & 3, 4);
-        c = __shfl_sync(qmask, c, (q + 2) & 3, 4);
-        d = __shfl_sync(qmask, d, (q + 3) & 3, 4);
-        b3_g1(a, b, c, d, w[4 * r + 2], w[4 * r + 3]);
-        b = __shfl_sync(qmask, b, (q + 3) & 3, 4);
-        c = __shfl_sync(qmask, c, (q + 2) & 3, 4);
-        d = __shfl_sync(qmask, d, (q + 1) & 3, 4);
-    }
-    cva = a ^ c;
-    cvb = b ^ d;
-}
-
-// Folds s_cv[0..k) into s_cv[0] as b3_fold does, one quad per pair (the
-// block has 4 * 64 threads); `msg` holds a 17-word row per quad.
-__device__ void b3_fold_quad(u32 (*s_cv)[9], u32 (*msg)[17], u32 k, bool root, const u32 widx[28]) {
-    const u32 t = threadIdx.x, p = t >> 2, q = t & 3, qmask = 0xFu << (t & 28);
-    while (k > 1) {
-        const u32 pairs = k / 2;
-        u32 oa = 0, ob = 0;
-        if (p < pairs) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const u32 wi = 4 * q + i;  // message word: left value, then right
-                msg[p][wi] = s_cv[2 * p + (wi >> 3)][wi & 7];
-            }
-            __syncwarp(qmask);
-            oa = B3_IV[q];
-            ob = B3_IV[4 + q];
-            b3_compress_quad(oa, ob, msg[p], widx, q, qmask, 0, 64, B3_PARENT | ((root && k == 2) ? B3_ROOT : 0u));
-        }
-        u32 carry = 0;
-        const bool odd = k & 1;
-        if (odd && t < 8) carry = s_cv[k - 1][t];
-        __syncthreads();
-        if (p < pairs) {
-            s_cv[p][q] = oa;
-            s_cv[p][4 + q] = ob;
-        }
-        if (odd && t < 8) s_cv[pairs][t] = carry;
-        __syncthreads();
-        k = pairs + (k & 1);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(4 * B3_GROUP) blake3_digest_quad(
-    u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
-    __shared__ u32 s_cv[B3_GROUP][9];
-    __shared__ u32 s_msg[B3_GROUP][17];
-    __shared__ u32 s_last;
-    const u32 t = threadIdx.x, p = t >> 2, q = t & 3, qmask = 0xFu << (t & 28);
-    u32 widx[28];
-#pragma unroll
-    for (int k = 0; k < 28; k++) widx[k] = B3_QSCHED[q][k];
-    const u32 local_group = blockIdx.x;
-    const u64 chunks = len == 0 ? 1 : (len + 1023) / 1024;
-    const u64 first_chunk = (u64)local_group * B3_GROUP;
-    const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-    const u8* base = (const u8*)data;
-    const bool aligned = (data & 15) == 0;
-    if (p < n) {
-        const u64 c = first_chunk + p;
-        const u64 off = c * 1024;
-        if (aligned && chunks > 1 && off + 1024 <= len) {
-            // A whole chunk: the quad loads each 64-byte block together
-            // (16 bytes a thread), the next one while hashing the current.
-            const uint4* src = (const uint4*)(base + off) + q;
-            uint4 next = __ldg(src);
-            u32 cva = B3_IV[q], cvb = B3_IV[4 + q];
-#pragma unroll 1
-            for (u32 j = 0; j < 16; j++) {
-                __syncwarp(qmask);
-                s_msg[p][4 * q] = next.x;
-                s_msg[p][4 * q + 1] = next.y;
-                s_msg[p][4 * q + 2] = next.z;
-                s_msg[p][4 * q + 3] = next.w;
-                __syncwarp(qmask);
-                if (j < 15) next = __ldg(src + 4 * (j + 1));
-                const u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
-                b3_compress_quad(cva, cvb, s_msg[p], widx, q, qmask, c, 64, flags);
-            }
-            s_cv[p][q] = cva;
-            s_cv[p][4 + q] = cvb;
-        } else if (q == 0) {
-            // A partial or unaligned chunk (or the one-chunk root): one thread.
-            const u32 clen = len == 0 ? 0u : (u32)min((u64)1024, len - off);
-            u32 cv[8];
-            b3_chunk<0>(cv, base + off, clen, c, aligned, chunks == 1, one);
-#pragma unroll
-            for (int i = 0; i < 8; i++) s_cv[p][i] = cv[i];
-        }
-    }
-    __syncthreads();
-    Blake3Item it;
-    it.data = data;
-    it.len = len;
-    it.out = out;
-    it.cv_first = 0;
-    it.ctr_first = 0;
-    it.group_first = 0;
-    it.groups = groups;
-    // Fold and climb as b3_finish, with quad folds.
-    bool done;
-    {
-        const bool single = it.groups == 1;
-        b3_fold_quad(s_cv, s_msg, n, single, widx);
-        if (single) {
-            if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
-            done = true;
-        } else {
-            u32* vals = cvs;
-            u32* ctrs = counters;
-            u32 idx = local_group;
-            u32 count = it.groups;
-            done = false;
-            while (true) {
-                if (t < 8) vals[(u64)idx * 8 + t] = s_cv[0][t];
-                __threadfence();
-                __syncthreads();
-                const u32 parent = idx / B3_GROUP;
-                const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
-                const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
-                if (t == 0) {
-                    u32 old = atomicAdd(&ctrs[parent], 1u);
-                    s_last = old == siblings - 1;
-                    if (s_last) ctrs[parent] = 0;
-                }
-                __syncthreads();
-                if (!s_last) break;
-                __threadfence();
-                for (u32 k = t; k < siblings * 8; k += blockDim.x) {
-                    s_cv[k >> 3][k & 7] = __ldcg(&vals[(u64)parent * B3_GROUP * 8 + k]);
-                }
-                __syncthreads();
-                b3_fold_quad(s_cv, s_msg, siblings, parents == 1, widx);
-                if (parents == 1) {
-                    if (t < 8) ((u32*)it.out)[t] = s_cv[0][t];
-                    done = true;
-                    break;
-                }
-                vals += (u64)count * 8;
-                ctrs += parents;
-                idx = parent;
-                count = parents;
-            }
-        }
-    }
-    if (done && flag != nullptr) {
-        __threadfence_system();
-        __syncthreads();
-        if (t == 0) *(volatile u32*)flag = seq;
-    }
-}
-
-// Experiments on one item passed by value (no flag), from global memory:
-// only L lanes of each warp hash a chunk (64 chunks per block over 64 * 32 /
-// L threads), to see whether a warp with fewer active lanes issues faster
-// and whether all four schedulers of an SM help one image.
 __device__ __forceinline__ u64 b3_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 
-template <int MODE, int L>
-__device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
-                                                 u64* trace = nullptr, u32* flag = nullptr, u32 seq = 0) {
+// One group of `it` (64 threads, 64 chunks). With `trace`, thread 0 records
+// start, end of its chunk, all chunks in, end (ns), its chunk's cycles and
+// whether the block wrote the digest (8 words per group). With `flag`, the
+// block that wrote the digest then writes `seq` to *flag after a system fence.
+__device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
+                                              u64* trace, u32* flag, u32 seq) {
     const u64 t0 = b3_ns(), c0 = clock64();
     __shared__ u32 s_cv[B3_GROUP][9];
     __shared__ u32 s_last;
-    const u32 t = threadIdx.x, lane = t & 31, k = (t >> 5) * L + lane;
+    const u32 t = threadIdx.x;
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u64 first_chunk = (u64)local_group * B3_GROUP;
     const u32 n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
     const u8* base = (const u8*)it.data;
     const bool aligned = (it.data & 15) == 0;
-    if (lane < L && k < n) {
-        u64 c = first_chunk + k;
+    if (t < n) {
+        u64 c = first_chunk + t;
         u64 off = c * 1024;
         u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
         u32 cv[8];
-        b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+        b3_chunk<0>(cv, base + off, len, c, aligned, chunks == 1, one);
 #pragma unroll
-        for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
+        for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
     }
     const u64 t1 = b3_ns(), c1 = clock64();
     __syncthreads();
     const u64 t2 = b3_ns();
-    const bool done = b3_finish<MODE>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
+    const bool done = b3_finish<0>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
     if (trace != nullptr && t == 0) {
-        // start, chunks done (thread 0), all chunks done, end; cycles of thread 0's chunk; wrote the digest
         u64* r = trace + 8 * (u64)local_group;
         r[0] = t0; r[1] = t1; r[2] = t2; r[3] = b3_ns(); r[4] = c1 - c0; r[5] = done;
     }
@@ -837,133 +478,43 @@ __device__ __forceinline__ void b3_digest_sparse(const Blake3Item& it, u32 local
     }
 }
 
-// The one-image call: one item by value (no table to read before the first
-// load), one thread per chunk from global memory, plain additions, and the
-// completion flag.
+__device__ __forceinline__ Blake3Item b3_item(u64 data, u64 len, u64 out, u32 groups) {
+    Blake3Item it;
+    it.data = data;
+    it.len = len;
+    it.out = out;
+    it.cv_first = 0;
+    it.ctr_first = 0;
+    it.group_first = 0;
+    it.groups = groups;
+    return it;
+}
+
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
     u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
-    Blake3Item it;
-    it.data = data;
-    it.len = len;
-    it.out = out;
-    it.cv_first = 0;
-    it.ctr_first = 0;
-    it.group_first = 0;
-    it.groups = groups;
-    b3_digest_sparse<0, 32>(it, blockIdx.x, cvs, counters, one, nullptr, flag, seq);
+    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, nullptr, flag, seq);
 }
 
+// Diagnostics for the bench: the same with the trace and no flag.
 extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
                                                                     u32* counters, u32 one, u64* trace) {
-    Blake3Item it;
-    it.data = data;
-    it.len = len;
-    it.out = out;
-    it.cv_first = 0;
-    it.ctr_first = 0;
-    it.group_first = 0;
-    it.groups = groups;
-    b3_digest_sparse<0, 32>(it, blockIdx.x, cvs, counters, one, trace);
+    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, nullptr, 0);
 }
-
-#define B3_SPARSE_ENTRY(NAME, MODE, L)                                                                          \
-    extern "C" __global__ void __launch_bounds__(B3_GROUP * 32 / L) NAME(u64 data, u64 len, u64 out, u32 groups, \
-                                                                        u32* cvs, u32* counters, u32 one) {     \
-        Blake3Item it;                                                                                          \
-        it.data = data;                                                                                         \
-        it.len = len;                                                                                           \
-        it.out = out;                                                                                           \
-        it.cv_first = 0;                                                                                        \
-        it.ctr_first = 0;                                                                                       \
-        it.group_first = 0;                                                                                     \
-        it.groups = groups;                                                                                     \
-        b3_digest_sparse<MODE, L>(it, blockIdx.x, cvs, counters, one);                                          \
-    }
-B3_SPARSE_ENTRY(b3x_one_m0_l32, 0, 32)
-B3_SPARSE_ENTRY(b3x_one_m0_l16, 0, 16)
-B3_SPARSE_ENTRY(b3x_one_m0_l8, 0, 8)
-B3_SPARSE_ENTRY(b3x_one_m2_l32, 2, 32)
-B3_SPARSE_ENTRY(b3x_one_m2_l16, 2, 16)
-B3_SPARSE_ENTRY(b3x_one_m3_l16, 3, 16)
-B3_SPARSE_ENTRY(b3x_one_m1_l16, 1, 16)
-B3_SPARSE_ENTRY(b3x_one_m2_l8, 2, 8)
-
-#endif  // B3_STAGED
+#endif  // B3_ONE
 
 #ifdef B3_PAIR
-__device__ __forceinline__ u64 b3_ns_p() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Persistent grids (each block loops over groups, so the last wave is not a
-// partial one) and a register cap for more warps per SM: experiments.
-template <int MODE, int PAIR>
-__device__ __forceinline__ void b3_digest_persist(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
-                                                  u32* counters, u32 one) {
-    __shared__ u32 s_total;
-    if (threadIdx.x == 0) s_total = items[n_items - 1].group_first + items[n_items - 1].groups;
-    __syncthreads();
-    const u32 total = s_total;
-    for (u32 g = blockIdx.x; g < total; g += gridDim.x) {
-        __syncthreads();
-        b3_digest<MODE, PAIR>(items, n_items, cvs, counters, one, g);
-    }
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_persist(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_persist<1, 1>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_throughput_persist(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_persist<1, 0>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP, 16) b3x_throughput_lb16(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 0>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2, 18) b3x_pair_lb18(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-// Per block: start and end (globaltimer ns), cycles (clock64) in between.
+// Diagnostics for the bench: blake3_digest_pair with, per block, its start
+// and end (globaltimer ns) and the cycles (clock64) in between.
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
-    const u64 t0 = b3_ns_p(), c0 = clock64();
+    u64 t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const u64 c0 = clock64();
     b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
     if (threadIdx.x == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
         u64* r = trace + 4 * (u64)blockIdx.x;
-        r[0] = t0; r[1] = b3_ns_p(); r[2] = clock64() - c0;
+        r[0] = t0; r[1] = t1; r[2] = clock64() - c0;
     }
-}
-// As b3x_pair_trace, with the largest carveout.
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace_c(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
-    const u64 t0 = b3_ns_p(), c0 = clock64();
-    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-    if (threadIdx.x == 0) {
-        u64* r = trace + 4 * (u64)blockIdx.x;
-        r[0] = t0; r[1] = b3_ns_p(); r[2] = clock64() - c0;
-    }
-}
-// The same kernels as blake3_digest_pair / _throughput, loaded under their
-// own names so that the bench can give them the largest shared-memory
-// carveout (more resident blocks per SM) without touching the originals.
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_c(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_throughput_c(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 0>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2, 16) b3x_pair_c16(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_m3(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<3, 1>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 #endif  // B3_PAIR

@@ -382,7 +382,11 @@ mod staged {
             // Offload 64 device pages to host pages 0..64; onboard host pages 64..128 to 64 others.
             let mut copies = Vec::new();
             for i in 0..64u32 {
-                copies.push(BlockCopy { src: page(Medium::Gpu, perm[i as usize]), dst: page(Medium::Cpu, i), tokens: 16 });
+                copies.push(BlockCopy {
+                    src: page(Medium::Gpu, perm[i as usize]),
+                    dst: page(Medium::Cpu, i),
+                    tokens: 16,
+                });
                 copies.push(BlockCopy {
                     src: page(Medium::Cpu, 64 + i),
                     dst: page(Medium::Gpu, perm[64 + i as usize]),

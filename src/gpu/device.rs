@@ -245,7 +245,11 @@ impl Gpu {
     ///
     /// # Safety
     /// As [`Gpu::digest_device`].
-    pub unsafe fn digest_device_via(&self, items: &[DeviceBytes], path: OneItemPath) -> Result<Vec<[u8; 32]>, GpuError> {
+    pub unsafe fn digest_device_via(
+        &self,
+        items: &[DeviceBytes],
+        path: OneItemPath,
+    ) -> Result<Vec<[u8; 32]>, GpuError> {
         if items.is_empty() {
             return Err(GpuError::InvalidArgument("a digest batch needs at least one item".to_owned()));
         }
@@ -337,13 +341,7 @@ impl Gpu {
         // The digests go straight into the mapped host buffer.
         let out_dev = a.host_dev + ARENA_OUT_OFF as u64;
         let (table, groups, _, _) = build_table(items, out_dev)?;
-        launch::check_table(
-            &table,
-            out_dev,
-            (a.work.len() - values_off) as u64 / 32,
-            a.counters.len() as u64,
-            groups,
-        );
+        launch::check_table(&table, out_dev, (a.work.len() - values_off) as u64 / 32, a.counters.len() as u64, groups);
         let table_bytes = bytemuck::cast_slice::<Blake3Item, u8>(&table);
         // SAFETY: the host buffer holds at least values_off >= table_off +
         // 48 n bytes (checked when it was sized); no kernel or copy uses it
@@ -529,20 +527,14 @@ impl Gpu {
         let staged_of = |ops: &[CopyOp], to_host: bool| -> Option<StagedList> {
             let st = engine.staging.as_ref()?;
             let slots = if to_host { &st.out_slots } else { &st.in_slots };
-            dma::staged(
-                g,
-                ops,
-                &engine.device.region_bases,
-                &engine.host_bases,
-                to_host,
-                slots,
-                st.config.slot_bytes,
-            )
+            dma::staged(g, ops, &engine.device.region_bases, &engine.host_bases, to_host, slots, st.config.slot_bytes)
         };
         let none = || (RunList::default(), RunList::default(), StagedList::default(), StagedList::default());
         let (dma_out, dma_in, st_out, st_in) = match engine.host_path {
             HostCopyPath::Kernel => none(),
-            HostCopyPath::CopyEngines => (runs_of(&writes), runs_of(&reads), StagedList::default(), StagedList::default()),
+            HostCopyPath::CopyEngines => {
+                (runs_of(&writes), runs_of(&reads), StagedList::default(), StagedList::default())
+            }
             HostCopyPath::Split => (runs_of(&writes), RunList::default(), StagedList::default(), StagedList::default()),
             HostCopyPath::Staged => match (staged_of(&offload, true), staged_of(&onboard, false)) {
                 (Some(o), Some(i)) => (RunList::default(), RunList::default(), o, i),
@@ -1066,7 +1058,8 @@ fn run_wave(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Option<u32>) 
             unsafe { dma::enqueue(list, s) }?;
         }
     }
-    let staged_ends = if wave.staged.iter().any(|(_, l)| !l.is_empty()) { run_staged(gpu, engine, wave)? } else { vec![] };
+    let staged_ends =
+        if wave.staged.iter().any(|(_, l)| !l.is_empty()) { run_staged(gpu, engine, wave)? } else { vec![] };
     launch::kv_block_copy(gpu, engine, wave, grid)?;
     for s in sides.iter().map(|(s, _)| *s).chain(staged_ends.iter()) {
         let join = gpu.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;

@@ -22,14 +22,13 @@ pub enum ModuleId {
     BlockCopy,
     /// `cuda/blake3.cu` with the two-chunks-per-thread kernels (`B3_PAIR`).
     Blake3Pair,
-    /// `cuda/blake3.cu` with the kernels that stage chunks through shared
-    /// memory (`B3_STAGED`).
-    Blake3Staged,
+    /// `cuda/blake3.cu` with the one-image kernel (`B3_ONE`).
+    Blake3One,
 }
 
 impl ModuleId {
     /// Every module.
-    pub const ALL: [ModuleId; 4] = [ModuleId::Blake3, ModuleId::BlockCopy, ModuleId::Blake3Pair, ModuleId::Blake3Staged];
+    pub const ALL: [ModuleId; 4] = [ModuleId::Blake3, ModuleId::BlockCopy, ModuleId::Blake3Pair, ModuleId::Blake3One];
 
     /// The full source NVRTC compiles: the tuning defines, the shared
     /// header, then the file.
@@ -38,7 +37,7 @@ impl ModuleId {
         let (defines, body) = match self {
             ModuleId::Blake3 => (String::new(), include_str!("../../cuda/blake3.cu")),
             ModuleId::Blake3Pair => ("#define B3_PAIR 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
-            ModuleId::Blake3Staged => ("#define B3_STAGED 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
+            ModuleId::Blake3One => ("#define B3_ONE 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
             ModuleId::BlockCopy => {
                 (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
             }
@@ -49,7 +48,7 @@ impl ModuleId {
     /// The file name, for error messages and NVRTC's program name.
     pub fn file_name(self) -> &'static str {
         match self {
-            ModuleId::Blake3 | ModuleId::Blake3Pair | ModuleId::Blake3Staged => "blake3.cu",
+            ModuleId::Blake3 | ModuleId::Blake3Pair | ModuleId::Blake3One => "blake3.cu",
             ModuleId::BlockCopy => "block_copy.cu",
         }
     }
@@ -95,22 +94,10 @@ pub enum KernelId {
     Blake3PairLatency,
     /// A wave of block copies.
     KvBlockCopy,
-    /// Plain additions, each group's whole chunks brought into shared memory
-    /// at once by asynchronous copies (64 KiB per block), then hashed from
-    /// there: no load latency on the chain of 16 compressions.
-    Blake3Staged,
     /// One item passed by value (no table read before the first load), one
     /// thread per chunk, plain additions, with a completion flag in host
     /// memory: the one-image call (its own signature).
     Blake3One,
-    /// Additions on the FMA pipe, chunks staged through a ring of 2 rows.
-    Blake3Ring2,
-    /// As `Blake3Ring2` with 3 rows.
-    Blake3Ring3,
-    /// As `Blake3Ring2` with 4 rows.
-    Blake3Ring4,
-    /// As `Blake3Ring3` with plain additions.
-    Blake3Ring3Plain,
     /// Segment copies between the device pool and a staging buffer (the
     /// staged host path's gather and scatter).
     KvSegCopy,
@@ -118,18 +105,13 @@ pub enum KernelId {
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 12] = [
+    pub const ALL: [KernelId; 7] = [
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
         KernelId::Blake3PairLatency,
         KernelId::KvBlockCopy,
-        KernelId::Blake3Staged,
         KernelId::Blake3One,
-        KernelId::Blake3Ring2,
-        KernelId::Blake3Ring3,
-        KernelId::Blake3Ring4,
-        KernelId::Blake3Ring3Plain,
         KernelId::KvSegCopy,
     ];
 
@@ -144,29 +126,8 @@ impl KernelId {
     ];
 
     /// The BLAKE3 kernels that take an item table (one signature, one table layout).
-    pub const BLAKE3: [KernelId; 9] = [
-        KernelId::Blake3Latency,
-        KernelId::Blake3Throughput,
-        KernelId::Blake3Pair,
-        KernelId::Blake3PairLatency,
-        KernelId::Blake3Staged,
-        KernelId::Blake3Ring2,
-        KernelId::Blake3Ring3,
-        KernelId::Blake3Ring4,
-        KernelId::Blake3Ring3Plain,
-    ];
-
-    /// Bytes of dynamic shared memory the kernel is launched with (the
-    /// staging of the staged BLAKE3 kernels: 4 KiB per row slot).
-    pub fn dynamic_smem(self) -> u32 {
-        match self {
-            KernelId::Blake3Staged => 16 * 4096,
-            KernelId::Blake3Ring2 => 2 * 4096,
-            KernelId::Blake3Ring3 | KernelId::Blake3Ring3Plain => 3 * 4096,
-            KernelId::Blake3Ring4 => 4 * 4096,
-            _ => 0,
-        }
-    }
+    pub const BLAKE3: [KernelId; 4] =
+        [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::Blake3Pair, KernelId::Blake3PairLatency];
 
     /// Threads per block a BLAKE3 kernel is launched with.
     pub fn blake3_block(self) -> u32 {
@@ -183,12 +144,7 @@ impl KernelId {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
             KernelId::Blake3Pair | KernelId::Blake3PairLatency => ModuleId::Blake3Pair,
             KernelId::KvBlockCopy | KernelId::KvSegCopy => ModuleId::BlockCopy,
-            KernelId::Blake3Staged
-            | KernelId::Blake3One
-            | KernelId::Blake3Ring2
-            | KernelId::Blake3Ring3
-            | KernelId::Blake3Ring4
-            | KernelId::Blake3Ring3Plain => ModuleId::Blake3Staged,
+            KernelId::Blake3One => ModuleId::Blake3One,
         }
     }
 
@@ -200,12 +156,7 @@ impl KernelId {
             KernelId::Blake3Pair => "blake3_digest_pair",
             KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
             KernelId::KvBlockCopy => "kv_block_copy",
-            KernelId::Blake3Staged => "blake3_digest_staged",
             KernelId::Blake3One => "blake3_digest_one_flag",
-            KernelId::Blake3Ring2 => "blake3_digest_ring2",
-            KernelId::Blake3Ring3 => "blake3_digest_ring3",
-            KernelId::Blake3Ring4 => "blake3_digest_ring4",
-            KernelId::Blake3Ring3Plain => "blake3_digest_ring3_plain",
             KernelId::KvSegCopy => "kv_seg_copy",
         }
     }
@@ -286,14 +237,6 @@ impl ModuleCache {
         }
         let module = self.module(id.module())?;
         let f = module.load_function(id.name())?;
-        let smem = id.dynamic_smem();
-        if smem > 48 * 1024 {
-            // Above 48 KiB a kernel must opt in to its dynamic shared memory.
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
-        }
         functions[id.index()] = Some(f.clone());
         Ok(f)
     }
@@ -301,16 +244,7 @@ impl ModuleCache {
     /// An entry point of `module` by name, loaded each call (benchmarks of
     /// experimental kernels that have no [`KernelId`]).
     pub fn function_named(&self, module: ModuleId, name: &str) -> Result<CudaFunction, GpuError> {
-        let f = self.module(module)?.load_function(name)?;
-        if name.ends_with("_c") || name.ends_with("_c16") {
-            // The largest shared-memory carveout: resident blocks are then
-            // limited by registers, not by the L1/shared split.
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )?;
-        }
-        Ok(f)
+        Ok(self.module(module)?.load_function(name)?)
     }
 
     fn module(&self, id: ModuleId) -> Result<Arc<CudaModule>, GpuError> {

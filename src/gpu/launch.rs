@@ -103,11 +103,8 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
     let one = 1u32;
-    let cfg = LaunchConfig {
-        grid_dim: (batch.groups, 1, 1),
-        block_dim: (variant.blake3_block(), 1, 1),
-        shared_mem_bytes: variant.dynamic_smem(),
-    };
+    let cfg =
+        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,
@@ -142,11 +139,7 @@ pub(super) unsafe fn blake3_digest_raw(
     assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
     let f = gpu.function(variant)?;
     let one = 1u32;
-    let cfg = LaunchConfig {
-        grid_dim: (groups, 1, 1),
-        block_dim: (variant.blake3_block(), 1, 1),
-        shared_mem_bytes: variant.dynamic_smem(),
-    };
+    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&table).arg(&n_items).arg(&values).arg(&counters).arg(&one);
     // SAFETY: pointers are passed as 64-bit values, which is how the kernel
@@ -171,7 +164,7 @@ pub fn blake3_experiment(
     trace: Option<&mut cudarc::driver::CudaSlice<u64>>,
 ) -> Result<(), GpuError> {
     assert_whole(batch);
-    assert!(block == 32 || block == 64, "the experiments use 32 or 64 threads per block");
+    assert!(block == 32 || block == 64, "the BLAKE3 kernels use 32 or 64 threads per block");
     assert!(name.starts_with("b3x_"), "experimental kernels are named b3x_*");
     let f = gpu.modules().function_named(module, name)?;
     let n_items = batch.table.len() as u32;
@@ -192,10 +185,11 @@ pub fn blake3_experiment(
     Ok(())
 }
 
-/// Benchmarks only: launches the experimental one-item kernel `name`
-/// (`(u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32
-/// one)`, or the quad kernel, whose flag is left off) on the single item of
-/// `batch`, with `block` threads per block.
+/// Benchmarks only: launches the one-item kernel `name` of the `B3_ONE`
+/// module (`(u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32*
+/// counters, u32 one)` and, for `blake3_digest_one_flag`, its flag left off,
+/// or a trace for `b3x_one_trace`) on the single item of `batch`, with
+/// `block` threads per block.
 pub fn blake3_one_experiment(
     gpu: &Gpu,
     batch: &DigestBatch,
@@ -205,17 +199,17 @@ pub fn blake3_one_experiment(
 ) -> Result<(), GpuError> {
     assert_whole(batch);
     assert_eq!(batch.table.len(), 1, "one item");
-    let quad = name == "blake3_digest_quad" || name == KernelId::Blake3One.name();
-    assert!(quad || name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
-    assert!([64, 128, 256].contains(&block), "64 chunks over 64, 128 or 256 threads");
-    let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3Staged, name)?;
+    let with_flag = name == KernelId::Blake3One.name();
+    assert!(with_flag || name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
+    assert_eq!(block, 64, "one thread per chunk, 64 chunks per block");
+    let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3One, name)?;
     let it = batch.table[0];
     let one = 1u32;
     let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&it.data).arg(&it.len).arg(&it.out).arg(&it.groups).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     let (no_flag, no_seq) = (0u64, 0u32);
-    if quad {
+    if with_flag {
         b.arg(&no_flag).arg(&no_seq);
     }
     if let Some(t) = trace {
@@ -242,7 +236,6 @@ pub fn blake3_one_experiment(
 /// must hold `scratch_of_len(len).0` values of 32 bytes and `counters` as
 /// many zero counters as `scratch_of_len(len).1`; all of it must stay valid
 /// until the launch completes.
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn blake3_digest_one_raw(
     gpu: &Gpu,
     item: (u64, u64),
@@ -261,7 +254,7 @@ pub(super) unsafe fn blake3_digest_one_raw(
     let cfg = LaunchConfig {
         grid_dim: (groups, 1, 1),
         block_dim: (KernelId::Blake3One.blake3_block(), 1, 1),
-        shared_mem_bytes: KernelId::Blake3One.dynamic_smem(),
+        shared_mem_bytes: 0,
     };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&data).arg(&len).arg(&out).arg(&groups).arg(&values).arg(&counters).arg(&one).arg(&flag).arg(&seq);

@@ -93,62 +93,15 @@ mod imp {
                     bytes / (t * 1e-3) / 1e12
                 );
             }
-            // Experiments (kernels without a KernelId): persistent grids and
-            // register caps on big batches, sparse warps on one image.
             let mut experiments = serde_json::Map::new();
             let sms = gpu.sm_count();
-            let exps: Vec<(ModuleId, &str, u32, Option<u32>)> = if batch.groups() > 16 * sms {
-                vec![
-                    (ModuleId::Blake3Pair, "b3x_pair_c", 32, None),
-                    (ModuleId::Blake3Pair, "b3x_pair_c16", 32, None),
-                    (ModuleId::Blake3Pair, "b3x_throughput_c", 64, None),
-                    (ModuleId::Blake3Pair, "b3x_pair_persist", 32, Some(12 * sms)),
-                    (ModuleId::Blake3Pair, "b3x_throughput_lb16", 64, None),
-                    (ModuleId::Blake3Pair, "b3x_pair_m3", 32, None),
-                ]
-            } else {
-                vec![]
-            };
-            for (module, ename, block, grid) in exps {
-                let r = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_experiment(gpu, &batch, module, ename, block, grid, None));
-                let key = format!("{ename}/{}", grid.map_or("groups".to_owned(), |g| g.to_string()));
-                match r {
-                    Ok(t) => {
-                        let ok = gpu.read_digests(&batch)? == got;
-                        println!("blake3 {name:<24} {key:<26} {:>9.1} us  {:.3} TB/s  correct={ok}", t * 1e3, bytes / (t * 1e-3) / 1e12);
-                        experiments.insert(key, json!({"us": t * 1e3, "TBps": bytes / (t * 1e-3) / 1e12, "correct": ok}));
-                    }
-                    Err(e) => {
-                        println!("blake3 {name:<24} {key:<26} failed: {e}");
-                        experiments.insert(key, json!({"error": e.to_string()}));
-                    }
-                }
-            }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
-                for (ename, block) in [
-                    ("blake3_digest_quad", 256),
-                    ("blake3_digest_one_flag", 64),
-                    ("b3x_one_m0_l32", 64),
-                    ("b3x_one_m0_l16", 128),
-                    ("b3x_one_m0_l8", 256),
-                    ("b3x_one_m2_l32", 64),
-                    ("b3x_one_m2_l16", 128),
-                    ("b3x_one_m3_l16", 128),
-                    ("b3x_one_m1_l16", 128),
-                    ("b3x_one_m2_l8", 256),
-                ] {
-                    match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, ename, block, None)) {
-                        Ok(t) => {
-                            let ok = gpu.read_digests(&batch)? == got;
-                            println!("blake3 {name:<24} {ename:<26} {:>9.1} us  correct={ok}", t * 1e3);
-                            experiments.insert(ename.into(), json!({"us": t * 1e3, "correct": ok}));
-                        }
-                        Err(e) => {
-                            println!("blake3 {name:<24} {ename:<26} failed: {e}");
-                            experiments.insert(ename.into(), json!({"error": e.to_string()}));
-                        }
-                    }
-                }
+                // The one-image kernel alone (event-timed, no flag).
+                let one = KernelId::Blake3One.name();
+                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, one, 64, None))?;
+                let ok = gpu.read_digests(&batch)? == got;
+                println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
+                experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
             }
             // Traces: where the time of one block goes, and the SM clock
             // while it runs (clock64 cycles over globaltimer ns).
@@ -180,7 +133,15 @@ mod imp {
             if batch.groups() > 16 * sms {
                 let mut tr = gpu.stream().alloc_zeros::<u64>(4 * batch.groups() as usize)?;
                 for _ in 0..3 {
-                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, "b3x_pair_trace", 32, None, Some(&mut tr))?;
+                    kvcore::gpu::launch::blake3_experiment(
+                        gpu,
+                        &batch,
+                        ModuleId::Blake3Pair,
+                        "b3x_pair_trace",
+                        32,
+                        None,
+                        Some(&mut tr),
+                    )?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -206,36 +167,6 @@ mod imp {
                 });
                 println!("blake3 {name:<24} trace {summary}");
                 experiments.insert("trace_pair".into(), summary);
-            }
-            if batch.groups() > 16 * sms {
-                let mut tr = gpu.stream().alloc_zeros::<u64>(4 * batch.groups() as usize)?;
-                for _ in 0..3 {
-                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, "b3x_pair_trace_c", 32, None, Some(&mut tr))?;
-                }
-                let v = gpu.stream().clone_dtoh(&tr)?;
-                gpu.synchronize()?;
-                let rows: Vec<&[u64]> = v.chunks_exact(4).collect();
-                let start = rows.iter().map(|r| r[0]).min().unwrap_or(0);
-                let end = rows.iter().map(|r| r[1]).max().unwrap_or(0);
-                let durs: Vec<f64> = rows.iter().map(|r| (r[1] - r[0]) as f64 / 1e3).collect();
-                let ghz: Vec<f64> = rows.iter().map(|r| r[2] as f64 / (r[1] - r[0]).max(1) as f64).collect();
-                // Blocks running at each tenth of the span.
-                let span = (end - start) as f64;
-                let occupancy: Vec<usize> = (0..10)
-                    .map(|k| {
-                        let at = start + (span * (k as f64 + 0.5) / 10.0) as u64;
-                        rows.iter().filter(|r| r[0] <= at && at < r[1]).count()
-                    })
-                    .collect();
-                let summary = json!({
-                    "span_us": span / 1e3,
-                    "block_us_median": median_of(durs.clone()),
-                    "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
-                    "sm_clock_ghz_median": median_of(ghz),
-                    "blocks_running_by_tenth": occupancy,
-                });
-                println!("blake3 {name:<24} trace (carveout) {summary}");
-                experiments.insert("trace_pair_c".into(), summary);
             }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
             let mut entry = json!({"experiments": experiments,
@@ -270,7 +201,10 @@ mod imp {
                     sorted.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
                     let (med, p10, p90) =
                         (sorted[sorted.len() / 2], sorted[sorted.len() / 10], sorted[sorted.len() * 9 / 10]);
-                    println!("blake3 {name:<24} API call {:<12} median {med:>6.1} us (p10 {p10:.1}, p90 {p90:.1})", format!("{p:?}"));
+                    println!(
+                        "blake3 {name:<24} API call {:<12} median {med:>6.1} us (p10 {p10:.1}, p90 {p90:.1})",
+                        format!("{p:?}")
+                    );
                     calls.insert(format!("{p:?}"), json!({"median_us": med, "p10_us": p10, "p90_us": p90}));
                 }
                 let d = gpu.digest_views(std::slice::from_ref(&view))?;
@@ -421,7 +355,8 @@ mod imp {
                 let wave = gpu.prepare_wave(&engine, ops)?;
                 let t = time_ms(gpu, 2, 10, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
                 let rate = moved / (t * 1e-3) / 1e9;
-                let (runs_out, runs_in) = if matches!(wave.staged_runs(), (0, 0)) { wave.dma_runs() } else { wave.staged_runs() };
+                let (runs_out, runs_in) =
+                    if matches!(wave.staged_runs(), (0, 0)) { wave.dma_runs() } else { wave.staged_runs() };
                 println!(
                     "copy   {:<11} {:<23} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, staged {}, batched call {}) {}",
                     format!("{path:?}"),
