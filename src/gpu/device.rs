@@ -74,7 +74,7 @@ pub enum OneItemPath {
     /// The item table (read from mapped host memory), the kernel of
     /// [`Gpu::digest_variant`], a stream synchronize.
     Table,
-    /// The item passed by value to `blake3_digest_one` (no table read
+    /// The item passed by value to `blake3_digest_one_flag` (no table read
     /// before the first load), a stream synchronize.
     ByValue,
     /// As `ByValue`, waiting on the kernel's completion flag in mapped host

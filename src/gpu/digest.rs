@@ -12,7 +12,7 @@
 //! unchanged. An aligned set of 64 values is then a complete subtree, and a
 //! trailing partial set folds to the same node the whole-tree fold gives it.
 
-/// Chunks per group: the thread-block size of `blake3_chunks`.
+/// Chunks per group: the threads of one block of the BLAKE3 kernels.
 pub const GROUP_CHUNKS: u64 = 64;
 /// BLAKE3 chunk length in bytes.
 pub const CHUNK_BYTES: u64 = 1024;

@@ -224,7 +224,7 @@ pub fn blake3_one_experiment(
     Ok(())
 }
 
-/// `blake3_digest_one(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+/// `blake3_digest_one_flag(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
 /// u32* counters, u32 one, u32* flag, u32 seq)`: the digest of one item
 /// passed by value (no table), written to `out`; when `flag` is not 0, the
 /// block that wrote the digest then writes `seq` to it.

@@ -1,16 +1,20 @@
 //! GPU kernels and their bit-exact CPU twins.
 //!
-//! Two kernels, in two CUDA sources under `cuda/` compiled at run time by
-//! NVRTC (no `nvcc` is needed to build the crate):
+//! Two CUDA sources under `cuda/`, compiled at run time by NVRTC (no `nvcc`
+//! is needed to build the crate):
 //!
 //! | kernel | what | CPU twin |
 //! |---|---|---|
-//! | `blake3_chunks` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
+//! | `blake3_digest_*` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
+//! | `blake3_digest_one_flag` | the same for one item passed by value, with a completion flag (the one-image call) | the same |
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
+//! | `kv_seg_copy` | gather and scatter between the device pool and a staging buffer (staged host path) | the same |
 //!
 //! Host-tier copies can also go to the copy engines instead of the kernel
-//! ([`dma`], chosen per wave by [`HostCopyPath`]): no SM is used, and long
-//! runs reach the full PCIe rate both ways at once.
+//! ([`dma`], chosen per wave by [`HostCopyPath`]): directly when both ends
+//! form long runs, or through a device staging buffer when only the host
+//! pages do; no SM is used for the PCIe side, and long runs reach the full
+//! PCIe rate both ways at once.
 //!
 //! Why twins: the crate must build and pass every test where no CUDA exists,
 //! and a kernel is only trusted when it agrees bit for bit with a CPU
