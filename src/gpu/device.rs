@@ -227,14 +227,20 @@ impl Gpu {
 
     /// BLAKE3-256 of device-resident items in one call, through buffers the
     /// handle keeps between calls (no allocation, no memset once they are
-    /// large enough): the kernel reads a small table from mapped pinned
-    /// memory (a larger one goes up in one copy) and writes the digests
-    /// there, so one image costs one launch and one synchronize. This is what
-    /// the C API wraps. Calls on one handle take turns.
+    /// large enough): one item goes to its own kernel by value, which writes
+    /// the digest into mapped pinned memory and then raises a completion
+    /// flag there that the host spins on ([`OneItemPath::ByValueFlag`]: one
+    /// launch, no synchronize); several items are read by the kernel from a
+    /// table in mapped memory (a larger one goes up in one copy), followed
+    /// by one synchronize. This is what the C API wraps. Calls on one handle
+    /// take turns.
     ///
     /// # Safety
     /// As [`Gpu::prepare_digests`]; the call returns only after the kernel
-    /// finished, so the items need to live only for the call.
+    /// has read every byte of every item (with the completion flag, the
+    /// flag is raised after the whole tree is folded; the last block may
+    /// still be exiting, which later work on the stream waits for), so the
+    /// items need to live only for the call.
     pub unsafe fn digest_device(&self, items: &[DeviceBytes]) -> Result<Vec<[u8; 32]>, GpuError> {
         // SAFETY: this function's contract.
         unsafe { self.digest_device_via(items, OneItemPath::default()) }
