@@ -237,6 +237,15 @@ impl HolderIndex {
         self.update(key, worker, |_| tiers);
     }
 
+    /// Sets `worker`'s tiers for `key`, which it does not hold under another
+    /// engine hash: one probe when nobody holds the key yet.
+    #[inline]
+    fn add(&mut self, key: u64, worker: u32, tiers: u8) {
+        if self.map.insert_new(key, pack(worker, tiers) as u64).is_some() {
+            self.set(key, worker, tiers);
+        }
+    }
+
     /// `worker`'s tiers for `key` (0 when it does not hold it).
     fn tiers(&self, key: u64, worker: u32) -> u8 {
         self.get(key).and_then(|h| h.as_slice().iter().find(|x| *x >> 2 == worker).map(|x| (x & 3) as u8)).unwrap_or(0)
@@ -634,6 +643,24 @@ impl Indexer {
         let bit = tier.bit();
         let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
+        // The common case: a keyed block, no block waiting (so none to
+        // resolve and none that could be this one), room left. One probe of
+        // each table, where the general path below takes two.
+        if let Some(k) = key
+            && !full
+            && worker.waiting.is_empty()
+        {
+            return Ok(Some(match worker.keyed.insert_new(hash, k) {
+                Some(kept) => {
+                    self.index.update(kept, w as u32, |t| t | bit);
+                    kept
+                }
+                None => {
+                    self.index.add(k, w as u32, bit);
+                    k
+                }
+            }));
+        }
         if let Some(&k) = worker.keyed.get(hash) {
             self.index.update(k, w as u32, |t| t | bit);
             return Ok(Some(k));
