@@ -738,6 +738,23 @@ impl Indexer {
         }
         self.counters.removed_events += 1;
         let bit = Tier::from_medium(r.medium.as_deref()).bit();
+        if r.block_hashes.len() > 1 {
+            // Reads ahead, as for stores: the blocks' slots first, then the
+            // holder slots of the keys found there, each a tight loop of
+            // independent reads whose misses overlap. Only hints: the loop
+            // below looks everything up again (in cache by then).
+            let keyed = &self.workers[w].keyed;
+            let mut touched = 0u64;
+            for &hash in &r.block_hashes {
+                touched ^= keyed.touch(hash as u64);
+            }
+            for &hash in &r.block_hashes {
+                if let Some(&k) = keyed.get(hash as u64) {
+                    touched ^= self.index.map.touch(k);
+                }
+            }
+            std::hint::black_box(touched);
+        }
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];
