@@ -544,6 +544,14 @@ impl Indexer {
             has_parent = true;
             touched ^= self.workers[w].keyed.touch(parent_hash);
         }
+        // The blocks' own slots do not depend on any hash computed here: read
+        // them now too, so that their misses overlap the content hashes.
+        {
+            let keyed = &self.workers[w].keyed;
+            for &h in &s.block_hashes {
+                touched ^= keyed.touch(h as u64);
+            }
+        }
         // Pass 1: content hashes, pure computation.
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut runs = std::mem::take(&mut self.runs);
@@ -583,7 +591,7 @@ impl Indexer {
         }
         let mut parent_key = if has_parent { self.workers[w].keyed.get(parent_hash).copied() } else { Some(seed.0) };
         // Pass 2: the keys the blocks will most likely get, then a tight loop
-        // reading every slot pass 3 will write. The reads are independent and
+        // reading every holder slot pass 3 will write. The reads are independent and
         // few instructions apart, so their cache misses are all in flight at
         // once instead of one or two at a time between hash computations.
         let mut keys = std::mem::take(&mut self.keys);
@@ -594,14 +602,8 @@ impl Indexer {
                 keys.push(p);
             }
         }
-        {
-            let keyed = &self.workers[w].keyed;
-            for &h in &s.block_hashes[..contents.len()] {
-                touched ^= keyed.touch(h as u64);
-            }
-            for &k in &keys {
-                touched ^= self.index.map.touch(k);
-            }
+        for &k in &keys {
+            touched ^= self.index.map.touch(k);
         }
         std::hint::black_box(touched);
         // Pass 3: insert, chaining on the keys the blocks really have (the
