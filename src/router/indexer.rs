@@ -237,6 +237,15 @@ impl HolderIndex {
         self.update(key, worker, |_| tiers);
     }
 
+    /// Sets `worker`'s tiers for `key`, which it does not hold under another
+    /// engine hash: one probe when nobody holds the key yet.
+    #[inline]
+    fn add(&mut self, key: u64, worker: u32, tiers: u8) {
+        if self.map.insert_new(key, pack(worker, tiers) as u64).is_some() {
+            self.set(key, worker, tiers);
+        }
+    }
+
     /// `worker`'s tiers for `key` (0 when it does not hold it).
     fn tiers(&self, key: u64, worker: u32) -> u8 {
         self.get(key).and_then(|h| h.as_slice().iter().find(|x| *x >> 2 == worker).map(|x| (x & 3) as u8)).unwrap_or(0)
@@ -535,6 +544,14 @@ impl Indexer {
             has_parent = true;
             touched ^= self.workers[w].keyed.touch(parent_hash);
         }
+        // The blocks' own slots do not depend on any hash computed here: read
+        // them now too, so that their misses overlap the content hashes.
+        {
+            let keyed = &self.workers[w].keyed;
+            for &h in &s.block_hashes {
+                touched ^= keyed.touch(h as u64);
+            }
+        }
         // Pass 1: content hashes, pure computation.
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut runs = std::mem::take(&mut self.runs);
@@ -574,7 +591,7 @@ impl Indexer {
         }
         let mut parent_key = if has_parent { self.workers[w].keyed.get(parent_hash).copied() } else { Some(seed.0) };
         // Pass 2: the keys the blocks will most likely get, then a tight loop
-        // reading every slot pass 3 will write. The reads are independent and
+        // reading every holder slot pass 3 will write. The reads are independent and
         // few instructions apart, so their cache misses are all in flight at
         // once instead of one or two at a time between hash computations.
         let mut keys = std::mem::take(&mut self.keys);
@@ -585,14 +602,8 @@ impl Indexer {
                 keys.push(p);
             }
         }
-        {
-            let keyed = &self.workers[w].keyed;
-            for &h in &s.block_hashes[..contents.len()] {
-                touched ^= keyed.touch(h as u64);
-            }
-            for &k in &keys {
-                touched ^= self.index.map.touch(k);
-            }
+        for &k in &keys {
+            touched ^= self.index.map.touch(k);
         }
         std::hint::black_box(touched);
         // Pass 3: insert, chaining on the keys the blocks really have (the
@@ -634,6 +645,24 @@ impl Indexer {
         let bit = tier.bit();
         let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
+        // The common case: a keyed block, no block waiting (so none to
+        // resolve and none that could be this one), room left. One probe of
+        // each table, where the general path below takes two.
+        if let Some(k) = key
+            && !full
+            && worker.waiting.is_empty()
+        {
+            return Ok(Some(match worker.keyed.insert_new(hash, k) {
+                Some(kept) => {
+                    self.index.update(kept, w as u32, |t| t | bit);
+                    kept
+                }
+                None => {
+                    self.index.add(k, w as u32, bit);
+                    k
+                }
+            }));
+        }
         if let Some(&k) = worker.keyed.get(hash) {
             self.index.update(k, w as u32, |t| t | bit);
             return Ok(Some(k));
@@ -711,6 +740,23 @@ impl Indexer {
         }
         self.counters.removed_events += 1;
         let bit = Tier::from_medium(r.medium.as_deref()).bit();
+        if r.block_hashes.len() > 1 {
+            // Reads ahead, as for stores: the blocks' slots first, then the
+            // holder slots of the keys found there, each a tight loop of
+            // independent reads whose misses overlap. Only hints: the loop
+            // below looks everything up again (in cache by then).
+            let keyed = &self.workers[w].keyed;
+            let mut touched = 0u64;
+            for &hash in &r.block_hashes {
+                touched ^= keyed.touch(hash as u64);
+            }
+            for &hash in &r.block_hashes {
+                if let Some(&k) = keyed.get(hash as u64) {
+                    touched ^= self.index.map.touch(k);
+                }
+            }
+            std::hint::black_box(touched);
+        }
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];

@@ -347,6 +347,17 @@ fn thread_cpu_s() -> Option<f64> {
     text.split_whitespace().next()?.parse::<u64>().ok().map(|ns| ns as f64 / 1e9)
 }
 
+/// Page faults this thread has taken so far (`minflt` in
+/// `/proc/thread-self/stat`): new memory is mapped in one fault per page, so
+/// this counts what the tables' growth costs the kernel. `None` where the
+/// file does not exist.
+fn thread_minor_faults() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses:
+    // state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt, ...
+    text.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
+}
+
 fn percentile(samples: &mut [u64], p: f64) -> f64 {
     samples.sort_unstable();
     let i = ((p / 100.0) * (samples.len() - 1) as f64).round() as usize;
@@ -457,10 +468,12 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     let wids_of = |map: &[(i64, WorkerId)]| -> Vec<WorkerId> {
         events.iter().map(|(w, _)| lookup_worker(map, *w).expect("mapped")).collect()
     };
-    // Best wall time and mean CPU time of `repeats` runs of `f`.
-    let measure = |f: &mut dyn FnMut()| -> (f64, Option<f64>) {
+    // Best wall time, mean CPU time and mean page faults of `repeats` runs of `f`.
+    let measure = |f: &mut dyn FnMut()| -> (f64, Option<f64>, Option<f64>) {
         let (mut best, mut cpu_sum, mut cpu_ok) = (f64::INFINITY, 0.0, true);
+        let (mut faults_sum, mut faults_ok) = (0u64, true);
         for _ in 0..repeats {
+            let faults = thread_minor_faults();
             let cpu = thread_cpu_s();
             let t = Instant::now();
             f();
@@ -469,8 +482,12 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
                 (Some(a), Some(b)) => cpu_sum += b - a,
                 _ => cpu_ok = false,
             }
+            match (faults, thread_minor_faults()) {
+                (Some(a), Some(b)) => faults_sum += b - a,
+                _ => faults_ok = false,
+            }
         }
-        (best, cpu_ok.then(|| cpu_sum / repeats as f64))
+        (best, cpu_ok.then(|| cpu_sum / repeats as f64), faults_ok.then(|| faults_sum as f64 / repeats as f64))
     };
     let apply_all = |ix: &mut Indexer, wids: &[WorkerId]| {
         for ((_, e), w) in events.iter().zip(wids) {
@@ -485,7 +502,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         })
         .collect();
     let mut next = prepared.iter_mut();
-    let (best, best_cpu) = measure(&mut || {
+    let (best, best_cpu, best_faults) = measure(&mut || {
         let (ix, wids) = next.next().expect("one per repeat");
         apply_all(ix, wids);
     });
@@ -508,7 +525,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         })
         .collect();
     let mut next = sized.iter_mut();
-    let (sized_best, sized_cpu) = measure(&mut || {
+    let (sized_best, sized_cpu, sized_faults) = measure(&mut || {
         let (ix, wids) = next.next().expect("one per repeat");
         apply_all(ix, wids);
     });
@@ -613,6 +630,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         "sized_stored_blocks_per_s": blocks as f64 / sized_best,
         "sized_stored_blocks_per_cpu_s": sized_cpu.map(|c| blocks as f64 / c),
         "stored_blocks_per_cpu_s": best_cpu.map(|c| blocks as f64 / c),
+        "page_faults_per_apply": best_faults,
+        "sized_page_faults_per_apply": sized_faults,
         "warm_stored_blocks_per_cpu_s": warm_cpu.map(|c| blocks as f64 / c),
         "warm_stored_events_per_s": stored_events as f64 / warm_s,
         "warm_stored_blocks_per_s": blocks as f64 / warm_s,
@@ -663,6 +682,12 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     }
     if let Some(c) = warm_cpu {
         row("  same, warm tables", blocks as f64 / c, "-", true);
+    }
+    if let Some(f) = best_faults {
+        row("page faults per apply (fresh)", f, "-", true);
+    }
+    if let Some(f) = sized_faults {
+        row("  same, sized tables", f, "-", true);
     }
     row("removed events/s", removals.len() as f64 / remove_s, "removed_events_per_s", true);
     row("hash 4096 tokens p50 (us)", hash_p50, "hash_p50_us", false);
