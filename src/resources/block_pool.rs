@@ -11,8 +11,9 @@ use ahash::AHashMap;
 use crate::ids::BlockId;
 use crate::keys::BlockKey;
 use crate::resources::ScopeId;
-use crate::resources::{Lru, Scopes};
-use crate::tables::{BlockContent, KvBlock, KvBlocks, Medium, SiblingLink};
+use crate::resources::Scopes;
+use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, Medium, SiblingLink};
+use slotmap::SlotMap;
 
 /// A page in one tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +61,71 @@ pub fn copy_waves(copies: &[BlockCopy]) -> Vec<usize> {
     ends
 }
 
+/// An LRU list of blocks threaded through the block table's rows
+/// ([`LruLinks`]): O(1) push, removal and pop, touching only the rows
+/// involved. Each tier has one; a row's tier says which list it is in.
+#[derive(Debug, Default)]
+pub struct BlockLru {
+    head: Option<BlockId>,
+    tail: Option<BlockId>,
+    len: usize,
+}
+
+impl BlockLru {
+    /// Blocks listed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no block is listed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `id` as the most recently used.
+    pub fn push_back(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) {
+        debug_assert!(!rows[id].lru.linked, "a block is listed at most once");
+        rows[id].lru = LruLinks { prev: self.tail, next: None, linked: true };
+        match self.tail {
+            Some(t) => rows[t].lru.next = Some(id),
+            None => self.head = Some(id),
+        }
+        self.tail = Some(id);
+        self.len += 1;
+    }
+
+    /// Unlinks `id`; returns whether it was listed.
+    pub fn remove(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) -> bool {
+        let Some(b) = rows.get_mut(id) else { return false };
+        if !b.lru.linked {
+            return false;
+        }
+        let l = std::mem::take(&mut b.lru);
+        match l.prev {
+            Some(p) => rows[p].lru.next = l.next,
+            None => self.head = l.next,
+        }
+        match l.next {
+            Some(n) => rows[n].lru.prev = l.prev,
+            None => self.tail = l.prev,
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// Unlinks and returns the least recently used block.
+    pub fn pop_front(&mut self, rows: &mut SlotMap<BlockId, KvBlock>) -> Option<BlockId> {
+        let id = self.head?;
+        self.remove(rows, id);
+        Some(id)
+    }
+
+    /// Blocks from least to most recently used.
+    pub fn iter<'a>(&self, rows: &'a SlotMap<BlockId, KvBlock>) -> impl Iterator<Item = BlockId> + 'a {
+        std::iter::successors(self.head, move |id| rows[*id].lru.next)
+    }
+}
+
 /// Free pages and eviction order of each tier.
 #[derive(Debug)]
 pub struct BlockPool {
@@ -68,9 +134,9 @@ pub struct BlockPool {
     /// Free host pages.
     pub free_host: Vec<u32>,
     /// Unreferenced indexed device blocks, least recently used first.
-    pub lru_device: Lru<BlockId>,
+    pub lru_device: BlockLru,
     /// Indexed host blocks, least recently used first.
-    pub lru_host: Lru<BlockId>,
+    pub lru_host: BlockLru,
     /// Device pages in all.
     pub pages_device: u32,
     /// Host pages in all.
@@ -79,13 +145,12 @@ pub struct BlockPool {
 
 impl BlockPool {
     fn new(pages_device: u32, pages_host: u32) -> Self {
-        let total = (pages_device + pages_host) as usize;
         Self {
             // Reversed so that page 0 is handed out first, which keeps demos readable.
             free_device: (0..pages_device).rev().collect(),
             free_host: (0..pages_host).rev().collect(),
-            lru_device: Lru::with_capacity(total),
-            lru_host: Lru::with_capacity(total),
+            lru_device: BlockLru::default(),
+            lru_host: BlockLru::default(),
             pages_device,
             pages_host,
         }
@@ -100,7 +165,7 @@ impl BlockPool {
     }
 
     /// The LRU of a tier.
-    pub fn lru(&mut self, medium: Medium) -> &mut Lru<BlockId> {
+    pub fn lru(&mut self, medium: Medium) -> &mut BlockLru {
         match medium {
             Medium::Gpu => &mut self.lru_device,
             Medium::Cpu => &mut self.lru_host,
@@ -172,6 +237,7 @@ impl KvCache {
             key: None,
             ref_count: 1,
             indexed: false,
+            lru: LruLinks::default(),
             has_content: false,
         }))
     }
@@ -264,10 +330,7 @@ impl KvCache {
         for (id, b) in &self.blocks.rows {
             used[b.medium as usize] += 1;
             assert!(seen.insert((b.medium, b.page)), "invariant 1: page {:?}/{} used twice", b.medium, b.page);
-            let in_lru = match b.medium {
-                Medium::Gpu => self.pool.lru_device.contains(id),
-                Medium::Cpu => self.pool.lru_host.contains(id),
-            };
+            let in_lru = b.lru.linked;
             assert_eq!(in_lru, b.indexed && b.ref_count == 0, "invariant 2: LRU membership of {id:?}");
             if b.medium == Medium::Cpu {
                 assert!(b.indexed && b.ref_count == 0, "invariant 2: host blocks are indexed and unreferenced");

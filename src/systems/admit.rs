@@ -216,8 +216,14 @@ pub fn admit_request(
     // Capacity: every new block and every onboarded block needs a device page.
     let blocks_total = prompt_len.div_ceil(bs) as usize;
     let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Medium::Cpu).count();
-    let pinned_from_lru =
-        matched.iter().chain(partial.as_ref().map(|p| &p.0)).filter(|b| cache.pool.lru_device.contains(**b)).count();
+    let pinned_from_lru = matched
+        .iter()
+        .chain(partial.as_ref().map(|p| &p.0))
+        .filter(|b| {
+            let row = &cache.blocks.rows[**b];
+            row.medium == Medium::Gpu && row.lru.linked
+        })
+        .count();
     let needed = blocks_total - matched.len() + on_host;
     let available = cache.device_blocks_available() - pinned_from_lru;
     if needed > available {
@@ -234,25 +240,25 @@ pub fn admit_request(
         let row = &mut cache.blocks.rows[b];
         match row.medium {
             Medium::Gpu => {
-                if row.ref_count == 0 {
-                    cache.pool.lru_device.remove(b);
-                }
                 row.ref_count += 1;
+                if row.ref_count == 1 {
+                    cache.pool.lru_device.remove(&mut cache.blocks.rows, b);
+                }
             }
             // Pinned out of the host LRU so that offloads made room for below
             // cannot pick it.
             Medium::Cpu => {
-                cache.pool.lru_host.remove(b);
+                cache.pool.lru_host.remove(&mut cache.blocks.rows, b);
             }
         }
     }
     // The partial source is pinned too, while onboarding and allocation may evict.
     if let Some((source, _)) = partial {
         let row = &mut cache.blocks.rows[source];
-        if row.ref_count == 0 {
-            cache.pool.lru_device.remove(source);
-        }
         row.ref_count += 1;
+        if row.ref_count == 1 {
+            cache.pool.lru_device.remove(&mut cache.blocks.rows, source);
+        }
     }
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {
@@ -273,7 +279,7 @@ pub fn admit_request(
         });
         row.ref_count -= 1;
         if row.ref_count == 0 {
-            cache.pool.lru_device.push_back(source);
+            cache.pool.lru_device.push_back(&mut cache.blocks.rows, source);
         }
         tokens_cached += k;
         counters.blocks_partially_reused += 1;

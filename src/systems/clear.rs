@@ -15,7 +15,7 @@ pub fn clear_cache(cache: &mut KvCache, events: &mut EventQueue) {
         let (unreferenced, medium) = (b.ref_count == 0, b.medium);
         cache.remove_content(id);
         if unreferenced {
-            cache.pool.lru(medium).remove(id);
+            cache.pool.lru(medium).remove(&mut cache.blocks.rows, id);
             cache.release_row(id);
         }
     }

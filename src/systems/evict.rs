@@ -26,7 +26,7 @@ fn drop_cached_block(cache: &mut KvCache, id: BlockId, events: &mut EventQueue) 
 
 /// Evicts the least recently used host block. Returns whether one was evicted.
 pub fn evict_host_block(cache: &mut KvCache, events: &mut EventQueue, counters: &mut Counters) -> bool {
-    let Some(id) = cache.pool.lru_host.pop_front() else { return false };
+    let Some(id) = cache.pool.lru_host.pop_front(&mut cache.blocks.rows) else { return false };
     drop_cached_block(cache, id, events);
     counters.blocks_evicted_host += 1;
     true
@@ -36,7 +36,7 @@ pub fn evict_host_block(cache: &mut KvCache, events: &mut EventQueue, counters: 
 /// the host tier when there is one, and leaves its device page free. Returns
 /// `None` when no device block is evictable.
 pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters: &mut Counters) -> Option<()> {
-    let id = cache.pool.lru_device.pop_front()?;
+    let id = cache.pool.lru_device.pop_front(&mut cache.blocks.rows)?;
     counters.blocks_evicted_device += 1;
     if cache.has_host_tier() {
         if cache.pool.free_host.is_empty() {
@@ -52,7 +52,7 @@ pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters
             cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
             cache.copies.push(BlockCopy { src: from, dst: to, tokens: cache.block_size });
             cache.pool.free_device.push(from.page);
-            cache.pool.lru_host.push_back(id);
+            cache.pool.lru_host.push_back(&mut cache.blocks.rows, id);
             events.push_removed(key, Medium::Gpu);
             if events.enabled() {
                 events.push_stored(stored_event_for_block(cache, id));

@@ -25,7 +25,7 @@ pub fn release_request(
         row.ref_count -= 1;
         if row.ref_count == 0 {
             if row.indexed {
-                cache.pool.lru_device.push_back(b);
+                cache.pool.lru_device.push_back(&mut cache.blocks.rows, b);
             } else {
                 cache.release_row(b);
             }

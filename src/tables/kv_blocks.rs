@@ -50,6 +50,21 @@ pub struct KvBlock {
     /// Whether the block's page slot holds its re-advertising content (set
     /// while indexed; see [`KvBlocks::content`]).
     pub has_content: bool,
+    /// The block's place in its tier's LRU list (see
+    /// [`crate::resources::BlockLru`]), kept in the row so that listing a
+    /// block writes the row it already touches instead of a side table.
+    pub lru: LruLinks,
+}
+
+/// A block's links in its tier's LRU list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LruLinks {
+    /// The block used just before (towards the list's front).
+    pub prev: Option<BlockId>,
+    /// The block used just after (towards the back).
+    pub next: Option<BlockId>,
+    /// Whether the block is in a list at all.
+    pub linked: bool,
 }
 
 /// What an indexed block needs to be advertised again without its request.
