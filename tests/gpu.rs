@@ -20,6 +20,28 @@ fn random_pool(rng: &mut StdRng, g: &BlockGeometry, blocks: u32) -> CpuKvPool {
     p
 }
 
+/// A device pool and a host tier filled with the same random bytes as their
+/// CPU twins, attached as one copy engine.
+struct Twins {
+    cpu_dev: CpuKvPool,
+    cpu_host: CpuKvPool,
+    dev_buf: std::sync::Arc<cudarc::driver::CudaSlice<u8>>,
+    tier: std::sync::Arc<kvcore::gpu::HostTier>,
+    engine: kvcore::gpu::CopyEngine,
+}
+
+fn twins(gpu: &kvcore::gpu::Gpu, rng: &mut StdRng, g: BlockGeometry, dev_n: u32, host_n: u32) -> Twins {
+    use std::sync::Arc;
+    let cpu_dev = random_pool(rng, &g, dev_n);
+    let cpu_host = random_pool(rng, &g, host_n);
+    let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
+    let mut tier = kvcore::gpu::HostTier::new(gpu, g, host_n).unwrap();
+    tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
+    let tier = Arc::new(tier);
+    let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+    Twins { cpu_dev, cpu_host, dev_buf, tier, engine }
+}
+
 /// Random copies between the two tiers, full and prefix, with pages reused
 /// so that chains through a page occur.
 fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: usize) -> Vec<BlockCopy> {
@@ -272,13 +294,8 @@ mod device {
         ];
         for (g, path) in geometries.iter().flat_map(|g| paths.iter().map(move |p| (*g, *p))) {
             let (dev_n, host_n) = (64u32, 48u32);
-            let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
-            let mut cpu_host = random_pool(&mut rng, &g, host_n);
-            let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
-            let mut tier = HostTier::new(&gpu, g, host_n).unwrap();
-            tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
-            let tier = Arc::new(tier);
-            let mut engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
+                twins(&gpu, &mut rng, g, dev_n, host_n);
             engine.set_host_path(path);
             if path == HostCopyPath::Staged {
                 // Small slots: many pieces per wave, each slot reused.
@@ -342,9 +359,8 @@ mod device {
 #[cfg(feature = "cuda")]
 mod staged {
     use super::*;
-    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, HostTier, StagingConfig, launch_copy_wave};
+    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, StagingConfig, launch_copy_wave};
     use rand::seq::SliceRandom;
-    use std::sync::Arc;
 
     /// Offload and onboard at once with device pages in random order and
     /// host pages in order: the automatic path takes the staged copy engines
@@ -364,13 +380,8 @@ mod staged {
         let g = BlockGeometry { regions: 3, block_bytes: 16384, planes: 2, tokens_per_block: 16 };
         let (dev_n, host_n) = (256u32, 128u32);
         for slot_bytes in [8u64 << 20, 7 * 16384] {
-            let mut cpu_dev = random_pool(&mut rng, &g, dev_n);
-            let mut cpu_host = random_pool(&mut rng, &g, host_n);
-            let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
-            let mut tier = HostTier::new(&gpu, g, host_n).unwrap();
-            tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
-            let tier = Arc::new(tier);
-            let mut engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
+                twins(&gpu, &mut rng, g, dev_n, host_n);
             engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4 }).unwrap();
             let auto = slot_bytes == 8 << 20;
             if !auto {

@@ -325,22 +325,19 @@ fn full_host_tier_drops_the_oldest_offload_first() {
         pages.dedup();
         assert_eq!(pages.len(), 8, "round {round}: distinct host pages");
         let events = e.drain_events();
-        let stored_cpu: Vec<BlockKey> = events
-            .iter()
-            .filter_map(|ev| match ev {
-                KvEvent::BlockStored(s) if s.medium == Medium::Cpu => Some(s.keys.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        let removed_cpu: Vec<BlockKey> = events
-            .iter()
-            .filter_map(|ev| match ev {
-                KvEvent::BlockRemoved(r) if r.medium == Medium::Cpu => Some(r.keys.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        // Keys stored (or removed) on the host tier by the step's events.
+        let host_keys = |stored: bool| -> Vec<BlockKey> {
+            let mut keys = Vec::new();
+            for ev in &events {
+                match ev {
+                    KvEvent::BlockStored(s) if stored && s.medium == Medium::Cpu => keys.extend(&s.keys),
+                    KvEvent::BlockRemoved(r) if !stored && r.medium == Medium::Cpu => keys.extend(&r.keys),
+                    _ => {}
+                }
+            }
+            keys
+        };
+        let (stored_cpu, removed_cpu) = (host_keys(true), host_keys(false));
         if round == 2 {
             first_offloads = stored_cpu;
             assert!(removed_cpu.is_empty());
