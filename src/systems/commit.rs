@@ -191,19 +191,14 @@ pub fn commit_computed(
         let start = i * bs;
         let tokens = &request.tokens[start as usize..(start + bs) as usize];
         let parent = if i == 0 { None } else { Some(request.keys[i as usize - 1]) };
+        // The block's runs and keyed tokens, computed once for the key, the
+        // page's token copy and the event.
+        runs_in_block(&request.runs, start, bs, &mut runs);
+        let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
         let key = if (i as usize) < request.keys.len() {
-            runs_in_block(&request.runs, start, bs, &mut runs);
             request.keys[i as usize]
         } else {
-            let k = key_of_block(
-                &parent.unwrap_or(request.root),
-                tokens,
-                &request.runs,
-                start,
-                config.image_placeholder_token_id,
-                &mut scratch,
-                &mut runs,
-            );
+            let k = block_key(&parent.unwrap_or(request.root), keyed, &runs);
             request.keys.push(k);
             k
         };
@@ -222,7 +217,6 @@ pub fn commit_computed(
         entry.insert(block_id);
         block.indexed = true;
         let (medium, page) = (block.medium, block.page);
-        let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
         cache.blocks.set_tokens(medium, page, keyed);
         if events.enabled() {
             group.push(key, parent, keyed, &runs, scope);
