@@ -30,8 +30,15 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The venv's python, or `None` when the test is explicitly skipped.
+/// The venv's python, or `None` when the test is explicitly skipped. The
+/// venv is set up once per test process, whichever test asks first (the
+/// others wait for it).
 fn python() -> Option<PathBuf> {
+    static PYTHON: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(setup_python).clone()
+}
+
+fn setup_python() -> Option<PathBuf> {
     if std::env::var("KVCORE_SKIP_INTEROP").is_ok_and(|v| v == "1") {
         // CI never skips: there the test must run or fail.
         assert!(std::env::var_os("CI").is_none(), "interop_dynamo: KVCORE_SKIP_INTEROP=1 is not honoured in CI");

@@ -21,6 +21,15 @@ STAMP="$VENV/.kvcore-dynamo-${DYNAMO_VERSION}"
 
 log() { echo "[setup_venv] $*" >&2; }
 
+# One setup at a time: tests running in parallel (or two test binaries) would
+# otherwise create and pip-install into the same venv at once, and the one
+# that finds it half made fails.
+mkdir -p "$(dirname "$VENV")"
+if command -v flock >/dev/null; then
+  exec 9>"$VENV.lock"
+  flock 9
+fi
+
 if [[ -x "$VENV/bin/python" && -f "$STAMP" ]] \
    && "$VENV/bin/python" -c 'import dynamo.llm, msgpack, zmq, xxhash' >/dev/null 2>&1; then
   log "reusing $VENV"
