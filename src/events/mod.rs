@@ -109,11 +109,6 @@ impl BlockImages {
         (0..self.ends.len()).map(|i| self.get(i).expect("i < len"))
     }
 
-    /// Every run of every block, in block order.
-    pub fn runs(&self) -> &[EventImageRun] {
-        &self.runs
-    }
-
     /// Appends a run to the block being built (the one after the last
     /// [`BlockImages::end_block`]).
     pub fn push_run(&mut self, run: EventImageRun) {

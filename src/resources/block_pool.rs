@@ -119,11 +119,6 @@ impl BlockLru {
         self.remove(rows, id);
         Some(id)
     }
-
-    /// Blocks from least to most recently used.
-    pub fn iter<'a>(&self, rows: &'a SlotMap<BlockId, KvBlock>) -> impl Iterator<Item = BlockId> + 'a {
-        std::iter::successors(self.head, move |id| rows[*id].lru.next)
-    }
 }
 
 /// Free pages and eviction order of each tier.

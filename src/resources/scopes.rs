@@ -50,13 +50,8 @@ impl Scopes {
         }
     }
 
-    /// Takes one more reference on a live scope.
-    pub fn retain(&mut self, id: ScopeId) {
-        self.rows[id].refs += 1;
-    }
-
-    /// Adds `n` references at once.
-    pub fn retain_n(&mut self, id: ScopeId, n: u32) {
+    /// Takes `n` more references on a live scope (one per advertised block).
+    pub fn retain(&mut self, id: ScopeId, n: u32) {
         self.rows[id].refs += n;
     }
 

@@ -239,7 +239,7 @@ pub fn commit_computed(
         }
     }
     group.flush(events);
-    cache.scopes.retain_n(request.scope, scope_refs);
+    cache.scopes.retain(request.scope, scope_refs);
     request.blocks_committed = full;
     Ok(())
 }

@@ -131,6 +131,15 @@ pub struct SiblingLink {
     pub next: Option<BlockId>,
 }
 
+/// The index of a page in the per-page columns: device pages first, then
+/// host pages.
+fn page_slot(pages_device: usize, medium: Medium, page: u32) -> usize {
+    match medium {
+        Medium::Gpu => page as usize,
+        Medium::Cpu => pages_device + page as usize,
+    }
+}
+
 /// The KV block table.
 ///
 /// Token ids and re-advertising content are kept by page slot (device pages
@@ -164,10 +173,7 @@ impl KvBlocks {
     }
 
     fn slot(&self, medium: Medium, page: u32) -> usize {
-        match medium {
-            Medium::Gpu => page as usize,
-            Medium::Cpu => self.pages_device + page as usize,
-        }
+        page_slot(self.pages_device, medium, page)
     }
 
     fn page_range(&self, medium: Medium, page: u32) -> std::ops::Range<usize> {
@@ -206,11 +212,7 @@ impl KvBlocks {
     ) {
         let b = &mut self.rows[id];
         b.has_content = true;
-        let slot = match b.medium {
-            Medium::Gpu => b.page as usize,
-            Medium::Cpu => self.pages_device + b.page as usize,
-        };
-        let c = &mut self.content[slot];
+        let c = &mut self.content[page_slot(self.pages_device, b.medium, b.page)];
         c.parent = parent;
         c.depth = depth;
         c.scope = scope;
@@ -228,11 +230,7 @@ impl KvBlocks {
             return None;
         }
         b.has_content = false;
-        let slot = match b.medium {
-            Medium::Gpu => b.page as usize,
-            Medium::Cpu => self.pages_device + b.page as usize,
-        };
-        let c = &mut self.content[slot];
+        let c = &mut self.content[page_slot(self.pages_device, b.medium, b.page)];
         c.images = BlockImageRuns::None;
         debug_assert!(c.link.is_none(), "content is unlinked before it is dropped");
         Some(c.scope)
