@@ -165,28 +165,38 @@ impl<V: Copy + Default> U64Table<V> {
         self.find(key).map(|i| &mut self.slots[i].1)
     }
 
-    /// Inserts or replaces; returns the old value.
+    /// The slot of `key` (`Ok`) or the free slot where it goes (`Err`),
+    /// growing first when one more entry would pass the load limit. `key`
+    /// is not `EMPTY`.
     #[inline]
-    pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
-        if key == EMPTY {
-            return self.side.replace(value);
-        }
+    fn slot_for_insert(&mut self, key: u64) -> Result<usize, usize> {
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow();
         }
         let mask = self.mask();
         let mut i = home(key, self.bits);
         loop {
-            let k = self.slots[i].0;
-            if k == key {
-                return Some(std::mem::replace(&mut self.slots[i].1, value));
+            match self.slots[i].0 {
+                k if k == key => return Ok(i),
+                EMPTY => return Err(i),
+                _ => i = (i + 1) & mask,
             }
-            if k == EMPTY {
+        }
+    }
+
+    /// Inserts or replaces; returns the old value.
+    #[inline]
+    pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
+        if key == EMPTY {
+            return self.side.replace(value);
+        }
+        match self.slot_for_insert(key) {
+            Ok(i) => Some(std::mem::replace(&mut self.slots[i].1, value)),
+            Err(i) => {
                 self.slots[i] = (key, value);
                 self.len += 1;
-                return None;
+                None
             }
-            i = (i + 1) & mask;
         }
     }
 
@@ -203,22 +213,13 @@ impl<V: Copy + Default> U64Table<V> {
                 }
             };
         }
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
-            self.grow();
-        }
-        let mask = self.mask();
-        let mut i = home(key, self.bits);
-        loop {
-            let (k, v) = self.slots[i];
-            if k == key {
-                return Some(v);
-            }
-            if k == EMPTY {
+        match self.slot_for_insert(key) {
+            Ok(i) => Some(self.slots[i].1),
+            Err(i) => {
                 self.slots[i] = (key, value);
                 self.len += 1;
-                return None;
+                None
             }
-            i = (i + 1) & mask;
         }
     }
 
