@@ -145,18 +145,19 @@ impl kvc_config {
     }
 }
 
-/// Reads an optional C string field.
-fn optional_str(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
+/// Reads an optional C string field (`name` as the caller wrote it, e.g.
+/// `config.model_type`, for the error).
+pub(crate) fn optional_str(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
     if ptr.is_null() {
         return Ok(None);
     }
-    // SAFETY: non-null (checked above); `kvc_engine_new`'s contract makes the
-    // caller guarantee that a non-null string field points to a NUL-terminated
-    // string readable for the call.
+    // SAFETY: non-null (checked above); the contract of every export that
+    // reads a string field makes the caller guarantee that a non-null field
+    // points to a NUL-terminated string readable for the call.
     let s = unsafe { CStr::from_ptr(ptr) };
     s.to_str()
         .map(|s| Some(s.to_owned()))
-        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`config.{name}` is not valid UTF-8")))
+        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`{name}` is not valid UTF-8")))
 }
 
 /// Converts and validates a C config.
@@ -188,9 +189,9 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
     };
     config.validate()?;
     let deployment = Deployment {
-        model_type: optional_str(c.model_type, "model_type")?,
+        model_type: optional_str(c.model_type, "config.model_type")?,
         model_image_capable: c.model_image_capable,
-        kv_events_endpoint: optional_str(c.kv_events_endpoint, "kv_events_endpoint")?,
+        kv_events_endpoint: optional_str(c.kv_events_endpoint, "config.kv_events_endpoint")?,
         kv_transfer,
     };
     Ok((config, deployment))

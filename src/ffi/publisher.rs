@@ -6,14 +6,14 @@
 //! as the third frame of each message, so an application that ships events
 //! its own way can still feed any router that speaks the format.
 
-use std::ffi::{CStr, c_char};
+use std::ffi::c_char;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::events::codec::{EncodeOptions, EventForm, encode_events};
 use crate::events::publisher::{Publisher, PublisherConfig};
 
 use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
-use super::handle::kvc_engine;
+use super::handle::{kvc_engine, optional_str};
 use super::request::kvc_bytes;
 use super::status::{Failure, kvc_status};
 
@@ -64,18 +64,6 @@ pub struct kvc_publisher_stats {
     pub snapshots_served: u64,
     /// Malformed requests on the replay socket.
     pub bad_requests: u64,
-}
-
-fn optional_cstr(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
-    if ptr.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-null (checked above); the export's contract makes the caller
-    // guarantee a NUL-terminated string readable for the call.
-    let s = unsafe { CStr::from_ptr(ptr) };
-    s.to_str()
-        .map(|s| Some(s.to_owned()))
-        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`{name}` is not valid UTF-8")))
 }
 
 /// Writes the default publisher configuration into `*config_out`: the
@@ -141,7 +129,7 @@ pub unsafe extern "C" fn kvc_engine_publisher_start(
             if st.engine.publisher().is_some() {
                 return Err(Failure::new(kvc_status::PublisherRunning, "a publisher is already running"));
             }
-            let endpoint = match optional_cstr(c.endpoint, "config.endpoint")? {
+            let endpoint = match optional_str(c.endpoint, "config.endpoint")? {
                 Some(e) => e,
                 None => st.deployment.kv_events_endpoint.clone().ok_or_else(|| {
                     Failure::new(
@@ -157,7 +145,7 @@ pub unsafe extern "C" fn kvc_engine_publisher_start(
             };
             let pc = PublisherConfig {
                 endpoint,
-                replay_endpoint: optional_cstr(c.replay_endpoint, "config.replay_endpoint")?,
+                replay_endpoint: optional_str(c.replay_endpoint, "config.replay_endpoint")?,
                 topic: topic.to_vec(),
                 data_parallel_rank: c.has_data_parallel_rank.then_some(c.data_parallel_rank),
                 buffer_steps: c.buffer_steps as usize,
