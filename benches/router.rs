@@ -29,9 +29,7 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
             b.iter_batched(
                 || indexer_with_workers(4),
                 |(mut ix, ws)| {
-                    for (wi, e) in &w.events {
-                        ix.apply(ws[*wi], e);
-                    }
+                    ix.apply_all(w.events.iter().map(|(wi, e)| (ws[*wi], e)));
                     ix
                 },
                 BatchSize::LargeInput,
@@ -49,9 +47,7 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
                     (ix, ws)
                 },
                 |(mut ix, ws)| {
-                    for (wi, e) in &wl.events {
-                        ix.apply(ws[*wi], e);
-                    }
+                    ix.apply_all(wl.events.iter().map(|(wi, e)| (ws[*wi], e)));
                     ix
                 },
                 BatchSize::LargeInput,

@@ -414,7 +414,7 @@ impl Gpu {
                 return Ok(());
             }
             spins += 1;
-            if spins % 512 == 0 {
+            if spins.is_multiple_of(512) {
                 // SAFETY: the stream is a live stream of this context.
                 match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
                     sys::CUresult::CUDA_ERROR_NOT_READY => {}
@@ -487,9 +487,9 @@ impl Gpu {
         let host_bases =
             host.as_ref().map(|h| h.pool.region_bases.clone()).unwrap_or_else(|| device.region_bases.clone());
         let g = device.geometry;
-        let vec16 = g.block_bytes % 16 == 0
-            && g.plane_bytes() % 16 == 0
-            && g.token_bytes() % 16 == 0
+        let vec16 = g.block_bytes.is_multiple_of(16)
+            && g.plane_bytes().is_multiple_of(16)
+            && g.token_bytes().is_multiple_of(16)
             && device.region_bases.iter().chain(&host_bases).all(|b| b % 16 == 0);
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;

@@ -47,10 +47,10 @@ impl BlockGeometry {
         if self.regions == 0 || self.block_bytes == 0 || self.planes == 0 || self.tokens_per_block == 0 {
             return bad("regions, block_bytes, planes and tokens_per_block must be non-zero");
         }
-        if self.block_bytes % self.planes as u64 != 0 {
+        if !self.block_bytes.is_multiple_of(self.planes as u64) {
             return bad("block_bytes must be a multiple of planes");
         }
-        if self.plane_bytes() % self.tokens_per_block as u64 != 0 {
+        if !self.plane_bytes().is_multiple_of(self.tokens_per_block as u64) {
             return bad("a plane's bytes must be a multiple of tokens_per_block");
         }
         Ok(())

@@ -37,7 +37,7 @@ use std::hash::{BuildHasher, Hasher};
 use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use crate::keys::{ImageDigest, ImageRun};
 use crate::router::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
-use crate::router::table::U64Table;
+use crate::router::table::{U64Table, prefetch};
 
 /// A cache tier as routers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -396,6 +396,13 @@ pub struct Indexer {
     runs: Vec<ImageRun>,
     contents: Vec<u64>,
     keys: Vec<u64>,
+    /// Per block of the event being applied: whether its worker table entry
+    /// is new (reused between events, like the three above).
+    added: Vec<bool>,
+    /// Tests only: every block through the general path, the reference the
+    /// event-at-once fast path is checked against.
+    #[cfg(test)]
+    general_path_only: bool,
     seed_cache: Option<(Option<String>, Option<String>, RouterKey)>,
 }
 
@@ -430,6 +437,9 @@ impl Indexer {
             runs: Vec::new(),
             contents: Vec::new(),
             keys: Vec::new(),
+            added: Vec::new(),
+            #[cfg(test)]
+            general_path_only: false,
             seed_cache: None,
         }
     }
@@ -491,6 +501,43 @@ impl Indexer {
         }
     }
 
+    /// Applies events in order, each as [`Indexer::apply`] does, reading ahead
+    /// one event: while an event is applied, the table slots that the next
+    /// one will touch are already being fetched.
+    pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (WorkerId, &'a WireEvent)>) {
+        let mut it = events.into_iter().peekable();
+        while let Some((w, e)) = it.next() {
+            if let Some((nw, ne)) = it.peek() {
+                self.prefetch_event(*nw, ne);
+            }
+            self.apply(w, e);
+        }
+    }
+
+    /// Hints the cache lines `event` will read first: its blocks' slots in
+    /// the worker's table and the start of its token ids.
+    fn prefetch_event(&self, worker: WorkerId, event: &WireEvent) {
+        let Some(wb) = self.workers.get(worker.0 as usize) else { return };
+        let hashes = match event {
+            WireEvent::BlockStored(s) => {
+                if let Some(t) = s.token_ids.as_deref() {
+                    for line in t.iter().step_by(16) {
+                        prefetch(line);
+                    }
+                }
+                if let Some(p) = s.parent_block_hash {
+                    wb.keyed.prefetch(p as u64);
+                }
+                &s.block_hashes
+            }
+            WireEvent::BlockRemoved(r) => &r.block_hashes,
+            _ => return,
+        };
+        for &h in hashes {
+            wb.keyed.prefetch(h as u64);
+        }
+    }
+
     fn seed_for(&mut self, s: &WireBlockStored) -> RouterKey {
         let lora = lora_identity(s.lora_name.as_deref(), s.lora_id.and_then(|i| u32::try_from(i).ok()));
         if let Some((l, c, seed)) = &self.seed_cache
@@ -538,18 +585,17 @@ impl Indexer {
         // The parent's key, when known: the seed for a chain start. Its slot
         // is read now and used after the content hashes, which hide the miss.
         let (mut parent_hash, mut has_parent) = (0u64, false);
-        let mut touched = 0u64;
         if let Some(p) = s.parent_block_hash {
             parent_hash = p as u64;
             has_parent = true;
-            touched ^= self.workers[w].keyed.touch(parent_hash);
+            self.workers[w].keyed.prefetch(parent_hash);
         }
         // The blocks' own slots do not depend on any hash computed here: read
         // them now too, so that their misses overlap the content hashes.
         {
             let keyed = &self.workers[w].keyed;
             for &h in &s.block_hashes {
-                touched ^= keyed.touch(h as u64);
+                keyed.prefetch(h as u64);
             }
         }
         // Pass 1: content hashes, pure computation.
@@ -603,9 +649,56 @@ impl Indexer {
             }
         }
         for &k in &keys {
-            touched ^= self.index.map.touch(k);
+            self.index.map.prefetch(k);
         }
-        std::hint::black_box(touched);
+        // Pass 3, the common case: every block keyed, no block of the worker
+        // waiting for a parent, room for all. The worker's table first (its
+        // lines were fetched before the hashes), then the holder index, whose
+        // lines have had those inserts' time to arrive.
+        #[cfg(test)]
+        let general = self.general_path_only;
+        #[cfg(not(test))]
+        let general = false;
+        let worker = &mut self.workers[w];
+        if !general
+            && !keys.is_empty()
+            && worker.waiting.is_empty()
+            && worker.len() + keys.len() <= self.config.blocks_per_worker_max
+        {
+            let mut added = std::mem::take(&mut self.added);
+            added.clear();
+            for i in 0..keys.len() {
+                match worker.keyed.insert_new(s.block_hashes[i] as u64, keys[i]) {
+                    None => added.push(true),
+                    Some(kept) => {
+                        added.push(false);
+                        // Stored before under another parent: it keeps its
+                        // key, and the chain goes on from there.
+                        if kept != keys[i] {
+                            keys[i] = kept;
+                            for j in i + 1..keys.len() {
+                                keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
+                            }
+                        }
+                    }
+                }
+            }
+            let bit = tier.bit();
+            for (&k, &new) in keys.iter().zip(&added) {
+                if new {
+                    self.index.add(k, w as u32, bit);
+                } else {
+                    self.index.update(k, w as u32, |t| t | bit);
+                }
+            }
+            self.counters.stored_blocks += keys.len() as u64;
+            self.added = added;
+            self.scratch = scratch;
+            self.runs = runs;
+            self.contents = contents;
+            self.keys = keys;
+            return;
+        }
         // Pass 3: insert, chaining on the keys the blocks really have (the
         // predicted ones while each block took the key it was given).
         let mut on_track = !keys.is_empty();
@@ -741,21 +834,19 @@ impl Indexer {
         self.counters.removed_events += 1;
         let bit = Tier::from_medium(r.medium.as_deref()).bit();
         if r.block_hashes.len() > 1 {
-            // Reads ahead, as for stores: the blocks' slots first, then the
-            // holder slots of the keys found there, each a tight loop of
-            // independent reads whose misses overlap. Only hints: the loop
-            // below looks everything up again (in cache by then).
+            // Fetches ahead, as for stores: the blocks' slots first, then the
+            // holder slots of the keys found there, so that their misses
+            // overlap. Only hints: the loop below looks everything up again
+            // (in cache by then).
             let keyed = &self.workers[w].keyed;
-            let mut touched = 0u64;
             for &hash in &r.block_hashes {
-                touched ^= keyed.touch(hash as u64);
+                keyed.prefetch(hash as u64);
             }
             for &hash in &r.block_hashes {
                 if let Some(&k) = keyed.get(hash as u64) {
-                    touched ^= self.index.map.touch(k);
+                    self.index.map.prefetch(k);
                 }
             }
-            std::hint::black_box(touched);
         }
         for &hash in &r.block_hashes {
             let hash = hash as u64;
@@ -999,6 +1090,96 @@ mod tests {
 
     fn config() -> IndexerConfig {
         IndexerConfig { block_size: 4, ..Default::default() }
+    }
+
+    mod fast_path {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One event of a small random stream: few hashes and few token
+        /// blocks, so that blocks are stored again (under other parents,
+        /// hence kept keys), removed, moved between tiers and stored before
+        /// their parents.
+        #[derive(Clone, Debug)]
+        enum Ev {
+            Store { worker: u32, first: i64, len: usize, parent: Option<i64>, salt: u32, cpu: bool },
+            Remove { worker: u32, hashes: Vec<i64>, cpu: bool },
+            Clear { worker: u32 },
+        }
+
+        fn ev() -> impl Strategy<Value = Ev> {
+            prop_oneof![
+                6 => (0..3u32, 0..24i64, 1..6usize, proptest::option::of(0..24i64), 0..3u32, any::<bool>())
+                    .prop_map(|(worker, first, len, parent, salt, cpu)| Ev::Store { worker, first, len, parent, salt, cpu }),
+                3 => (0..3u32, proptest::collection::vec(0..30i64, 1..6), any::<bool>())
+                    .prop_map(|(worker, hashes, cpu)| Ev::Remove { worker, hashes, cpu }),
+                1 => (0..3u32).prop_map(|worker| Ev::Clear { worker }),
+            ]
+        }
+
+        fn wire(e: &Ev) -> (WorkerId, WireEvent) {
+            let medium = |cpu: bool| if cpu { "CPU" } else { "GPU" };
+            match e {
+                Ev::Store { worker, first, len, parent, salt, cpu } => {
+                    let hashes: Vec<i64> = (0..*len as i64).map(|i| first + i).collect();
+                    // Tokens follow from the hash and the salt, so a hash stored
+                    // twice may come with the same content or another one.
+                    let tokens = hashes.iter().flat_map(|h| (0..4).map(move |t| (*h as u32) * 8 + t + salt)).collect();
+                    (WorkerId(*worker), stored(&hashes, *parent, tokens, medium(*cpu)))
+                }
+                Ev::Remove { worker, hashes, cpu } => (WorkerId(*worker), removed(hashes, medium(*cpu))),
+                Ev::Clear { worker } => (WorkerId(*worker), WireEvent::AllBlocksCleared),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// `apply_all`, which reads ahead and stores a whole event's blocks
+            /// at once when it can, leaves the indexer exactly as applying the
+            /// events one by one through the general per-block path does: the
+            /// same router key for every (worker, hash), the same blocks per
+            /// tier, the same counters and the same overlaps, under any stream
+            /// of stores, re-stores, removals, tier moves, clears and
+            /// out-of-order parents, with a per-worker limit that is reached.
+            #[test]
+            #[cfg_attr(miri, ignore)]
+            fn apply_all_matches_the_general_path(events in proptest::collection::vec(ev(), 1..80), max in 4..40usize) {
+                let cfg = IndexerConfig { block_size: 4, blocks_per_worker_max: max, ..Default::default() };
+                let (mut fast, mut slow) = (Indexer::new(cfg.clone()), Indexer::new(cfg));
+                slow.general_path_only = true;
+                for ix in [&mut fast, &mut slow] {
+                    for w in 0..3 {
+                        ix.add_worker(&w.to_string());
+                    }
+                }
+                let wired: Vec<(WorkerId, WireEvent)> = events.iter().map(wire).collect();
+                fast.apply_all(wired.iter().map(|(w, e)| (*w, e)));
+                for (w, e) in &wired {
+                    slow.apply(*w, e);
+                }
+                fast.check_invariants();
+                prop_assert_eq!(fast.counters(), slow.counters());
+                for w in 0..3 {
+                    let w = WorkerId(w);
+                    for tier in [Tier::Device, Tier::Host] {
+                        prop_assert_eq!(fast.worker_blocks(w, tier), slow.worker_blocks(w, tier));
+                    }
+                    for h in 0..30 {
+                        prop_assert_eq!(fast.router_key_of(w, h), slow.router_key_of(w, h));
+                    }
+                }
+                for (_, e) in &wired {
+                    if let WireEvent::BlockStored(s) = e {
+                        let keys: Vec<RouterKey> = s.block_hashes.iter()
+                            .filter_map(|h| slow.router_key_of(WorkerId(0), *h)).collect();
+                        prop_assert_eq!(fast.find_matches(&keys), slow.find_matches(&keys));
+                        prop_assert_eq!(fast.find_matches(&keys_of(s.token_ids.as_deref().unwrap_or(&[]))),
+                            slow.find_matches(&keys_of(s.token_ids.as_deref().unwrap_or(&[]))));
+                    }
+                }
+            }
+        }
     }
 
     /// Stored blocks are found by the keys a request computes; removals,

@@ -409,9 +409,7 @@ impl Subscriber {
     }
 
     fn apply_batch(&mut self, worker: WorkerId, batch: &WireBatch) {
-        for e in &batch.events {
-            self.indexer.apply(worker, e);
-        }
+        self.indexer.apply_all(batch.events.iter().map(|e| (worker, e)));
     }
 
     fn start_recovery(&mut self, i: usize, kind: Recovery) -> Result<(), SubscribeError> {

@@ -490,9 +490,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         (best, cpu_ok.then(|| cpu_sum / repeats as f64), faults_ok.then(|| faults_sum as f64 / repeats as f64))
     };
     let apply_all = |ix: &mut Indexer, wids: &[WorkerId]| {
-        for ((_, e), w) in events.iter().zip(wids) {
-            ix.apply(*w, e);
-        }
+        ix.apply_all(events.iter().zip(wids).map(|((_, e), w)| (*w, e)));
     };
     let mut prepared: Vec<(Indexer, Vec<WorkerId>)> = (0..repeats)
         .map(|_| {
@@ -549,11 +547,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         .collect();
     let (mut remove_s, mut warm_s, mut warm_cpu) = (f64::INFINITY, f64::INFINITY, Some(0.0));
     for _ in 0..repeats {
-        let (r, _) = measure_once(&mut || {
-            for (w, e) in &removals {
-                ix.apply(*w, e);
-            }
-        });
+        let (r, _) = measure_once(&mut || ix.apply_all(removals.iter().map(|(w, e)| (*w, e))));
         assert_eq!(ix.memory().nodes, 0, "every block removed");
         let (a, ac) = measure_once(&mut || apply_all(&mut ix, &wids));
         remove_s = remove_s.min(r);
@@ -569,9 +563,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         let t = Instant::now();
         for (w, p) in &payloads {
             let wid = lookup_worker(&map2, *w).expect("mapped");
-            for e in decode_payload(p)?.events {
-                ix2.apply(wid, &e);
-            }
+            let batch = decode_payload(p)?;
+            ix2.apply_all(batch.events.iter().map(|e| (wid, e)));
         }
         Some(t.elapsed().as_secs_f64())
     };
