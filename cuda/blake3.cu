@@ -26,10 +26,13 @@
 // where a few warps per SM wait on their own dependency chains.
 //
 // Compiled with B3_PAIR defined (a module of its own, so that the kernels
-// above never depend on it), two more entry points hash two whole chunks
-// per thread side by side, one warp per group: twice the independent
-// instructions per thread, half the warps. With B3_ONE defined, the
-// one-image kernel (one item by value, a completion flag; see its section).
+// above never depend on it), the kernels that hash two whole chunks per
+// thread side by side, one warp per group: twice the independent
+// instructions per thread, half the warps. blake3_digest_multi, the
+// default for large batches, puts four such warps in a block and folds
+// their four groups side by side (see its section). With B3_ONE defined,
+// the one-image kernel (one item by value, a completion flag; see its
+// section).
 
 #define B3_CHUNK_START 1u
 #define B3_CHUNK_END 2u
@@ -243,6 +246,33 @@ __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u6
     }
 }
 
+// The chunk values of the group's n chunks from first_chunk into s_cv, by
+// one warp (lane t): two chunks per thread (t and t + 32), hashed side by
+// side when both are whole: twice the independent instructions per thread.
+template <int MODE>
+__device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_chunk, u32 n, u32 t, u32 (*s_cv)[9], u32 one) {
+    const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
+    const u8* base = (const u8*)it.data;
+    const bool aligned = (it.data & 15) == 0;
+    const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
+    if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
+        u32 cva[8], cvb[8];
+        b3_chunk2<MODE>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
+#pragma unroll
+        for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
+    } else {
+        for (u32 k = t; k < n; k += B3_GROUP / 2) {
+            u64 c = first_chunk + k;
+            u64 off = c * 1024;
+            u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
+            u32 cv[8];
+            b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
+        }
+    }
+}
+
 #endif  // B3_PAIR
 
 // Index of the item that owns global group g: the last item whose group_first <= g.
@@ -359,25 +389,7 @@ __device__ __forceinline__ void b3_digest(const Blake3Item* __restrict__ items, 
     const bool aligned = (it.data & 15) == 0;
 #ifdef B3_PAIR
     if (PAIR) {
-        // Two chunks per thread (t and t + 32), hashed side by side when both
-        // are whole: twice the independent instructions per thread.
-        const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
-        if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
-            u32 cva[8], cvb[8];
-            b3_chunk2<MODE>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
-#pragma unroll
-            for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
-        } else {
-            for (u32 k = t; k < n; k += B3_GROUP / 2) {
-                u64 c = first_chunk + k;
-                u64 off = c * 1024;
-                u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
-                u32 cv[8];
-                b3_chunk<MODE>(cv, base + off, len, c, aligned, chunks == 1, one);
-#pragma unroll
-                for (int i = 0; i < 8; i++) s_cv[k][i] = cv[i];
-            }
-        }
+        b3_pair_chunks<MODE>(it, first_chunk, n, t, s_cv, one);
     } else
 #endif
     if (t < n) {
@@ -404,15 +416,192 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_throughput(
 }
 
 #ifdef B3_PAIR
-// One warp per group, two chunks per thread (launch with 32 threads per block).
+// Four groups per block, their folds side by side: blake3_digest_multi.
+//
+// Why: a group's own fold is 6 levels of 32, 16, 8, 4, 2, 1 parents; with
+// one warp per group (blake3_digest_pair) each level costs a whole warp's
+// compression, so the fold of a group costs 6 compressions of issue where 2
+// would carry its 63 parents: 16 % of that kernel's instructions. With W
+// groups in one block the levels of all W groups are spread over all lanes
+// of the block; W = 4 needs 4 + 2 + 1 + 1 + 1 + 1 warp compressions for 4
+// groups, 2.5 per group instead of 6 (measured on an H200: 1.44-1.49
+// against 1.30-1.35 TB/s on 288 MiB; W = 2 gave 1.38, W = 8 1.41-1.45,
+// docs/benchmarks.md, "Fourth pass").
+
+// Folds groups of values in place, side by side: group w's k[w] values
+// start at row w * 64 of s_cv; at each level its value j sits at row
+// j * stride, so a value carried up (odd count) never moves and no two
+// threads write a row another reads (one barrier per level, none between
+// the reads and the writes). Group w's last merge carries the root flag
+// when bit w of rootmask is set. Every thread of the block (WARP: of the
+// warp, with s_cv its own rows) calls it; on return row w * 64 holds group
+// w's value.
+template <int MODE, int W, bool WARP>
+__device__ __forceinline__ void b3_fold_strided(u32 (*s_cv)[9], u32 (&k)[W], u32 rootmask, u32 one) {
+    const u32 t = WARP ? threadIdx.x % 32 : threadIdx.x;
+    u32 stride = 1;
+    while (true) {
+        // This thread's merge: the p_sel-th pair of group w_sel, numbering
+        // the pairs of all groups one after another.
+        u32 total = 0, w_sel = W, p_sel = 0, k_sel = 0;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const u32 pw = k[w] / 2;
+            if (w_sel == W && t >= total && t < total + pw) { w_sel = w; p_sel = t - total; k_sel = k[w]; }
+            total += pw;
+        }
+        if (total == 0) break;
+        if (w_sel < W) {
+            u32 l[8], r[8], out[8];
+            const u32 a = w_sel * B3_GROUP + 2 * p_sel * stride;
+#pragma unroll
+            for (int i = 0; i < 8; i++) { l[i] = s_cv[a][i]; r[i] = s_cv[a + stride][i]; }
+            b3_parent<MODE>(out, l, r, (((rootmask >> w_sel) & 1u) && k_sel == 2) ? B3_ROOT : 0u, one);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[a][i] = out[i];
+        }
+        if (WARP) __syncwarp(); else __syncthreads();
+#pragma unroll
+        for (int w = 0; w < W; w++) k[w] = (k[w] + 1) / 2;
+        stride *= 2;
+    }
+}
+
+// b3_finish's climb for one warp (lanes of threadIdx.x % 32), after its
+// group's value is in s_cv[0] (its own 64 rows), so that the warps of a
+// block climb independently. Lane 0 stores the value and counts it with
+// one acquire-release atomic add instead of a fence and an atomic: the
+// release orders its own stores before the count, and in the warp that
+// counts last, the acquire, then the warp barrier, order every lane's loads
+// of the siblings after all their stores (measured: 0.3 µs less per hand-over
+// than a fence, docs/benchmarks.md).
+template <int MODE>
+__device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_group, u32 (*s_cv)[9], u32* cvs,
+                                              u32* counters, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    u32* vals = cvs + it.cv_first * 8;
+    u32* ctrs = counters + it.ctr_first;
+    u32 idx = local_group;
+    u32 count = it.groups;
+    while (true) {
+        const u32 parent = idx / B3_GROUP;
+        const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+        const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+        u32 last = 0;
+        if (lane == 0) {
+            uint4* p = (uint4*)&vals[(u64)idx * 8];
+            __stcg(p, make_uint4(s_cv[0][0], s_cv[0][1], s_cv[0][2], s_cv[0][3]));
+            __stcg(p + 1, make_uint4(s_cv[0][4], s_cv[0][5], s_cv[0][6], s_cv[0][7]));
+            u32 old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(&ctrs[parent]), "r"(1u) : "memory");
+            last = old == siblings - 1;
+            // Reset for the next use of the scratch: every sibling has counted.
+            if (last) ctrs[parent] = 0;
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (!last) return;
+        __syncwarp();
+        for (u32 k = lane; k < siblings; k += 32) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_cv[k][i] = __ldcg(&vals[((u64)parent * B3_GROUP + k) * 8 + i]);
+        }
+        __syncwarp();
+        u32 kk[1] = {siblings};
+        b3_fold_strided<MODE, 1, true>(s_cv, kk, parents == 1 ? 1u : 0u, one);
+        if (parents == 1) {
+            if (lane < 8) ((u32*)it.out)[lane] = s_cv[0][lane];
+            return;
+        }
+        vals += (u64)count * 8;
+        ctrs += parents;
+        idx = parent;
+        count = parents;
+    }
+}
+
+// Groups (warps) per block of blake3_digest_multi; src/gpu/kernels.rs
+// defines it from BLAKE3_MULTI_GROUPS, which sizes the launch.
+#ifndef B3_MULTI
+#define B3_MULTI 4
+#endif
+
+// B3_MULTI groups per block of as many warps: warp w hashes group
+// blockIdx.x * B3_MULTI + w (two chunks per thread, as blake3_digest_pair),
+// then the block folds its groups side by side, then each warp climbs on
+// its own. Launch with ceil(groups / B3_MULTI) blocks of 32 B3_MULTI
+// threads; warps past the last group only take part in the fold's barriers.
+template <int MODE>
+__device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
+                                                u32 one) {
+    constexpr int W = B3_MULTI;
+    __shared__ u32 s_cv[W * B3_GROUP][9];
+    __shared__ u32 s_n[W];
+    const u32 w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Blake3Item& last_item = items[n_items - 1];
+    const u32 total_groups = last_item.group_first + last_item.groups;
+    const u32 g = blockIdx.x * W + w;
+    const bool valid = g < total_groups;
+    u32 item = 0;
+    if (valid && lane == 0) item = b3_find_item(items, n_items, g);
+    item = __shfl_sync(0xffffffffu, item, 0);
+    const Blake3Item it = items[item];
+    const u32 local_group = g - it.group_first;
+    u32 n = 0;
+    if (valid) {
+        const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
+        const u64 first_chunk = (u64)local_group * B3_GROUP;
+        n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
+        b3_pair_chunks<MODE>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
+    }
+    // Each warp's count of values; bit 31 marks a group that is its item's
+    // whole tree (root flag on its last merge).
+    if (lane == 0) s_n[w] = n | (valid && it.groups == 1 ? 0x80000000u : 0u);
+    __syncthreads();
+    u32 k[W];
+    u32 rootmask = 0;
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        const u32 v = s_n[j];
+        k[j] = v & 0x7fffffffu;
+        rootmask |= (v >> 31) << j;
+    }
+    b3_fold_strided<MODE, W, false>(s_cv, k, rootmask, one);
+    if (!valid) return;
+    u32 (*mine)[9] = s_cv + w * B3_GROUP;
+    if (it.groups == 1) {
+        if (lane < 8) ((u32*)it.out)[lane] = mine[0][lane];
+        return;
+    }
+    b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1>(items, n_items, cvs, counters, one);
+}
+
+// Diagnostics for the bench: blake3_digest_multi with, per block, its start
+// and end (globaltimer ns) and the cycles (clock64) in between.
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
+    u64 t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const u64 c0 = clock64();
+    b3_digest_multi<1>(items, n_items, cvs, counters, one);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        u64* r = trace + 4 * (u64)blockIdx.x;
+        r[0] = t0; r[1] = t1; r[2] = clock64() - c0;
+    }
+}
+
+// One warp per group, two chunks per thread (launch with 32 threads per
+// block): the default for large batches before blake3_digest_multi, kept as
+// a variant that the bench and the tests compare.
 extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
     b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-}
-
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair_latency(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest<0, 1>(items, n_items, cvs, counters, one, blockIdx.x);
 }
 #endif  // B3_PAIR
 
@@ -423,15 +612,27 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair_la
 // plain additions, and a completion flag in host memory that the host spins
 // on instead of synchronizing the stream.
 //
-// Measured on an H200 (globaltimer and clock64 inside the kernel, 3 MiB, 48
-// blocks): the chunk phase takes 11.9 us (16 compressions, 0.75 us each:
-// one warp issues the 48 ALU instructions of a G layer at 2 cycles each),
-// the 12 tree levels above it 10.5 us, so the last block writes the digest
-// 23 us after the first block starts; launch and completion add about 6 us.
-// Tried and slower: staging each group's 64 KiB into shared memory first
-// (cp.async), 16 or 8 active lanes per warp over more warps, additions on
-// the FMA pipe (longer chains), four threads per chunk with the state
-// diagonalised by shuffles (docs/benchmarks.md, "Third pass").
+// The tree above the chunks runs in one warp, in registers: after the chunk
+// phase only warp 0 continues. Lane l merges the values 2l and 2l + 1 from
+// shared memory, then each level takes the two values it merges from lanes
+// 2l and 2l + 1 by shuffles (an odd last value comes along as the left one
+// and is kept unmerged): no block barrier and no shared-memory round trip
+// per level. Blocks hand over with one acquire-release atomic add (no
+// fence), and the block that counts last reads its siblings straight into
+// registers, two per lane.
+//
+// Measured on an H200 (globaltimer inside the kernel, 3 MiB, 48 blocks): the
+// chunk phase takes 12.1-12.4 us (16 compressions of about 0.76 us: one warp
+// issues the ALU instructions of a G layer at 2 cycles each), the group's 6
+// levels 4.5 us, the hand-over 0.6-0.7 us, the last block's 6 levels 4.8
+// us: the digest is written 22.3-22.6 us after the first block starts,
+// against 23.1-23.6 for the shared-memory fold with block barriers and a
+// fence that came before. The rest of the call is launch and completion
+// (8 us for an empty kernel on the same path). Tried and slower: staging
+// each group's 64 KiB into shared memory first (cp.async), 16 or 8 active
+// lanes per warp over more warps, additions on the FMA pipe (longer
+// chains), four threads per chunk with the state diagonalised by shuffles
+// (docs/benchmarks.md, "Third pass" and "Fourth pass").
 
 __device__ __forceinline__ u64 b3_ns() {
     u64 t;
@@ -439,15 +640,50 @@ __device__ __forceinline__ u64 b3_ns() {
     return t;
 }
 
-// One group of `it` (64 threads, 64 chunks). With `trace`, thread 0 records
-// start, end of its chunk, all chunks in, end (ns), its chunk's cycles and
-// whether the block wrote the digest (8 words per group). With `flag`, the
-// block that wrote the digest then writes `seq` to *flag after a system fence.
+// Value `lane` of k (k <= 32) held by the lanes in v: folds them into lane
+// 0's v; the last merge carries ROOT when `root`. Every lane of the warp
+// calls it (lanes past the values compute and drop garbage).
+__device__ __forceinline__ void b3_fold_lanes(u32 v[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    while (k > 1) {
+        u32 l[8], r[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            l[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane) & 31);
+            r[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane + 1) & 31);
+        }
+        u32 out[8];
+        b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+        const bool merged = lane < k / 2;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+        k = (k + 1) / 2;
+    }
+}
+
+// The first level over k values (k <= 64), lane l given values 2l (in l)
+// and 2l + 1 (in r): merges them, or keeps the left one when it is the odd
+// last value, into v. Returns the number of values left.
+__device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32 r[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    u32 out[8];
+    b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+    const bool merged = lane < k / 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+    return (k + 1) / 2;
+}
+
+// One group of `it` (64 threads, 64 chunks). With `trace`, lane 0 of warp 0
+// records (ns) its start, the end of its chunk, all chunks in, its end, its
+// chunk's cycles, whether the block wrote the digest, the end of the
+// group's own fold, and when the block learned that it was last of its set
+// (0 if never): 8 words per group. With `flag`, the block that wrote the
+// digest then raises *flag to `seq` after a system fence.
 __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
                                               u64* trace, u32* flag, u32 seq) {
     const u64 t0 = b3_ns(), c0 = clock64();
     __shared__ u32 s_cv[B3_GROUP][9];
-    __shared__ u32 s_last;
     const u32 t = threadIdx.x;
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u64 first_chunk = (u64)local_group * B3_GROUP;
@@ -465,16 +701,86 @@ __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_gr
     }
     const u64 t1 = b3_ns(), c1 = clock64();
     __syncthreads();
+    if (t >= 32) return;
     const u64 t2 = b3_ns();
-    const bool done = b3_finish<0>(it, local_group, n, s_cv, &s_last, cvs, counters, one);
-    if (trace != nullptr && t == 0) {
-        u64* r = trace + 8 * (u64)local_group;
-        r[0] = t0; r[1] = t1; r[2] = t2; r[3] = b3_ns(); r[4] = c1 - c0; r[5] = done;
+    const bool single = it.groups == 1;
+    u32 v[8];
+    if (n == 1) {
+        // One chunk in the group: its value (the digest, for a one-chunk item).
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = s_cv[0][i];
+    } else {
+        u32 l[8], r[8];
+        const u32 a = min(2 * t, n - 1), b = min(2 * t + 1, n - 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) { l[i] = s_cv[a][i]; r[i] = s_cv[b][i]; }
+        b3_fold_lanes(v, b3_fold_first(v, l, r, n, single, one), single, one);
     }
-    if (done && flag != nullptr) {
+    const u64 t3 = b3_ns();
+    u64 t4 = 0;
+    bool done = single;
+    if (!single) {
+        // Climb: lane 0 publishes the value; the last of its set of 64 folds the set.
+        u32* vals = cvs + it.cv_first * 8;
+        u32* ctrs = counters + it.ctr_first;
+        u32 idx = local_group;
+        u32 count = it.groups;
+        while (true) {
+            const u32 parent = idx / B3_GROUP;
+            const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+            const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+            u32 last = 0;
+            if (t == 0) {
+                uint4* p = (uint4*)&vals[(u64)idx * 8];
+                __stcg(p, make_uint4(v[0], v[1], v[2], v[3]));
+                __stcg(p + 1, make_uint4(v[4], v[5], v[6], v[7]));
+                u32 old;
+                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(&ctrs[parent]), "r"(1u) : "memory");
+                last = old == siblings - 1;
+                // Reset for the next use of the scratch: every sibling has counted.
+                if (last) ctrs[parent] = 0;
+            }
+            last = __shfl_sync(0xffffffffu, last, 0);
+            if (!last) break;
+            // Orders the lanes' loads after lane 0's acquire.
+            __syncwarp();
+            t4 = b3_ns();
+            const u32 a = min(2 * t, siblings - 1), b = min(2 * t + 1, siblings - 1);
+            const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
+            const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
+            const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
+            const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+            const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+            const bool top = parents == 1;
+            if (siblings == 1) {
+                // A lone last value of a level is carried up unmerged.
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = l[i];
+            } else {
+                b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
+            }
+            if (top) {
+                done = true;
+                break;
+            }
+            vals += (u64)count * 8;
+            ctrs += parents;
+            idx = parent;
+            count = parents;
+        }
+    }
+    if (done && t == 0) {
+        uint4* o = (uint4*)it.out;
+        o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
+    if (trace != nullptr && t == 0) {
+        u64* rr = trace + 8 * (u64)local_group;
+        rr[0] = t0; rr[1] = t1; rr[2] = t2; rr[3] = b3_ns(); rr[4] = c1 - c0; rr[5] = done; rr[6] = t3; rr[7] = t4;
+    }
+    if (done && flag != nullptr && t == 0) {
         __threadfence_system();
-        __syncthreads();
-        if (t == 0) *(volatile u32*)flag = seq;
+        *(volatile u32*)flag = seq;
     }
 }
 
@@ -495,26 +801,22 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
     b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, nullptr, flag, seq);
 }
 
-// Diagnostics for the bench: the same with the trace and no flag.
+// Diagnostics for the bench, with the signature of blake3_digest_one_flag
+// plus a trace (null: none): the same kernel with the trace, and an empty
+// kernel whose block 0 only raises the flag (what launch and completion
+// cost alone).
 extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
-                                                                    u32* counters, u32 one, u64* trace) {
-    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, nullptr, 0);
+                                                                    u32* counters, u32 one, u32* flag, u32 seq,
+                                                                    u64* trace) {
+    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_empty(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+                                                                    u32* counters, u32 one, u32* flag, u32 seq,
+                                                                    u64* trace) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && flag != nullptr) {
+        __threadfence_system();
+        *(volatile u32*)flag = seq;
+    }
 }
 #endif  // B3_ONE
 
-#ifdef B3_PAIR
-// Diagnostics for the bench: blake3_digest_pair with, per block, its start
-// and end (globaltimer ns) and the cycles (clock64) in between.
-extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) b3x_pair_trace(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
-    u64 t0, t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    const u64 c0 = clock64();
-    b3_digest<1, 1>(items, n_items, cvs, counters, one, blockIdx.x);
-    if (threadIdx.x == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        u64* r = trace + 4 * (u64)blockIdx.x;
-        r[0] = t0; r[1] = t1; r[2] = clock64() - c0;
-    }
-}
-#endif  // B3_PAIR

@@ -173,7 +173,8 @@ mod device {
     /// BLAKE3 on the GPU equals the `blake3` crate for lengths around block,
     /// chunk, group and tree boundaries and for large random inputs, at aligned
     /// and unaligned addresses, all in one batch and one item at a time, with
-    /// both kernel variants.
+    /// every BLAKE3 kernel (the four-groups-per-block one with blocks that
+    /// straddle items) and every one-item path.
     #[test]
     fn digest_matches_blake3_crate() {
         let Some(gpu) = gpu() else { return };

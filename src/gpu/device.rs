@@ -82,6 +82,11 @@ pub enum OneItemPath {
     /// errors while waiting).
     #[default]
     ByValueFlag,
+    /// Benchmarks only: as `ByValueFlag` with the diagnostic kernel of this
+    /// name (`b3x_one_*` of the `B3_ONE` module, with the one-item
+    /// signature plus a null trace); `b3x_one_empty` measures what launch
+    /// and completion cost alone (its digest is not computed).
+    Experiment(&'static str),
 }
 
 /// A device-resident byte string: a device address and a length.
@@ -198,24 +203,21 @@ impl Gpu {
     /// Launches a prepared batch (one launch; a batch may be launched again).
     /// A batch of at most two groups per SM leaves SMs idle and waits on
     /// dependency chains, so it takes the latency kernel; larger ones take
-    /// the throughput kernel.
+    /// the four-groups-per-block kernel.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
         launch::blake3_digest(self, batch, self.digest_variant(batch.groups))
     }
 
     /// The BLAKE3 kernel for a launch of `groups` groups (measured on an
     /// H200, docs/benchmarks.md): at most two groups per SM wait on their
-    /// own dependency chains, so plain additions; up to 16 per SM the
-    /// throughput kernel; beyond, two chunks per thread (1.34 against 1.27
-    /// TB/s on 96 images of 3 MiB, twice as fast on 1 KiB items).
+    /// own dependency chains, so plain additions (one 3 MiB image: 29-31
+    /// µs against 35-40 for the others); beyond, two chunks per thread and
+    /// four groups per block folded side by side (288 MiB: 1.44-1.49 TB/s
+    /// against 1.30-1.35 for one group per warp and 1.24-1.26 for one chunk
+    /// per thread; 8 images of 3 MiB: 38-41 µs against 42-45 for one chunk
+    /// per thread; 1 KiB items as fast as one group per warp).
     pub fn digest_variant(&self, groups: u32) -> KernelId {
-        if groups <= 2 * self.sm_count {
-            KernelId::Blake3Latency
-        } else if groups <= 16 * self.sm_count {
-            KernelId::Blake3Throughput
-        } else {
-            KernelId::Blake3Pair
-        }
+        if groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Multi }
     }
 
     /// Waits for the batch and returns its digests in item order.
@@ -316,7 +318,11 @@ impl Gpu {
         if n == 1 && path != OneItemPath::Table {
             let it = items[0];
             a.seq = a.seq.wrapping_add(1).max(1);
-            let flag = if path == OneItemPath::ByValueFlag { a.host_dev } else { 0 };
+            let experiment = match path {
+                OneItemPath::Experiment(name) => Some(name),
+                _ => None,
+            };
+            let flag = if path == OneItemPath::ByValue { 0 } else { a.host_dev };
             // SAFETY: the item is valid by this function's contract; the
             // output (32 bytes at ARENA_OUT_OFF) and the flag (offset 0) lie
             // in the mapped host buffer, the values at work_ptr + values_off
@@ -329,8 +335,8 @@ impl Gpu {
                     a.host_dev + ARENA_OUT_OFF as u64,
                     a.work_ptr + values_off as u64,
                     a.counters_ptr,
-                    flag,
-                    a.seq,
+                    (flag, a.seq),
+                    experiment,
                 )
             }?;
             if flag != 0 {

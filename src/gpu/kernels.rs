@@ -20,7 +20,8 @@ pub enum ModuleId {
     Blake3,
     /// `cuda/block_copy.cu`.
     BlockCopy,
-    /// `cuda/blake3.cu` with the two-chunks-per-thread kernels (`B3_PAIR`).
+    /// `cuda/blake3.cu` with the two-chunks-per-thread kernels (`B3_PAIR`):
+    /// one group per warp, or four per block folded side by side.
     Blake3Pair,
     /// `cuda/blake3.cu` with the one-image kernel (`B3_ONE`).
     Blake3One,
@@ -36,7 +37,10 @@ impl ModuleId {
         let common = include_str!("../../cuda/common.cuh");
         let (defines, body) = match self {
             ModuleId::Blake3 => (String::new(), include_str!("../../cuda/blake3.cu")),
-            ModuleId::Blake3Pair => ("#define B3_PAIR 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
+            ModuleId::Blake3Pair => (
+                format!("#define B3_PAIR 1\n#define B3_MULTI {BLAKE3_MULTI_GROUPS}\n"),
+                include_str!("../../cuda/blake3.cu"),
+            ),
             ModuleId::Blake3One => ("#define B3_ONE 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
             ModuleId::BlockCopy => {
                 (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
@@ -78,6 +82,11 @@ impl KernelOptions {
     }
 }
 
+/// Groups per block of `blake3_digest_multi`: the module is compiled with
+/// `B3_MULTI` set to it, and launches size their grid by it (4 measured
+/// best on an H200: 2 and 8 were slower, docs/benchmarks.md).
+pub const BLAKE3_MULTI_GROUPS: u32 = 4;
+
 /// A kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
@@ -90,8 +99,10 @@ pub enum KernelId {
     /// As `Blake3Throughput`, one warp per group and two whole chunks per
     /// thread hashed side by side (twice the independent work per thread).
     Blake3Pair,
-    /// As `Blake3Pair` with plain additions.
-    Blake3PairLatency,
+    /// As `Blake3Pair`, four groups (warps) per block whose folds share the
+    /// block's lanes: the fold of a group costs 2.5 warp compressions
+    /// instead of 6. The default for large batches.
+    Blake3Multi,
     /// A wave of block copies.
     KvBlockCopy,
     /// One item passed by value (no table read before the first load), one
@@ -109,32 +120,40 @@ impl KernelId {
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
-        KernelId::Blake3PairLatency,
+        KernelId::Blake3Multi,
         KernelId::KvBlockCopy,
         KernelId::Blake3One,
         KernelId::KvSegCopy,
     ];
 
     /// The kernels the default paths launch.
-    pub const USED: [KernelId; 6] = [
+    pub const USED: [KernelId; 5] = [
         KernelId::Blake3Latency,
         KernelId::Blake3One,
-        KernelId::Blake3Throughput,
-        KernelId::Blake3Pair,
+        KernelId::Blake3Multi,
         KernelId::KvBlockCopy,
         KernelId::KvSegCopy,
     ];
 
     /// The BLAKE3 kernels that take an item table (one signature, one table layout).
     pub const BLAKE3: [KernelId; 4] =
-        [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::Blake3Pair, KernelId::Blake3PairLatency];
+        [KernelId::Blake3Latency, KernelId::Blake3Throughput, KernelId::Blake3Pair, KernelId::Blake3Multi];
 
     /// Threads per block a BLAKE3 kernel is launched with.
     pub fn blake3_block(self) -> u32 {
         match self {
-            KernelId::Blake3Pair | KernelId::Blake3PairLatency => 32,
-
+            KernelId::Blake3Pair => 32,
+            KernelId::Blake3Multi => 32 * BLAKE3_MULTI_GROUPS,
             _ => 64,
+        }
+    }
+
+    /// Groups of 64 chunks one block of a BLAKE3 kernel hashes (the grid is
+    /// the batch's groups divided by it, rounded up).
+    pub fn blake3_groups_per_block(self) -> u32 {
+        match self {
+            KernelId::Blake3Multi => BLAKE3_MULTI_GROUPS,
+            _ => 1,
         }
     }
 
@@ -142,7 +161,7 @@ impl KernelId {
     pub fn module(self) -> ModuleId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
-            KernelId::Blake3Pair | KernelId::Blake3PairLatency => ModuleId::Blake3Pair,
+            KernelId::Blake3Pair | KernelId::Blake3Multi => ModuleId::Blake3Pair,
             KernelId::KvBlockCopy | KernelId::KvSegCopy => ModuleId::BlockCopy,
             KernelId::Blake3One => ModuleId::Blake3One,
         }
@@ -154,7 +173,7 @@ impl KernelId {
             KernelId::Blake3Latency => "blake3_digest_latency",
             KernelId::Blake3Throughput => "blake3_digest_throughput",
             KernelId::Blake3Pair => "blake3_digest_pair",
-            KernelId::Blake3PairLatency => "blake3_digest_pair_latency",
+            KernelId::Blake3Multi => "blake3_digest_multi",
             KernelId::KvBlockCopy => "kv_block_copy",
             KernelId::Blake3One => "blake3_digest_one_flag",
             KernelId::KvSegCopy => "kv_seg_copy",
@@ -216,12 +235,22 @@ pub struct ModuleCache {
     options: KernelOptions,
     modules: Mutex<[Option<Arc<CudaModule>>; ModuleId::ALL.len()]>,
     functions: Mutex<[Option<CudaFunction>; KernelId::ALL.len()]>,
+    /// Experimental entry points loaded by name, kept so that a timed call
+    /// pays no lookup (as a [`KernelId`]'s function).
+    named: Mutex<Vec<(ModuleId, String, CudaFunction)>>,
 }
 
 impl ModuleCache {
     /// An empty cache for `ctx`, compiling for `arch` with `options`.
     pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>, options: KernelOptions) -> Self {
-        Self { ctx, arch, options, modules: Mutex::new(Default::default()), functions: Mutex::new(Default::default()) }
+        Self {
+            ctx,
+            arch,
+            options,
+            modules: Mutex::new(Default::default()),
+            functions: Mutex::new(Default::default()),
+            named: Mutex::new(Vec::new()),
+        }
     }
 
     /// The options the modules are compiled with.
@@ -241,10 +270,16 @@ impl ModuleCache {
         Ok(f)
     }
 
-    /// An entry point of `module` by name, loaded each call (benchmarks of
-    /// experimental kernels that have no [`KernelId`]).
+    /// An entry point of `module` by name, loaded on first use (benchmarks
+    /// of experimental kernels that have no [`KernelId`]).
     pub fn function_named(&self, module: ModuleId, name: &str) -> Result<CudaFunction, GpuError> {
-        Ok(self.module(module)?.load_function(name)?)
+        let mut named = self.named.lock().expect("module cache lock is never poisoned by a panic inside");
+        if let Some((_, _, f)) = named.iter().find(|(m, n, _)| *m == module && n == name) {
+            return Ok(f.clone());
+        }
+        let f = self.module(module)?.load_function(name)?;
+        named.push((module, name.to_owned(), f.clone()));
+        Ok(f)
     }
 
     fn module(&self, id: ModuleId) -> Result<Arc<CudaModule>, GpuError> {

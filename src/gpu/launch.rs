@@ -84,11 +84,12 @@ fn assert_whole(batch: &DigestBatch) {
     assert!(batch.groups >= 1 && batch.groups <= i32::MAX as u32, "grid fits");
 }
 
-/// `blake3_digest_latency` / `_throughput` / `_pair` / `_pair_latency`
+/// `blake3_digest_latency` / `_throughput` / `_pair` / `_multi`
 /// `(const Blake3Item* items, u32 n_items, u32* cvs, u32* counters, u32
 /// one)`: a whole digest batch in one launch, one block per group of 64
-/// chunks (64 threads, or 32 for the pair kernels, two chunks each);
-/// `variant` is one of the BLAKE3 kernels.
+/// chunks (64 threads, or 32 for the pair kernel, two chunks each) or per
+/// four groups (`_multi`: 128 threads, two chunks each); `variant` is one
+/// of the BLAKE3 kernels.
 ///
 /// Preconditions: the device table equals the host table, groups are
 /// numbered consecutively, outputs and scratch ranges (values and counters,
@@ -103,13 +104,14 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     let stream = gpu.stream();
     let n_items = batch.table.len() as u32;
     let one = 1u32;
-    let cfg =
-        LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
+    let grid = batch.groups.div_ceil(variant.blake3_groups_per_block());
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = stream.launch_builder(&f);
     b.arg(&batch.table_dev).arg(&n_items).arg(&batch.cvs).arg(&batch.counters).arg(&one);
     // SAFETY: the argument list matches the .cu signature (pointer, u32,
-    // pointer, pointer, u32). The batch invariant shows every block finds its
-    // item, reads the item's chunks only below its `len` (kernel bounds), and
+    // pointer, pointer, u32). The batch invariant shows every group finds its
+    // item (a four-group block skips groups past the table's last one),
+    // reads the item's chunks only below its `len` (kernel bounds), and
     // writes only its own 32 output bytes and its item's scratch ranges, all
     // inside buffers the batch owns. Item addresses are valid device memory by
     // the contract of `Gpu::prepare_digests`, the only constructor of a batch.
@@ -139,7 +141,8 @@ pub(super) unsafe fn blake3_digest_raw(
     assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
     let f = gpu.function(variant)?;
     let one = 1u32;
-    let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
+    let grid = groups.div_ceil(variant.blake3_groups_per_block());
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (variant.blake3_block(), 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&table).arg(&n_items).arg(&values).arg(&counters).arg(&one);
     // SAFETY: pointers are passed as 64-bit values, which is how the kernel
@@ -164,7 +167,7 @@ pub fn blake3_experiment(
     trace: Option<&mut cudarc::driver::CudaSlice<u64>>,
 ) -> Result<(), GpuError> {
     assert_whole(batch);
-    assert!(block == 32 || block == 64, "the BLAKE3 kernels use 32 or 64 threads per block");
+    assert!([32, 64, 128, 256].contains(&block), "the BLAKE3 kernels use 32 to 256 threads per block");
     assert!(name.starts_with("b3x_"), "experimental kernels are named b3x_*");
     let f = gpu.modules().function_named(module, name)?;
     let n_items = batch.table.len() as u32;
@@ -179,17 +182,18 @@ pub fn blake3_experiment(
     }
     // SAFETY: as in `blake3_digest`: the experiments share the signature
     // and the table layout, and a block count below the groups is what
-    // their loops over groups expect; a traced kernel writes 4 words per
-    // block into the trace (its extra argument, sized above).
+    // they expect (a kernel of several groups per block skips groups past
+    // the table's last one); a traced kernel writes 4 words per block into
+    // the trace (its extra argument, sized above).
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
 
 /// Benchmarks only: launches the one-item kernel `name` of the `B3_ONE`
 /// module (`(u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32*
-/// counters, u32 one)` and, for `blake3_digest_one_flag`, its flag left off,
-/// or a trace for `b3x_one_trace`) on the single item of `batch`, with
-/// `block` threads per block.
+/// counters, u32 one, u32* flag, u32 seq)`, the flag left off, and for the
+/// `b3x_one_*` diagnostics a trace, null when `trace` is `None`) on the
+/// single item of `batch`, with `block` threads per block.
 pub fn blake3_one_experiment(
     gpu: &Gpu,
     batch: &DigestBatch,
@@ -199,8 +203,10 @@ pub fn blake3_one_experiment(
 ) -> Result<(), GpuError> {
     assert_whole(batch);
     assert_eq!(batch.table.len(), 1, "one item");
-    let with_flag = name == KernelId::Blake3One.name();
-    assert!(with_flag || name.starts_with("b3x_one_"), "experimental one-item kernels are named b3x_one_*");
+    assert!(
+        name == KernelId::Blake3One.name() || one_flag_experiment(name),
+        "experimental one-item kernels are named b3x_one_*"
+    );
     assert_eq!(block, 64, "one thread per chunk, 64 chunks per block");
     let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3One, name)?;
     let it = batch.table[0];
@@ -208,13 +214,13 @@ pub fn blake3_one_experiment(
     let cfg = LaunchConfig { grid_dim: (batch.groups, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&it.data).arg(&it.len).arg(&it.out).arg(&it.groups).arg(&batch.cvs).arg(&batch.counters).arg(&one);
-    let (no_flag, no_seq) = (0u64, 0u32);
-    if with_flag {
-        b.arg(&no_flag).arg(&no_seq);
-    }
+    let (no_flag, no_seq, no_trace) = (0u64, 0u32, 0u64);
+    b.arg(&no_flag).arg(&no_seq);
     if let Some(t) = trace {
         assert!(t.len() >= 8 * batch.groups as usize, "a trace holds 8 words per block");
         b.arg(t);
+    } else if one_flag_experiment(name) {
+        b.arg(&no_trace);
     }
     // SAFETY: the signature matches; the item's bytes are valid by the
     // batch's contract, its output and scratch (from 0, as its table entry
@@ -224,10 +230,117 @@ pub fn blake3_one_experiment(
     Ok(())
 }
 
+/// Benchmarks only: host-side cost of a launch, as medians over `rounds`
+/// launches of the one-item diagnostic `name` (no flag, no trace) on the
+/// single item of `batch`, with the stream idle before each: through
+/// cudarc's launch builder, through `cuLaunchKernel` directly, and
+/// `cuCtxGetCurrent` alone (which the builder calls), in µs. Every launch
+/// has the item's whole grid, so the set counters end at zero as after any
+/// digest.
+pub fn launch_call_probe(
+    gpu: &Gpu,
+    batch: &DigestBatch,
+    name: &str,
+    rounds: usize,
+) -> Result<[(&'static str, f64); 3], GpuError> {
+    use std::time::Instant;
+    assert_whole(batch);
+    assert_eq!(batch.table.len(), 1, "one item");
+    assert!(one_flag_experiment(name), "a kernel with the one-item signature and a trace");
+    let f = gpu.modules().function_named(super::kernels::ModuleId::Blake3One, name)?;
+    let it = batch.table[0];
+    let (cvs, counters) = (batch.cvs.device_ptr(gpu.stream()).0, batch.counters.device_ptr(gpu.stream()).0);
+    let (data, len, out, groups, one, flag, seq, trace) = (it.data, it.len, it.out, it.groups, 1u32, 0u64, 0u32, 0u64);
+    let stream = gpu.stream();
+    gpu.context().bind_to_thread()?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        v[v.len() / 2]
+    };
+    let (mut builder, mut raw, mut current) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let t0 = Instant::now();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&data)
+            .arg(&len)
+            .arg(&out)
+            .arg(&groups)
+            .arg(&cvs)
+            .arg(&counters)
+            .arg(&one)
+            .arg(&flag)
+            .arg(&seq)
+            .arg(&trace);
+        let cfg = LaunchConfig { grid_dim: (groups, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: as in `blake3_one_experiment` (the same arguments, the
+        // batch's own item, output and scratch; no flag, no trace).
+        unsafe { b.launch(cfg) }?;
+        builder.push(t0.elapsed().as_secs_f64() * 1e6);
+        stream.synchronize()?;
+        {
+            let mut params: [*mut std::ffi::c_void; 10] = [
+                &data as *const u64 as *mut _,
+                &len as *const u64 as *mut _,
+                &out as *const u64 as *mut _,
+                &groups as *const u32 as *mut _,
+                &cvs as *const u64 as *mut _,
+                &counters as *const u64 as *mut _,
+                &one as *const u32 as *mut _,
+                &flag as *const u64 as *mut _,
+                &seq as *const u32 as *mut _,
+                &trace as *const u64 as *mut _,
+            ];
+            let t0 = Instant::now();
+            // SAFETY: the parameter array holds one pointer per kernel
+            // parameter, each to a live local of the parameter's type; the
+            // function and stream belong to this handle's context, bound
+            // above; the arguments and the grid are those of the builder
+            // launch above.
+            unsafe {
+                cudarc::driver::sys::cuLaunchKernel(
+                    f.cu_function(),
+                    groups,
+                    1,
+                    1,
+                    64,
+                    1,
+                    1,
+                    0,
+                    stream.cu_stream(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()?;
+            raw.push(t0.elapsed().as_secs_f64() * 1e6);
+            stream.synchronize()?;
+        }
+        let t0 = Instant::now();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) }.result()?;
+        current.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok([("builder", median(builder)), ("raw", median(raw)), ("cuCtxGetCurrent", median(current))])
+}
+
+/// Diagnostic one-item kernels (`b3x_one_*`): `blake3_digest_one_flag`'s
+/// signature plus a trace pointer (null: no trace).
+pub fn one_flag_experiment(name: &str) -> bool {
+    name.starts_with("b3x_one_")
+}
+
 /// `blake3_digest_one_flag(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
 /// u32* counters, u32 one, u32* flag, u32 seq)`: the digest of one item
-/// passed by value (no table), written to `out`; when `flag` is not 0, the
-/// block that wrote the digest then writes `seq` to it.
+/// passed by value (no table), written to `out`; with `completion` = (flag,
+/// seq) and the flag not 0, the block that wrote the digest then writes
+/// `seq` to it. `experiment` names a diagnostic `b3x_one_*` kernel of the
+/// same module to launch instead (benchmarks; its trace is left null).
+///
+/// The launch calls `cuLaunchKernel` directly with a fixed parameter array
+/// instead of cudarc's builder, which costs 0.05-0.35 µs more per call on
+/// the H200 hosts (medians of 200, docs/benchmarks.md, "Fourth pass"): the
+/// launch call is on the critical path of a one-image call.
 ///
 /// # Safety
 /// `data` must name `len` readable bytes of device memory; `out` 32
@@ -242,28 +355,62 @@ pub(super) unsafe fn blake3_digest_one_raw(
     out: u64,
     values: u64,
     counters: u64,
-    flag: u64,
-    seq: u32,
+    completion: (u64, u32),
+    experiment: Option<&str>,
 ) -> Result<(), GpuError> {
     let (data, len) = item;
+    let (flag, seq) = completion;
     let groups = groups_of_len(len);
     assert!(groups >= 1 && groups <= i32::MAX as u64, "the grid fits");
     let groups = groups as u32;
-    let f = gpu.function(KernelId::Blake3One)?;
-    let one = 1u32;
-    let cfg = LaunchConfig {
-        grid_dim: (groups, 1, 1),
-        block_dim: (KernelId::Blake3One.blake3_block(), 1, 1),
-        shared_mem_bytes: 0,
+    let f = match experiment {
+        None => gpu.function(KernelId::Blake3One)?,
+        Some(name) => {
+            assert!(one_flag_experiment(name), "a diagnostic with the one-item signature and a trace");
+            gpu.modules().function_named(super::kernels::ModuleId::Blake3One, name)?
+        }
     };
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&data).arg(&len).arg(&out).arg(&groups).arg(&values).arg(&counters).arg(&one).arg(&flag).arg(&seq);
-    // SAFETY: the argument list matches the .cu signature (u64, u64, u64,
-    // u32, pointer, pointer, u32, pointer, u32); the kernel reads the item's
-    // bytes below `len`, writes its 32 output bytes, the flag, and the
-    // scratch that `scratch_of_len` sizes (values, then counters), all valid
-    // by this function's contract.
-    unsafe { b.launch(cfg) }?;
+    let (one, no_trace) = (1u32, 0u64);
+    let mut params: [*mut std::ffi::c_void; 10] = [
+        &data as *const u64 as *mut _,
+        &len as *const u64 as *mut _,
+        &out as *const u64 as *mut _,
+        &groups as *const u32 as *mut _,
+        &values as *const u64 as *mut _,
+        &counters as *const u64 as *mut _,
+        &one as *const u32 as *mut _,
+        &flag as *const u64 as *mut _,
+        &seq as *const u32 as *mut _,
+        &no_trace as *const u64 as *mut _,
+    ];
+    // blake3_digest_one_flag has 9 parameters, the diagnostics a 10th (the trace).
+    let n_params = if experiment.is_some() { 10 } else { 9 };
+    let stream = gpu.stream();
+    stream.context().bind_to_thread()?;
+    // SAFETY: the first `n_params` entries point to live locals of the
+    // types of the kernel's parameters, in order (u64, u64, u64, u32,
+    // pointer, pointer, u32, pointer, u32[, pointer]), and the driver copies
+    // them during the call; the function and the stream belong to this
+    // handle's context, bound to the thread above. The kernel reads the
+    // item's bytes below `len`, writes its 32 output bytes, the flag, and
+    // the scratch that `scratch_of_len` sizes (values, then counters), all
+    // valid by this function's contract.
+    unsafe {
+        cudarc::driver::sys::cuLaunchKernel(
+            f.cu_function(),
+            groups,
+            1,
+            1,
+            KernelId::Blake3One.blake3_block(),
+            1,
+            1,
+            0,
+            stream.cu_stream(),
+            params[..n_params].as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
     Ok(())
 }
 

@@ -102,13 +102,31 @@ mod imp {
                 let ok = gpu.read_digests(&batch)? == got;
                 println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
                 experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
+                // An empty kernel: launch and completion alone.
+                let k = "b3x_one_empty";
+                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, k, 64, None))?;
+                println!("blake3 {name:<24} {k:<26} {:>9.1} us", t * 1e3);
+                experiments.insert(k.into(), json!({"us": t * 1e3}));
+                // The host side of a launch alone (the call returns before
+                // the kernel ends), through cudarc's builder and directly.
+                for k in ["b3x_one_empty", "b3x_one_trace"] {
+                    let probe = kvcore::gpu::launch::launch_call_probe(gpu, &batch, k, 200)?;
+                    println!("blake3 {name:<24} launch call of {k} (median us) {probe:?}");
+                    experiments.insert(
+                        format!("launch_call_{k}_us"),
+                        Value::Object(probe.iter().map(|(k, v)| (k.to_string(), json!(v))).collect()),
+                    );
+                }
             }
             // Traces: where the time of one block goes, and the SM clock
             // while it runs (clock64 cycles over globaltimer ns).
-            if batch.len() == 1 && bytes <= (3 << 20) as f64 {
+            for kernel in ["b3x_one_trace"] {
+                if batch.len() != 1 || bytes > (3 << 20) as f64 {
+                    break;
+                }
                 let mut tr = gpu.stream().alloc_zeros::<u64>(8 * batch.groups() as usize)?;
                 for _ in 0..5 {
-                    kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, "b3x_one_trace", 64, Some(&mut tr))?;
+                    kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, kernel, 64, Some(&mut tr))?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -118,7 +136,13 @@ mod imp {
                 let last = rows.iter().find(|r| r[5] == 1).copied().unwrap_or(rows[0]);
                 let chunk_ns: Vec<f64> = rows.iter().map(|r| (r[1] - r[0]) as f64).collect();
                 let ghz: Vec<f64> = rows.iter().map(|r| r[4] as f64 / (r[1] - r[0]).max(1) as f64).collect();
+                // Words 6 and 7: the end of the group's own fold and, in the
+                // block that folded the set, when it learned it was last.
                 let summary = json!({
+                    "kernel": kernel,
+                    "group_fold_done_us_max": rows.iter().map(|r| f(r[6])).fold(0.0, f64::max),
+                    "digest_block_last_us": f(last[7].max(start)),
+                    "digest_block_group_fold_done_us": f(last[6]),
                     "blocks": rows.len(),
                     "start_spread_us": f(rows.iter().map(|r| r[0]).max().unwrap_or(0)),
                     "chunk_phase_us_median": median_of(chunk_ns.clone()) / 1e3,
@@ -128,18 +152,22 @@ mod imp {
                     "sm_clock_ghz_median": median_of(ghz),
                 });
                 println!("blake3 {name:<24} trace {summary}");
-                experiments.insert("trace_one".into(), summary);
+                experiments.insert(format!("trace_one_{kernel}"), summary);
             }
-            if batch.groups() > 16 * sms {
-                let mut tr = gpu.stream().alloc_zeros::<u64>(4 * batch.groups() as usize)?;
+            let traced = [("b3x_multi_trace", 128u32, batch.groups().div_ceil(4))];
+            for (kernel, block, grid) in traced {
+                if batch.groups() <= 16 * sms {
+                    break;
+                }
+                let mut tr = gpu.stream().alloc_zeros::<u64>(4 * grid as usize)?;
                 for _ in 0..3 {
                     kvcore::gpu::launch::blake3_experiment(
                         gpu,
                         &batch,
                         ModuleId::Blake3Pair,
-                        "b3x_pair_trace",
-                        32,
-                        None,
+                        kernel,
+                        block,
+                        Some(grid),
                         Some(&mut tr),
                     )?;
                 }
@@ -159,6 +187,7 @@ mod imp {
                     })
                     .collect();
                 let summary = json!({
+                    "kernel": kernel,
                     "span_us": span / 1e3,
                     "block_us_median": median_of(durs.clone()),
                     "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
@@ -166,7 +195,7 @@ mod imp {
                     "blocks_running_by_tenth": occupancy,
                 });
                 println!("blake3 {name:<24} trace {summary}");
-                experiments.insert("trace_pair".into(), summary);
+                experiments.insert(format!("trace_{kernel}"), summary);
             }
             let t = time_ms(gpu, 3, 30, || gpu.launch_digests(&batch))?;
             let mut entry = json!({"experiments": experiments,
@@ -177,7 +206,12 @@ mod imp {
                 // The whole API call (launch, wait, digest in host memory),
                 // by each one-item path, interleaved so that drift hits all alike.
                 let view = data.slice(..items[0].1 as usize);
-                let paths = [OneItemPath::Table, OneItemPath::ByValue, OneItemPath::ByValueFlag];
+                let paths = [
+                    OneItemPath::Table,
+                    OneItemPath::ByValue,
+                    OneItemPath::ByValueFlag,
+                    OneItemPath::Experiment("b3x_one_empty"),
+                ];
                 let mut walls: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
                 let (ptr, len) = {
                     use cudarc::driver::DevicePtr;
@@ -192,7 +226,9 @@ mod imp {
                         if round >= 20 {
                             walls[k].push(t0.elapsed().as_secs_f64() * 1e6);
                         }
-                        assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                        if *p != OneItemPath::Experiment("b3x_one_empty") {
+                            assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                        }
                     }
                 }
                 let mut calls = serde_json::Map::new();
