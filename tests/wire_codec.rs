@@ -204,6 +204,112 @@ fn decodes_positional_events_of_older_producers() {
     assert_eq!(b.events[2], WireEvent::AllBlocksCleared);
 }
 
+/// One token id in a chosen msgpack integer form (the decoder must accept
+/// every form whose value fits a u32, not only the shortest one).
+#[derive(Clone, Debug)]
+enum TokenForm {
+    Shortest(u32),
+    U8(u8),
+    U16(u16),
+    U32(u32),
+    U64(u32),
+    I8(i8),
+    I16(i16),
+    I32(i32),
+    I64(i64),
+}
+
+fn write_token(p: &mut Vec<u8>, t: &TokenForm) {
+    match *t {
+        TokenForm::Shortest(v) => {
+            mp::write_uint(p, v as u64).unwrap();
+        }
+        TokenForm::U8(v) => mp::write_u8(p, v).unwrap(),
+        TokenForm::U16(v) => mp::write_u16(p, v).unwrap(),
+        TokenForm::U32(v) => mp::write_u32(p, v).unwrap(),
+        TokenForm::U64(v) => mp::write_u64(p, v as u64).unwrap(),
+        TokenForm::I8(v) => mp::write_i8(p, v).unwrap(),
+        TokenForm::I16(v) => mp::write_i16(p, v).unwrap(),
+        TokenForm::I32(v) => mp::write_i32(p, v).unwrap(),
+        TokenForm::I64(v) => mp::write_i64(p, v).unwrap(),
+    }
+}
+
+/// The value a form carries, if it is a valid token id.
+fn token_value(t: &TokenForm) -> Option<u32> {
+    match *t {
+        TokenForm::Shortest(v) | TokenForm::U32(v) | TokenForm::U64(v) => Some(v),
+        TokenForm::U8(v) => Some(v.into()),
+        TokenForm::U16(v) => Some(v.into()),
+        TokenForm::I8(v) => u32::try_from(v).ok(),
+        TokenForm::I16(v) => u32::try_from(v).ok(),
+        TokenForm::I32(v) => u32::try_from(v).ok(),
+        TokenForm::I64(v) => u32::try_from(v).ok(),
+    }
+}
+
+fn token_form() -> impl Strategy<Value = TokenForm> {
+    prop_oneof![
+        any::<u32>().prop_map(TokenForm::Shortest),
+        (0..200_000u32).prop_map(TokenForm::Shortest),
+        any::<u8>().prop_map(TokenForm::U8),
+        any::<u16>().prop_map(TokenForm::U16),
+        any::<u32>().prop_map(TokenForm::U32),
+        any::<u32>().prop_map(TokenForm::U64),
+        any::<i8>().prop_map(TokenForm::I8),
+        any::<i16>().prop_map(TokenForm::I16),
+        any::<i32>().prop_map(TokenForm::I32),
+        prop_oneof![any::<i64>(), 0..=u32::MAX as i64, (u32::MAX as i64 + 1)..i64::MAX].prop_map(TokenForm::I64),
+    ]
+}
+
+/// A positional `BlockStored` payload of one block whose token ids are
+/// written in the given forms.
+fn payload_with_tokens(tokens: &[TokenForm]) -> Vec<u8> {
+    let mut p = Vec::new();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_f32(&mut p, 1.0).unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_array_len(&mut p, 5).unwrap();
+    mp::write_str(&mut p, "BlockStored").unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_uint(&mut p, 7).unwrap();
+    mp::write_nil(&mut p).unwrap();
+    mp::write_array_len(&mut p, tokens.len() as u32).unwrap();
+    for t in tokens {
+        write_token(&mut p, t);
+    }
+    mp::write_uint(&mut p, tokens.len() as u64).unwrap();
+    mp::write_nil(&mut p).unwrap();
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Token ids decode to their values in every msgpack integer form (the
+    /// decoder reads the unsigned forms in a fast loop and the others through
+    /// the general reader); a negative id or one above u32::MAX is an error,
+    /// and so is a payload cut anywhere inside the token array, never a panic.
+    #[test]
+    fn token_ids_decode_in_every_integer_form(tokens in proptest::collection::vec(token_form(), 1..40), cut in any::<prop::sample::Index>()) {
+        let p = payload_with_tokens(&tokens);
+        let want: Option<Vec<u32>> = tokens.iter().map(token_value).collect();
+        match (decode_payload(&p), want) {
+            (Ok(b), Some(want)) => match &b.events[0] {
+                WireEvent::BlockStored(s) => prop_assert_eq!(s.token_ids.as_deref(), Some(&want[..])),
+                e => prop_assert!(false, "decoded {:?}", e),
+            },
+            (Err(_), None) => {}
+            (got, want) => prop_assert!(false, "decoded {:?}, expected tokens {:?}", got.map(|b| b.events), want),
+        }
+        // Cut inside the token array: truncated input is an error.
+        let start = p.len() - 2 - tokens.iter().map(|t| { let mut b = Vec::new(); write_token(&mut b, t); b.len() }).sum::<usize>();
+        let at = start + cut.index(p.len() - 2 - start);
+        prop_assert!(decode_payload(&p[..at]).is_err());
+    }
+}
+
 /// Unknown fields, unknown event types and unknown image_routing versions are
 /// skipped, and the rest of the event still decodes.
 #[test]

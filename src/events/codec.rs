@@ -409,8 +409,23 @@ fn put_hashes(out: &mut Vec<u8>, hashes: &[i64]) {
 
 fn put_tokens(out: &mut Vec<u8>, tokens: &[u32]) {
     put_array_len(out, tokens.len());
-    for t in tokens {
-        put_uint(out, (*t).into());
+    // At most 5 bytes a token: one reservation instead of a growth check
+    // turning into a reallocation somewhere inside the loop.
+    out.reserve(tokens.len() * 5);
+    for &t in tokens {
+        if t < 128 {
+            out.push(t as u8);
+        } else if t < 65_536 {
+            if t < 256 {
+                out.extend_from_slice(&[0xcc, t as u8]);
+            } else {
+                let [a, b] = (t as u16).to_be_bytes();
+                out.extend_from_slice(&[0xcd, a, b]);
+            }
+        } else {
+            let [a, b, c, d] = t.to_be_bytes();
+            out.extend_from_slice(&[0xce, a, b, c, d]);
+        }
     }
 }
 
@@ -889,9 +904,32 @@ impl<'a> Reader<'a> {
         }
         let n = self.array_len("token_ids")?;
         let mut v = Vec::with_capacity(self.cap(n, 1));
+        // Token ids are most of a stored event's bytes, so they get a loop of
+        // their own: the unsigned forms an encoder picks for a u32 (fixint,
+        // uint8, uint16, uint32) are read in place; any other form (a signed
+        // or 64-bit encoding, a bad marker, a value out of range) goes
+        // through the general reader, which decodes or rejects it.
+        let buf = self.buf;
+        let mut pos = self.pos;
         for _ in 0..n {
-            v.push(self.u32("token id")?);
+            let (value, len) = match buf.get(pos) {
+                Some(&m @ 0x00..=0x7f) => (m as u32, 1),
+                Some(0xcc) if pos + 2 <= buf.len() => (buf[pos + 1] as u32, 2),
+                Some(0xcd) if pos + 3 <= buf.len() => (u16::from_be_bytes([buf[pos + 1], buf[pos + 2]]) as u32, 3),
+                Some(0xce) if pos + 5 <= buf.len() => {
+                    (u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]), 5)
+                }
+                _ => {
+                    self.pos = pos;
+                    v.push(self.u32("token id")?);
+                    pos = self.pos;
+                    continue;
+                }
+            };
+            v.push(value);
+            pos += len;
         }
+        self.pos = pos;
         Ok(Some(v))
     }
 
