@@ -181,6 +181,29 @@ __device__ void b3_chunk(u32 cv[8], const u8* p, u32 chunk_len, u64 chunk, bool 
     }
 }
 
+// One warp's hand-over of a value to its level's set of 64: lane `lane` 0
+// stores `v` at slot `idx` of the level (`vals`) and counts it in the set's
+// counter with one acquire-release atomic add (the release orders its own
+// stores before the count; in the warp that counts last, the acquire, then a
+// __syncwarp by the caller, order every lane's loads of the siblings after
+// all their stores). Returns, in every lane, whether this warp counted last;
+// that warp resets the counter for the next use of the scratch (every
+// sibling has counted).
+__device__ __forceinline__ bool b3_hand_over(u32* vals, u32* ctrs, u32 idx, u32 parent, u32 siblings, const u32* v,
+                                             u32 lane) {
+    u32 last = 0;
+    if (lane == 0) {
+        uint4* p = (uint4*)&vals[(u64)idx * 8];
+        __stcg(p, make_uint4(v[0], v[1], v[2], v[3]));
+        __stcg(p + 1, make_uint4(v[4], v[5], v[6], v[7]));
+        u32 old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(&ctrs[parent]), "r"(1u) : "memory");
+        last = old == siblings - 1;
+        if (last) ctrs[parent] = 0;
+    }
+    return __shfl_sync(0xffffffffu, last, 0) != 0;
+}
+
 #ifdef B3_PAIR
 // Two compressions side by side (states a and b), for ILP: the same
 // schedule as b3_compress, written once per state so that the compiler can
@@ -469,12 +492,10 @@ __device__ __forceinline__ void b3_fold_strided(u32 (*s_cv)[9], u32 (&k)[W], u32
 
 // b3_finish's climb for one warp (lanes of threadIdx.x % 32), after its
 // group's value is in s_cv[0] (its own 64 rows), so that the warps of a
-// block climb independently. Lane 0 stores the value and counts it with
-// one acquire-release atomic add instead of a fence and an atomic: the
-// release orders its own stores before the count, and in the warp that
-// counts last, the acquire, then the warp barrier, order every lane's loads
-// of the siblings after all their stores (measured: 0.3 µs less per hand-over
-// than a fence, docs/benchmarks.md).
+// block climb independently, each level's value handed over by
+// b3_hand_over (one acquire-release atomic add instead of a fence and an
+// atomic; measured: 0.3 µs less per hand-over than a fence,
+// docs/benchmarks.md).
 template <int MODE>
 __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_group, u32 (*s_cv)[9], u32* cvs,
                                               u32* counters, u32 one) {
@@ -487,19 +508,7 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
         const u32 parent = idx / B3_GROUP;
         const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
         const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
-        u32 last = 0;
-        if (lane == 0) {
-            uint4* p = (uint4*)&vals[(u64)idx * 8];
-            __stcg(p, make_uint4(s_cv[0][0], s_cv[0][1], s_cv[0][2], s_cv[0][3]));
-            __stcg(p + 1, make_uint4(s_cv[0][4], s_cv[0][5], s_cv[0][6], s_cv[0][7]));
-            u32 old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(&ctrs[parent]), "r"(1u) : "memory");
-            last = old == siblings - 1;
-            // Reset for the next use of the scratch: every sibling has counted.
-            if (last) ctrs[parent] = 0;
-        }
-        last = __shfl_sync(0xffffffffu, last, 0);
-        if (!last) return;
+        if (!b3_hand_over(vals, ctrs, idx, parent, siblings, s_cv[0], lane)) return;
         __syncwarp();
         for (u32 k = lane; k < siblings; k += 32) {
 #pragma unroll
@@ -729,19 +738,7 @@ __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_gr
             const u32 parent = idx / B3_GROUP;
             const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
             const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
-            u32 last = 0;
-            if (t == 0) {
-                uint4* p = (uint4*)&vals[(u64)idx * 8];
-                __stcg(p, make_uint4(v[0], v[1], v[2], v[3]));
-                __stcg(p + 1, make_uint4(v[4], v[5], v[6], v[7]));
-                u32 old;
-                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(&ctrs[parent]), "r"(1u) : "memory");
-                last = old == siblings - 1;
-                // Reset for the next use of the scratch: every sibling has counted.
-                if (last) ctrs[parent] = 0;
-            }
-            last = __shfl_sync(0xffffffffu, last, 0);
-            if (!last) break;
+            if (!b3_hand_over(vals, ctrs, idx, parent, siblings, v, t)) break;
             // Orders the lanes' loads after lane 0's acquire.
             __syncwarp();
             t4 = b3_ns();

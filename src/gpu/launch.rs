@@ -251,6 +251,7 @@ pub fn launch_call_probe(
     let it = batch.table[0];
     let (cvs, counters) = (batch.cvs.device_ptr(gpu.stream()).0, batch.counters.device_ptr(gpu.stream()).0);
     let (data, len, out, groups, one, flag, seq, trace) = (it.data, it.len, it.out, it.groups, 1u32, 0u64, 0u32, 0u64);
+    let args = OneArgs { data, len, out, groups, values: cvs, counters, one, flag, seq, trace };
     let stream = gpu.stream();
     gpu.context().bind_to_thread()?;
     let median = |mut v: Vec<f64>| {
@@ -277,44 +278,14 @@ pub fn launch_call_probe(
         unsafe { b.launch(cfg) }?;
         builder.push(t0.elapsed().as_secs_f64() * 1e6);
         stream.synchronize()?;
-        {
-            let mut params: [*mut std::ffi::c_void; 10] = [
-                &data as *const u64 as *mut _,
-                &len as *const u64 as *mut _,
-                &out as *const u64 as *mut _,
-                &groups as *const u32 as *mut _,
-                &cvs as *const u64 as *mut _,
-                &counters as *const u64 as *mut _,
-                &one as *const u32 as *mut _,
-                &flag as *const u64 as *mut _,
-                &seq as *const u32 as *mut _,
-                &trace as *const u64 as *mut _,
-            ];
-            let t0 = Instant::now();
-            // SAFETY: the parameter array holds one pointer per kernel
-            // parameter, each to a live local of the parameter's type; the
-            // function and stream belong to this handle's context, bound
-            // above; the arguments and the grid are those of the builder
-            // launch above.
-            unsafe {
-                cudarc::driver::sys::cuLaunchKernel(
-                    f.cu_function(),
-                    groups,
-                    1,
-                    1,
-                    64,
-                    1,
-                    1,
-                    0,
-                    stream.cu_stream(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .result()?;
-            raw.push(t0.elapsed().as_secs_f64() * 1e6);
-            stream.synchronize()?;
-        }
+        let t0 = Instant::now();
+        // SAFETY: the arguments and the grid are those of the builder launch
+        // above (the batch's own item, output and scratch; no flag, no
+        // trace), `f` has the one-item signature with a trace (asserted
+        // above), and the context is bound above.
+        unsafe { launch_one(&f, stream, &args, 10) }?;
+        raw.push(t0.elapsed().as_secs_f64() * 1e6);
+        stream.synchronize()?;
         let t0 = Instant::now();
         let mut ctx = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
@@ -370,35 +341,73 @@ pub(super) unsafe fn blake3_digest_one_raw(
             gpu.modules().function_named(super::kernels::ModuleId::Blake3One, name)?
         }
     };
-    let (one, no_trace) = (1u32, 0u64);
-    let mut params: [*mut std::ffi::c_void; 10] = [
-        &data as *const u64 as *mut _,
-        &len as *const u64 as *mut _,
-        &out as *const u64 as *mut _,
-        &groups as *const u32 as *mut _,
-        &values as *const u64 as *mut _,
-        &counters as *const u64 as *mut _,
-        &one as *const u32 as *mut _,
-        &flag as *const u64 as *mut _,
-        &seq as *const u32 as *mut _,
-        &no_trace as *const u64 as *mut _,
-    ];
+    let args = OneArgs { data, len, out, groups, values, counters, one: 1, flag, seq, trace: 0 };
     // blake3_digest_one_flag has 9 parameters, the diagnostics a 10th (the trace).
     let n_params = if experiment.is_some() { 10 } else { 9 };
     let stream = gpu.stream();
     stream.context().bind_to_thread()?;
-    // SAFETY: the first `n_params` entries point to live locals of the
-    // types of the kernel's parameters, in order (u64, u64, u64, u32,
-    // pointer, pointer, u32, pointer, u32[, pointer]), and the driver copies
-    // them during the call; the function and the stream belong to this
-    // handle's context, bound to the thread above. The kernel reads the
-    // item's bytes below `len`, writes its 32 output bytes, the flag, and
-    // the scratch that `scratch_of_len` sizes (values, then counters), all
-    // valid by this function's contract.
+    // SAFETY: `f` has the one-item signature (with a trace when
+    // `experiment` names a diagnostic, asserted above), so `n_params`
+    // matches it; its function and the stream belong to this handle's
+    // context, bound to the thread above. The kernel reads the item's bytes
+    // below `len`, writes its 32 output bytes, the flag, and the scratch
+    // that `scratch_of_len` sizes (values, then counters), all valid by this
+    // function's contract.
+    unsafe { launch_one(&f, stream, &args, n_params) }
+}
+
+/// The arguments of `blake3_digest_one_flag` (the first nine) and of its
+/// `b3x_one_*` diagnostics (all ten), in parameter order.
+struct OneArgs {
+    data: u64,
+    len: u64,
+    out: u64,
+    groups: u32,
+    values: u64,
+    counters: u64,
+    one: u32,
+    flag: u64,
+    seq: u32,
+    trace: u64,
+}
+
+/// Launches `f` with the first `n_params` of `args` through `cuLaunchKernel`
+/// directly (a fixed parameter array: cudarc's builder costs 0.05-0.35 µs
+/// more per call, on the critical path of a one-image digest), one block of
+/// `blake3_block()` threads per group, on `stream`.
+///
+/// # Safety
+/// `f` takes exactly the first `n_params` (9 or 10) fields of `OneArgs`, in
+/// order and of those types; `f` and `stream` belong to the context bound to
+/// this thread; the addresses in `args` satisfy `blake3_digest_one_raw`'s
+/// contract (and `trace`, when not 0, holds 8 words per group).
+unsafe fn launch_one(
+    f: &cudarc::driver::CudaFunction,
+    stream: &cudarc::driver::CudaStream,
+    args: &OneArgs,
+    n_params: usize,
+) -> Result<(), GpuError> {
+    assert!(n_params == 9 || n_params == 10, "the one-item signature, with or without a trace");
+    let mut params: [*mut std::ffi::c_void; 10] = [
+        &args.data as *const u64 as *mut _,
+        &args.len as *const u64 as *mut _,
+        &args.out as *const u64 as *mut _,
+        &args.groups as *const u32 as *mut _,
+        &args.values as *const u64 as *mut _,
+        &args.counters as *const u64 as *mut _,
+        &args.one as *const u32 as *mut _,
+        &args.flag as *const u64 as *mut _,
+        &args.seq as *const u32 as *mut _,
+        &args.trace as *const u64 as *mut _,
+    ];
+    // SAFETY: each entry points to a field of `args`, alive for the call,
+    // of the type of the kernel parameter at its position (this function's
+    // contract), and the driver copies the values during the call; the rest
+    // is this function's contract.
     unsafe {
         cudarc::driver::sys::cuLaunchKernel(
             f.cu_function(),
-            groups,
+            args.groups,
             1,
             1,
             KernelId::Blake3One.blake3_block(),
