@@ -486,6 +486,12 @@ impl Indexer {
     /// Applies one decoded event from `worker`. Events from unknown or
     /// removed workers are ignored.
     pub fn apply(&mut self, worker: WorkerId, event: &WireEvent) {
+        self.prefetch_event(worker, event);
+        self.apply_fetched(worker, event);
+    }
+
+    /// [`Indexer::apply`] once `prefetch_event` has run for the event.
+    fn apply_fetched(&mut self, worker: WorkerId, event: &WireEvent) {
         if !self.is_live(worker) {
             return;
         }
@@ -506,16 +512,21 @@ impl Indexer {
     /// one will touch are already being fetched.
     pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (WorkerId, &'a WireEvent)>) {
         let mut it = events.into_iter().peekable();
+        if let Some((w, e)) = it.peek() {
+            self.prefetch_event(*w, e);
+        }
         while let Some((w, e)) = it.next() {
             if let Some((nw, ne)) = it.peek() {
                 self.prefetch_event(*nw, ne);
             }
-            self.apply(w, e);
+            self.apply_fetched(w, e);
         }
     }
 
-    /// Hints the cache lines `event` will read first: its blocks' slots in
-    /// the worker's table and the start of its token ids.
+    /// Hints the cache lines `event` will read first: its blocks' slots (and
+    /// its parent's) in the worker's table, and its token ids. The one place
+    /// these are fetched: `apply` calls it just before the event,
+    /// `apply_all` one event ahead.
     fn prefetch_event(&self, worker: WorkerId, event: &WireEvent) {
         let Some(wb) = self.workers.get(worker.0 as usize) else { return };
         let hashes = match event {
@@ -551,7 +562,8 @@ impl Indexer {
         seed
     }
 
-    /// Applies a `BlockStored` (see the module docs for what is skipped).
+    /// Applies a `BlockStored` (see the module docs for what is skipped),
+    /// without the read-ahead that [`Indexer::apply`] does first.
     pub fn apply_stored(&mut self, worker: WorkerId, s: &WireBlockStored) {
         let w = worker.0 as usize;
         if w >= self.workers.len() {
@@ -583,20 +595,12 @@ impl Indexer {
         let seed = self.seed_for(s);
         let tier = Tier::from_medium(s.medium.as_deref());
         // The parent's key, when known: the seed for a chain start. Its slot
-        // is read now and used after the content hashes, which hide the miss.
+        // and the blocks' own slots were fetched ahead (`prefetch_event`, by
+        // `apply` or `apply_all`) and are read after the content hashes.
         let (mut parent_hash, mut has_parent) = (0u64, false);
         if let Some(p) = s.parent_block_hash {
             parent_hash = p as u64;
             has_parent = true;
-            self.workers[w].keyed.prefetch(parent_hash);
-        }
-        // The blocks' own slots do not depend on any hash computed here: read
-        // them now too, so that their misses overlap the content hashes.
-        {
-            let keyed = &self.workers[w].keyed;
-            for &h in &s.block_hashes {
-                keyed.prefetch(h as u64);
-            }
         }
         // Pass 1: content hashes, pure computation.
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -825,7 +829,8 @@ impl Indexer {
     }
 
     /// Applies a `BlockRemoved`: each hash leaves the event's tier; a block in
-    /// no tier is forgotten. Unknown hashes are no-ops.
+    /// no tier is forgotten. Unknown hashes are no-ops. Without the
+    /// read-ahead that [`Indexer::apply`] does first.
     pub fn apply_removed(&mut self, worker: WorkerId, r: &WireBlockRemoved) {
         let w = worker.0 as usize;
         if w >= self.workers.len() {
@@ -834,14 +839,11 @@ impl Indexer {
         self.counters.removed_events += 1;
         let bit = Tier::from_medium(r.medium.as_deref()).bit();
         if r.block_hashes.len() > 1 {
-            // Fetches ahead, as for stores: the blocks' slots first, then the
-            // holder slots of the keys found there, so that their misses
+            // The blocks' slots were fetched ahead (`prefetch_event`); fetch
+            // the holder slots of the keys found there, so that their misses
             // overlap. Only hints: the loop below looks everything up again
             // (in cache by then).
             let keyed = &self.workers[w].keyed;
-            for &hash in &r.block_hashes {
-                keyed.prefetch(hash as u64);
-            }
             for &hash in &r.block_hashes {
                 if let Some(&k) = keyed.get(hash as u64) {
                     self.index.map.prefetch(k);

@@ -158,11 +158,10 @@ impl<V: Copy + Default> U64Table<V> {
 
     /// Grows a full table: four-fold while it is small, then two-fold.
     ///
-    /// Why: each growth writes a new table (and faults its memory in) and
-    /// frees the old one, so a table filled from empty writes about twice
-    /// its final size when it doubles; growing four-fold up to
-    /// `GROW_FOUR_SLOTS` cuts the small steps, at the cost of at most that
-    /// many slots (1 MiB) of slack in a table that stops growing there.
+    /// Why: each growth moves every key (in place, see `resize`); growing
+    /// four-fold up to `GROW_FOUR_SLOTS` cuts the small steps, at the cost
+    /// of at most that many slots (1 MiB) of slack in a table that stops
+    /// growing there.
     #[cold]
     fn grow(&mut self) {
         let n = self.slots.len();
