@@ -413,19 +413,7 @@ fn put_tokens(out: &mut Vec<u8>, tokens: &[u32]) {
     // turning into a reallocation somewhere inside the loop.
     out.reserve(tokens.len() * 5);
     for &t in tokens {
-        if t < 128 {
-            out.push(t as u8);
-        } else if t < 65_536 {
-            if t < 256 {
-                out.extend_from_slice(&[0xcc, t as u8]);
-            } else {
-                let [a, b] = (t as u16).to_be_bytes();
-                out.extend_from_slice(&[0xcd, a, b]);
-            }
-        } else {
-            let [a, b, c, d] = t.to_be_bytes();
-            out.extend_from_slice(&[0xce, a, b, c, d]);
-        }
+        put_u32(out, t);
     }
 }
 
@@ -440,19 +428,28 @@ fn put_f64(out: &mut Vec<u8>, v: f64) {
 
 /// The smallest encoding of an unsigned integer.
 fn put_uint(out: &mut Vec<u8>, v: u64) {
+    match u32::try_from(v) {
+        Ok(v) => put_u32(out, v),
+        Err(_) => {
+            out.push(0xcf);
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// The shortest unsigned form of a u32 (token ids go through here one by one).
+#[inline]
+fn put_u32(out: &mut Vec<u8>, v: u32) {
     if v < 128 {
         out.push(v as u8);
     } else if v < 256 {
         out.extend_from_slice(&[0xcc, v as u8]);
     } else if v < 65_536 {
-        out.push(0xcd);
-        out.extend_from_slice(&(v as u16).to_be_bytes());
-    } else if v < 1 << 32 {
-        out.push(0xce);
-        out.extend_from_slice(&(v as u32).to_be_bytes());
+        let [a, b] = (v as u16).to_be_bytes();
+        out.extend_from_slice(&[0xcd, a, b]);
     } else {
-        out.push(0xcf);
-        out.extend_from_slice(&v.to_be_bytes());
+        let [a, b, c, d] = v.to_be_bytes();
+        out.extend_from_slice(&[0xce, a, b, c, d]);
     }
 }
 
