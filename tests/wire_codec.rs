@@ -308,6 +308,39 @@ proptest! {
         let at = start + cut.index(p.len() - 2 - start);
         prop_assert!(decode_payload(&p[..at]).is_err());
     }
+
+    /// Long token arrays whose first ids mix the unsigned forms (so that the
+    /// decoder takes its loop without a branch on the form), followed by ids
+    /// in any form (which that loop hands to the general reader): every value
+    /// decodes, an invalid id is an error, and so is a cut anywhere inside.
+    #[test]
+    fn mixed_unsigned_token_ids_then_any_form(
+        head in proptest::collection::vec(prop_oneof![
+            (0..0x80u32).prop_map(TokenForm::Shortest),
+            any::<u8>().prop_map(TokenForm::U8),
+            any::<u16>().prop_map(TokenForm::U16),
+            any::<u32>().prop_map(TokenForm::U32),
+        ], 16..300),
+        tail in proptest::collection::vec(token_form(), 0..24),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let tokens: Vec<TokenForm> = head.into_iter().chain(tail).collect();
+        let p = payload_with_tokens(&tokens);
+        let want: Option<Vec<u32>> = tokens.iter().map(token_value).collect();
+        match (decode_payload(&p), want) {
+            (Ok(b), Some(want)) => match &b.events[0] {
+                WireEvent::BlockStored(s) => prop_assert_eq!(s.token_ids.as_deref(), Some(&want[..])),
+                e => prop_assert!(false, "decoded {:?}", e),
+            },
+            (Err(_), None) => {}
+            (got, want) => prop_assert!(false, "decoded {:?}, expected tokens {:?}", got.map(|b| b.events), want),
+        }
+        let token_bytes: usize = tokens.iter().map(|t| { let mut b = Vec::new(); write_token(&mut b, t); b.len() }).sum();
+        let size_bytes = { let mut b = Vec::new(); mp::write_uint(&mut b, tokens.len() as u64).unwrap(); b.len() };
+        let start = p.len() - size_bytes - 1 - token_bytes;
+        let at = start + cut.index(token_bytes);
+        prop_assert!(decode_payload(&p[..at]).is_err());
+    }
 }
 
 /// Unknown fields, unknown event types and unknown image_routing versions are
