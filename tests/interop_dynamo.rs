@@ -349,3 +349,41 @@ fn dynamo_recovers_missed_batches_through_our_replay_socket() {
     }
     assert!(e.publisher().unwrap().stats().replays_served >= 1);
 }
+
+/// `kvcore route-bench --dynamo` drives both indexers over the very same
+/// events: run it small against the real wheel and check that both sides
+/// stored the same blocks, found the same best match for the same lookup,
+/// timed Dynamo as often as kvcore, and that every wall-clock ratio is a
+/// positive number (the CPU-time ones too, where the runs were long enough
+/// for the thread CPU clock to see them).
+#[test]
+fn route_bench_measures_both_sides_on_the_same_events() {
+    let Some(py) = python() else { return };
+    let venv = py.parent().and_then(Path::parent).expect("venv/bin/python");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+        .args(["route-bench", "--dynamo", "--repo"])
+        .arg(repo())
+        .args(["--sequences", "16", "--seq-tokens", "512", "--lookup-keys", "32", "--iters", "20", "--repeats", "2"])
+        .env("KVCORE_DYNAMO_VENV", venv)
+        .output()
+        .expect("run kvcore route-bench");
+    assert!(out.status.success(), "route-bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON report on stdout");
+    let (ours, theirs) = (&report["kvcore"], &report["dynamo"]);
+    // 16 sequences of 512 tokens in blocks of 32.
+    assert_eq!(ours["stored_blocks"], json!(256));
+    assert_eq!(theirs["stored_blocks"], json!(256));
+    assert_eq!(theirs["repeats"], json!(2));
+    // The lookup: the 16 keys of one stored sequence, then unseen keys.
+    assert_eq!(ours["lookup_best_match_blocks"], json!(16));
+    assert_eq!(theirs["lookup_best_match_blocks"], json!(16));
+    assert_eq!(theirs["lookup_after_removals"], json!(0));
+    for key in ["stored_events_per_s", "stored_blocks_per_s", "warm_stored_blocks_per_s", "hash_p50", "lookup_p50"] {
+        let r = report["ratio"][key].as_f64();
+        assert!(r.is_some_and(|r| r.is_finite() && r > 0.0), "ratio {key}: {:?}", report["ratio"][key]);
+    }
+    for key in ["stored_blocks_per_cpu_s", "warm_stored_blocks_per_cpu_s"] {
+        let r = &report["ratio"][key];
+        assert!(r.is_null() || r.as_f64().is_some_and(|r| r.is_finite() && r > 0.0), "ratio {key}: {r:?}");
+    }
+}

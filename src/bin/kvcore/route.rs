@@ -489,7 +489,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
                 _ => faults_ok = false,
             }
         }
-        (best, cpu_ok.then(|| cpu_sum / repeats as f64), faults_ok.then(|| faults_sum as f64 / repeats as f64))
+        // A CPU time of zero (runs shorter than one tick of the clock) gives
+        // no figure rather than an infinite one.
+        let cpu = (cpu_ok && cpu_sum > 0.0).then(|| cpu_sum / repeats as f64);
+        (best, cpu, faults_ok.then(|| faults_sum as f64 / repeats as f64))
     };
     let apply_all = |ix: &mut Indexer, wids: &[WorkerId]| {
         ix.apply_all(events.iter().zip(wids).map(|((_, e), w)| (*w, e)));
@@ -556,7 +559,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         warm_s = warm_s.min(a);
         warm_cpu = warm_cpu.zip(ac).map(|(x, y)| x + y);
     }
-    let warm_cpu = warm_cpu.map(|c| c / repeats as f64);
+    let warm_cpu = warm_cpu.filter(|c| *c > 0.0).map(|c| c / repeats as f64);
     // Decode and apply from the payload bytes (what a subscriber does), into
     // fresh tables: the best of `repeats` runs, as for the apply above.
     let decode_apply_s = if payloads.is_empty() {
