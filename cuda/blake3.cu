@@ -249,8 +249,20 @@ __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 c
 
 // Chaining values of two whole (1024-byte), non-root chunks: chunk `ca` at
 // pa and chunk `ca + 32` at pb, side by side.
-template <int MODE>
+// AL (an experiment): 0 tests `aligned` at each load inside the loop; 1
+// has the caller pick one of two loops, each with its loads fixed.
+template <int MODE, int AL = 0>
 __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u64 ca, bool aligned, u32 one) {
+    if (AL == 1) {
+        if (aligned) {
+            b3_chunk2<MODE, 2>(cva, cvb, pa, pb, ca, true, one);
+        } else {
+            b3_chunk2<MODE, 3>(cva, cvb, pa, pb, ca, false, one);
+        }
+        return;
+    }
+    if (AL == 2) aligned = true;
+    if (AL == 3) aligned = false;
 #pragma unroll
     for (int i = 0; i < 8; i++) { cva[i] = B3_IV[i]; cvb[i] = B3_IV[i]; }
     u32 ma[16], mb[16];
@@ -272,7 +284,7 @@ __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u6
 // The chunk values of the group's n chunks from first_chunk into s_cv, by
 // one warp (lane t): two chunks per thread (t and t + 32), hashed side by
 // side when both are whole: twice the independent instructions per thread.
-template <int MODE>
+template <int MODE, int AL = 0>
 __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_chunk, u32 n, u32 t, u32 (*s_cv)[9], u32 one) {
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u8* base = (const u8*)it.data;
@@ -280,7 +292,7 @@ __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_c
     const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
     if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
         u32 cva[8], cvb[8];
-        b3_chunk2<MODE>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
+        b3_chunk2<MODE, AL>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
 #pragma unroll
         for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
     } else {
@@ -539,7 +551,7 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
 // then the block folds its groups side by side, then each warp climbs on
 // its own. Launch with ceil(groups / B3_MULTI) blocks of 32 B3_MULTI
 // threads; warps past the last group only take part in the fold's barriers.
-template <int MODE>
+template <int MODE, int AL = 0>
 __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
                                                 u32 one) {
     constexpr int W = B3_MULTI;
@@ -560,7 +572,7 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
         const u64 first_chunk = (u64)local_group * B3_GROUP;
         n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-        b3_pair_chunks<MODE>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
+        b3_pair_chunks<MODE, AL>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
     }
     // Each warp's count of values; bit 31 marks a group that is its item's
     // whole tree (root flag on its last merge).
@@ -603,6 +615,13 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
         u64* r = trace + 4 * (u64)blockIdx.x;
         r[0] = t0; r[1] = t1; r[2] = clock64() - c0;
     }
+}
+
+// Experiment (fifth pass): blake3_digest_multi with one chunk loop per
+// alignment (AL 1), so that the loop has no branch around its loads.
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_al(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
 }
 
 // One warp per group, two chunks per thread (launch with 32 threads per
@@ -683,12 +702,54 @@ __device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32
     return (k + 1) / 2;
 }
 
+// The value of a whole (1024-byte), aligned, non-root chunk, by a loop
+// that has no partial-block branch: CV 1 (the one-image kernel's) loads
+// block j + 1 into a second buffer while block j is compressed (16 moves
+// per block); CV 2 (an experiment) is unrolled twice over two buffers (no
+// moves, twice the loop code, and ptxas may issue the loads late).
+// b3_chunk's loop, which also serves partial blocks, compiles to about 60
+// more instructions per block (32 moves, branches): measured on an H200,
+// the one-image chunk phase takes 12.1 us with it and 10.4-10.6 with either
+// loop here (docs/benchmarks.md, "Fifth pass").
+template <int CV>
+__device__ __forceinline__ void b3_chunk_whole(u32 cv[8], const u8* p, u64 chunk, u32 one) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) cv[i] = B3_IV[i];
+    if (CV == 1) {
+        u32 m[16];
+        b3_load_full(m, p, true);
+#pragma unroll 1
+        for (u32 j = 0; j < 16; j++) {
+            u32 cur[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) cur[i] = m[i];
+            if (j + 1 < 16) b3_load_full(m, p + 64 * (j + 1), true);
+            const u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
+            b3_compress<0>(cv, cur, chunk, 64, flags, one);
+        }
+    } else {
+        u32 ma[16], mb[16];
+        b3_load_full(ma, p, true);
+#pragma unroll 1
+        for (u32 j = 0; j < 16; j += 2) {
+            b3_load_full(mb, p + 64 * (j + 1), true);
+            b3_compress<0>(cv, ma, chunk, 64, j == 0 ? B3_CHUNK_START : 0u, one);
+            if (j + 2 < 16) b3_load_full(ma, p + 64 * (j + 2), true);
+            b3_compress<0>(cv, mb, chunk, 64, j == 14 ? B3_CHUNK_END : 0u, one);
+        }
+    }
+}
+
 // One group of `it` (64 threads, 64 chunks). With `trace`, lane 0 of warp 0
 // records (ns) its start, the end of its chunk, all chunks in, its end, its
 // chunk's cycles, whether the block wrote the digest, the end of the
 // group's own fold, and when the block learned that it was last of its set
 // (0 if never): 8 words per group. With `flag`, the block that wrote the
 // digest then raises *flag to `seq` after a system fence.
+// CV: 0 (an experiment: the kernel before the fifth pass) hashes every
+// chunk with b3_chunk; 1 and 2 take b3_chunk_whole's loops for whole,
+// aligned, non-root chunks (1: the one-image kernel).
+template <int CV>
 __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
                                               u64* trace, u32* flag, u32 seq) {
     const u64 t0 = b3_ns(), c0 = clock64();
@@ -704,7 +765,11 @@ __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_gr
         u64 off = c * 1024;
         u32 len = it.len == 0 ? 0u : (u32)min((u64)1024, it.len - off);
         u32 cv[8];
-        b3_chunk<0>(cv, base + off, len, c, aligned, chunks == 1, one);
+        if (CV != 0 && len == 1024 && aligned && chunks > 1) {
+            b3_chunk_whole<CV>(cv, base + off, c, one);
+        } else {
+            b3_chunk<0>(cv, base + off, len, c, aligned, chunks == 1, one);
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) s_cv[t][i] = cv[i];
     }
@@ -795,7 +860,7 @@ __device__ __forceinline__ Blake3Item b3_item(u64 data, u64 len, u64 out, u32 gr
 
 extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
     u64 data, u64 len, u64 out, u32 groups, u32* cvs, u32* counters, u32 one, u32* flag, u32 seq) {
-    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, nullptr, flag, seq);
+    b3_digest_one<1>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, nullptr, flag, seq);
 }
 
 // Diagnostics for the bench, with the signature of blake3_digest_one_flag
@@ -805,7 +870,20 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
 extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
                                                                     u32* counters, u32 one, u32* flag, u32 seq,
                                                                     u64* trace) {
-    b3_digest_one(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
+    b3_digest_one<1>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
+}
+// Experiments (fifth pass), with the same signature and trace: the chunk
+// loop unrolled twice (CV 2), and b3_chunk's loop for every chunk (CV 0, the
+// kernel before).
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_whole2(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+                                                                     u32* counters, u32 one, u32* flag, u32 seq,
+                                                                     u64* trace) {
+    b3_digest_one<2>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
+}
+extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_generic(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
+                                                                      u32* counters, u32 one, u32* flag, u32 seq,
+                                                                      u64* trace) {
+    b3_digest_one<0>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
 }
 extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_empty(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
                                                                     u32* counters, u32 one, u32* flag, u32 seq,

@@ -244,7 +244,8 @@ mod device {
             );
         }
         // Every one-item path of the one-call digest (table, by value, by
-        // value with the completion flag), aligned and not, around chunk
+        // value with the completion flag launched directly or as a graph
+        // whose grid changes with the length), aligned and not, around chunk
         // and group boundaries.
         let base = {
             use cudarc::driver::DevicePtr;
@@ -256,7 +257,9 @@ mod device {
                     continue;
                 }
                 let want = blake3::hash(&data[off as usize..(off + len) as usize]);
-                for path in [OneItemPath::Table, OneItemPath::ByValue, OneItemPath::ByValueFlag] {
+                for path in
+                    [OneItemPath::Table, OneItemPath::ByValue, OneItemPath::ByValueFlagLaunch, OneItemPath::ByValueFlag]
+                {
                     // SAFETY: the range lies inside `dev`, alive for the call.
                     let got = unsafe { gpu.digest_device_via(&[DeviceBytes { ptr: base + off, len }], path) }.unwrap();
                     assert_eq!(&got[0], want.as_bytes(), "{path:?}, length {len} offset {off}");

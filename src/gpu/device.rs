@@ -45,6 +45,9 @@ struct DigestArena {
     /// The last completion value the one-item kernel was given (the flag
     /// word at the start of `host` holds it once that kernel is done).
     seq: u32,
+    /// One-node graphs of the one-item kernels launched through a graph
+    /// ([`OneItemPath::ByValueFlag`]), made on first use.
+    graphs: Vec<launch::OneGraph>,
 }
 
 /// Items up to which the one-call digest's kernel reads the table from
@@ -77,16 +80,23 @@ pub enum OneItemPath {
     /// The item passed by value to `blake3_digest_one_flag` (no table read
     /// before the first load), a stream synchronize.
     ByValue,
-    /// As `ByValue`, waiting on the kernel's completion flag in mapped host
-    /// memory instead of the stream (the stream is still checked for
-    /// errors while waiting).
+    /// As `ByValueFlag`, launched by `cuLaunchKernel` (the default before
+    /// the fifth pass).
+    ByValueFlagLaunch,
+    /// The item by value, launched as a one-node CUDA graph (made on the
+    /// first call; each call sets the node's parameters and launches it),
+    /// waiting on the kernel's completion flag in mapped host memory
+    /// instead of the stream (the stream is still checked for errors while
+    /// waiting).
     #[default]
     ByValueFlag,
-    /// Benchmarks only: as `ByValueFlag` with the diagnostic kernel of this
-    /// name (`b3x_one_*` of the `B3_ONE` module, with the one-item
+    /// Benchmarks only: as `ByValueFlagLaunch` with the diagnostic kernel of
+    /// this name (`b3x_one_*` of the `B3_ONE` module, with the one-item
     /// signature plus a null trace); `b3x_one_empty` measures what launch
     /// and completion cost alone (its digest is not computed).
     Experiment(&'static str),
+    /// Benchmarks only: as `Experiment`, launched as `ByValueFlag` is.
+    GraphExperiment(&'static str),
 }
 
 /// A device-resident byte string: a device address and a length.
@@ -96,6 +106,19 @@ pub struct DeviceBytes {
     pub ptr: u64,
     /// Length in bytes.
     pub len: u64,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The digest arena's graphs name functions of the module cache:
+        // destroy them, and free the arena's buffers, while the modules
+        // are loaded and the stream lives (fields drop in declaration
+        // order, the arena last).
+        let _ = self.stream.synchronize();
+        if let Ok(mut a) = self.arena.lock() {
+            *a = None;
+        }
+    }
 }
 
 impl Gpu {
@@ -232,7 +255,8 @@ impl Gpu {
     /// large enough): one item goes to its own kernel by value, which writes
     /// the digest into mapped pinned memory and then raises a completion
     /// flag there that the host spins on ([`OneItemPath::ByValueFlag`]: one
-    /// launch, no synchronize); several items are read by the kernel from a
+    /// launch of a one-node graph kept by the handle, no synchronize);
+    /// several items are read by the kernel from a
     /// table in mapped memory (a larger one goes up in one copy), followed
     /// by one synchronize. This is what the C API wraps. Calls on one handle
     /// take turns.
@@ -276,7 +300,7 @@ impl Gpu {
             }
         };
         if grow {
-            // Drop the old buffers after the stream is idle (a call that
+            // Drop the old buffers after the streams are idle (a call that
             // waited on its flag may leave its kernel's last block exiting).
             self.stream.synchronize()?;
             *guard = None;
@@ -312,6 +336,7 @@ impl Gpu {
                 host_ptr,
                 host_dev,
                 seq: 0,
+                graphs: Vec::new(),
             });
         }
         let a = guard.as_mut().expect("just made");
@@ -319,7 +344,11 @@ impl Gpu {
             let it = items[0];
             a.seq = a.seq.wrapping_add(1).max(1);
             let experiment = match path {
-                OneItemPath::Experiment(name) => Some(name),
+                OneItemPath::Experiment(name) | OneItemPath::GraphExperiment(name) => Some(name),
+                _ => None,
+            };
+            let graphs = match path {
+                OneItemPath::ByValueFlag | OneItemPath::GraphExperiment(_) => Some(&mut a.graphs),
                 _ => None,
             };
             let flag = if path == OneItemPath::ByValue { 0 } else { a.host_dev };
@@ -337,6 +366,7 @@ impl Gpu {
                     a.counters_ptr,
                     (flag, a.seq),
                     experiment,
+                    graphs,
                 )
             }?;
             if flag != 0 {

@@ -308,10 +308,14 @@ pub fn one_flag_experiment(name: &str) -> bool {
 /// `seq` to it. `experiment` names a diagnostic `b3x_one_*` kernel of the
 /// same module to launch instead (benchmarks; its trace is left null).
 ///
-/// The launch calls `cuLaunchKernel` directly with a fixed parameter array
-/// instead of cudarc's builder, which costs 0.05-0.35 µs more per call on
-/// the H200 hosts (medians of 200, docs/benchmarks.md, "Fourth pass"): the
-/// launch call is on the critical path of a one-image call.
+/// With `graphs`, the kernel goes as a one-node CUDA graph, made once per
+/// kernel and kept there; each call sets the node's parameters and launches
+/// the graph. On the H200 hosts that takes 1.7-1.9 µs less from the call to
+/// the flag than `cuLaunchKernel` (an empty kernel through the whole call:
+/// 5.6 against 7.4 µs, docs/benchmarks.md, "Fifth pass"). Without, the
+/// launch calls `cuLaunchKernel` directly with a fixed parameter array
+/// instead of cudarc's builder, which costs 0.05-0.35 µs more per call
+/// ("Fourth pass").
 ///
 /// # Safety
 /// `data` must name `len` readable bytes of device memory; `out` 32
@@ -328,6 +332,7 @@ pub(super) unsafe fn blake3_digest_one_raw(
     counters: u64,
     completion: (u64, u32),
     experiment: Option<&str>,
+    graphs: Option<&mut Vec<OneGraph>>,
 ) -> Result<(), GpuError> {
     let (data, len) = item;
     let (flag, seq) = completion;
@@ -346,14 +351,121 @@ pub(super) unsafe fn blake3_digest_one_raw(
     let n_params = if experiment.is_some() { 10 } else { 9 };
     let stream = gpu.stream();
     stream.context().bind_to_thread()?;
-    // SAFETY: `f` has the one-item signature (with a trace when
+    // SAFETY (both arms): `f` has the one-item signature (with a trace when
     // `experiment` names a diagnostic, asserted above), so `n_params`
     // matches it; its function and the stream belong to this handle's
     // context, bound to the thread above. The kernel reads the item's bytes
     // below `len`, writes its 32 output bytes, the flag, and the scratch
     // that `scratch_of_len` sizes (values, then counters), all valid by this
     // function's contract.
-    unsafe { launch_one(&f, stream, &args, n_params) }
+    match graphs {
+        None => unsafe { launch_one(&f, stream, &args, n_params) },
+        Some(graphs) => {
+            let i = match graphs.iter().position(|g| g.func == f.cu_function() && g.n_params == n_params) {
+                Some(i) => i,
+                None => match unsafe { OneGraph::new(&f, &args, n_params) } {
+                    Ok(g) => {
+                        graphs.push(g);
+                        graphs.len() - 1
+                    }
+                    // A driver that cannot make the graph still launches the kernel.
+                    Err(_) => return unsafe { launch_one(&f, stream, &args, n_params) },
+                },
+            };
+            unsafe { graphs[i].launch(stream, &args) }
+        }
+    }
+}
+
+/// A one-node CUDA graph of a one-item kernel, instantiated once; each
+/// launch sets the node's parameters and launches the executable graph.
+#[derive(Debug)]
+pub(super) struct OneGraph {
+    graph: cudarc::driver::sys::CUgraph,
+    exec: cudarc::driver::sys::CUgraphExec,
+    node: cudarc::driver::sys::CUgraphNode,
+    func: cudarc::driver::sys::CUfunction,
+    n_params: usize,
+}
+
+// SAFETY: the handles are plain driver objects, usable from any thread; the
+// digest arena that owns the graphs is only touched under its lock, so no
+// two threads use one at once.
+unsafe impl Send for OneGraph {}
+
+impl OneGraph {
+    /// The node's parameters for `args` (grid from `args.groups`).
+    fn node_params(
+        func: cudarc::driver::sys::CUfunction,
+        args: &OneArgs,
+        params: &mut [*mut std::ffi::c_void; 10],
+    ) -> cudarc::driver::sys::CUDA_KERNEL_NODE_PARAMS {
+        *params = args.pointers();
+        cudarc::driver::sys::CUDA_KERNEL_NODE_PARAMS {
+            func,
+            gridDimX: args.groups,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: KernelId::Blake3One.blake3_block(),
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            kernelParams: params.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        }
+    }
+
+    /// # Safety
+    /// As [`launch_one`] for `f`, `args` and `n_params` (the graph is only
+    /// made here, not launched).
+    unsafe fn new(f: &cudarc::driver::CudaFunction, args: &OneArgs, n_params: usize) -> Result<OneGraph, GpuError> {
+        use cudarc::driver::sys;
+        let mut params = [std::ptr::null_mut(); 10];
+        let p = Self::node_params(f.cu_function(), args, &mut params);
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: valid out-pointers; the node parameters point to `args`,
+        // alive for the calls, which copy them.
+        unsafe { sys::cuGraphCreate(&mut graph, 0) }.result()?;
+        let mut me = OneGraph { graph, exec: std::ptr::null_mut(), node: std::ptr::null_mut(), func: p.func, n_params };
+        // SAFETY: as above; `me` destroys what was made if a later call fails.
+        unsafe { sys::cuGraphAddKernelNode_v2(&mut me.node, me.graph, std::ptr::null(), 0, &p) }.result()?;
+        // SAFETY: as above.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut me.exec, me.graph, 0) }.result()?;
+        Ok(me)
+    }
+
+    /// # Safety
+    /// As [`launch_one`] for this graph's function and `args`.
+    unsafe fn launch(&self, stream: &cudarc::driver::CudaStream, args: &OneArgs) -> Result<(), GpuError> {
+        use cudarc::driver::sys;
+        let mut params = [std::ptr::null_mut(); 10];
+        let p = Self::node_params(self.func, args, &mut params);
+        // SAFETY: the node belongs to this executable graph and keeps its
+        // function; the parameters are copied during the call.
+        unsafe { sys::cuGraphExecKernelNodeSetParams_v2(self.exec, self.node, &p) }.result()?;
+        // SAFETY: the caller's contract (the kernel's arguments are valid).
+        unsafe { sys::cuGraphLaunch(self.exec, stream.cu_stream()) }.result()?;
+        Ok(())
+    }
+}
+
+impl Drop for OneGraph {
+    fn drop(&mut self) {
+        use cudarc::driver::sys;
+        // SAFETY: the handles were made by `new` and are destroyed once; a
+        // launched graph may be destroyed while it runs (the driver keeps
+        // what the launch needs).
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
 }
 
 /// The arguments of `blake3_digest_one_flag` (the first nine) and of its
@@ -369,6 +481,25 @@ struct OneArgs {
     flag: u64,
     seq: u32,
     trace: u64,
+}
+
+impl OneArgs {
+    /// Pointers to each field, in parameter order (`cuLaunchKernel`'s
+    /// `kernelParams`).
+    fn pointers(&self) -> [*mut std::ffi::c_void; 10] {
+        [
+            &self.data as *const u64 as *mut _,
+            &self.len as *const u64 as *mut _,
+            &self.out as *const u64 as *mut _,
+            &self.groups as *const u32 as *mut _,
+            &self.values as *const u64 as *mut _,
+            &self.counters as *const u64 as *mut _,
+            &self.one as *const u32 as *mut _,
+            &self.flag as *const u64 as *mut _,
+            &self.seq as *const u32 as *mut _,
+            &self.trace as *const u64 as *mut _,
+        ]
+    }
 }
 
 /// Launches `f` with the first `n_params` of `args` through `cuLaunchKernel`
@@ -388,18 +519,7 @@ unsafe fn launch_one(
     n_params: usize,
 ) -> Result<(), GpuError> {
     assert!(n_params == 9 || n_params == 10, "the one-item signature, with or without a trace");
-    let mut params: [*mut std::ffi::c_void; 10] = [
-        &args.data as *const u64 as *mut _,
-        &args.len as *const u64 as *mut _,
-        &args.out as *const u64 as *mut _,
-        &args.groups as *const u32 as *mut _,
-        &args.values as *const u64 as *mut _,
-        &args.counters as *const u64 as *mut _,
-        &args.one as *const u32 as *mut _,
-        &args.flag as *const u64 as *mut _,
-        &args.seq as *const u32 as *mut _,
-        &args.trace as *const u64 as *mut _,
-    ];
+    let mut params = args.pointers();
     // SAFETY: each entry points to a field of `args`, alive for the call,
     // of the type of the kernel parameter at its position (this function's
     // contract), and the driver copies the values during the call; the rest

@@ -95,13 +95,28 @@ mod imp {
             }
             let mut experiments = serde_json::Map::new();
             let sms = gpu.sm_count();
+            if batch.groups() > 16 * sms {
+                // blake3_digest_multi with one chunk loop per alignment.
+                let k = "b3x_multi_al";
+                let g4 = batch.groups().div_ceil(4);
+                let run = || {
+                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)
+                };
+                let t = time_ms(gpu, 3, 30, run)?;
+                let ok = gpu.read_digests(&batch)? == got;
+                let tbps = bytes / (t * 1e-3) / 1e12;
+                println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
+                experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
+            }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
-                let one = KernelId::Blake3One.name();
-                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, one, 64, None))?;
-                let ok = gpu.read_digests(&batch)? == got;
-                println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
-                experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
+                for one in [KernelId::Blake3One.name(), "b3x_one_generic", "b3x_one_whole2"] {
+                    let t =
+                        time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, one, 64, None))?;
+                    let ok = gpu.read_digests(&batch)? == got;
+                    println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
+                    experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
+                }
                 // An empty kernel: launch and completion alone.
                 let k = "b3x_one_empty";
                 let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, k, 64, None))?;
@@ -120,7 +135,7 @@ mod imp {
             }
             // Traces: where the time of one block goes, and the SM clock
             // while it runs (clock64 cycles over globaltimer ns).
-            for kernel in ["b3x_one_trace"] {
+            for kernel in ["b3x_one_trace", "b3x_one_generic", "b3x_one_whole2"] {
                 if batch.len() != 1 || bytes > (3 << 20) as f64 {
                     break;
                 }
@@ -204,44 +219,73 @@ mod imp {
             });
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The whole API call (launch, wait, digest in host memory),
-                // by each one-item path, interleaved so that drift hits all alike.
+                // by each one-item path, interleaved so that drift hits all
+                // alike, each call after 30 µs of idling (so that no call
+                // waits for the previous call's kernel to retire); then
+                // some paths back to back.
                 let view = data.slice(..items[0].1 as usize);
+                let empty = "b3x_one_empty";
                 let paths = [
                     OneItemPath::Table,
                     OneItemPath::ByValue,
+                    OneItemPath::ByValueFlagLaunch,
                     OneItemPath::ByValueFlag,
-                    OneItemPath::Experiment("b3x_one_empty"),
+                    OneItemPath::Experiment("b3x_one_generic"),
+                    OneItemPath::GraphExperiment("b3x_one_generic"),
+                    OneItemPath::Experiment(empty),
+                    OneItemPath::GraphExperiment(empty),
                 ];
-                let mut walls: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
                 let (ptr, len) = {
                     use cudarc::driver::DevicePtr;
                     (view.device_ptr(gpu.stream()).0, view.len() as u64)
                 };
                 let item = [kvcore::gpu::DeviceBytes { ptr, len }];
+                let is_empty = |p: &OneItemPath| matches!(p, OneItemPath::Experiment(n) | OneItemPath::GraphExperiment(n) if *n == empty);
+                let call = |p: OneItemPath| -> R<f64> {
+                    let t0 = Instant::now();
+                    // SAFETY: the item is a view of `data`, alive for the whole loop.
+                    let d = unsafe { gpu.digest_device_via(&item, p)? };
+                    let us = t0.elapsed().as_secs_f64() * 1e6;
+                    if !is_empty(&p) {
+                        assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                    }
+                    Ok(us)
+                };
+                let mut walls: Vec<(String, Vec<f64>)> = paths.iter().map(|p| (format!("{p:?}"), Vec::new())).collect();
                 for round in 0..300 {
                     for (k, p) in paths.iter().enumerate() {
-                        let t0 = Instant::now();
-                        // SAFETY: the item is a view of `data`, alive for the whole loop.
-                        let d = unsafe { gpu.digest_device_via(&item, *p)? };
-                        if round >= 20 {
-                            walls[k].push(t0.elapsed().as_secs_f64() * 1e6);
+                        let idle = Instant::now();
+                        while idle.elapsed().as_secs_f64() < 30e-6 {
+                            std::hint::spin_loop();
                         }
-                        if *p != OneItemPath::Experiment("b3x_one_empty") {
-                            assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                        let us = call(*p)?;
+                        if round >= 20 {
+                            walls[k].1.push(us);
                         }
                     }
                 }
+                for p in [
+                    OneItemPath::ByValueFlag,
+                    OneItemPath::ByValueFlagLaunch,
+                    OneItemPath::Experiment("b3x_one_generic"),
+                ] {
+                    let mut w = Vec::new();
+                    for round in 0..220 {
+                        let us = call(p)?;
+                        if round >= 20 {
+                            w.push(us);
+                        }
+                    }
+                    walls.push((format!("{p:?} back to back"), w));
+                }
                 let mut calls = serde_json::Map::new();
-                for (p, w) in paths.iter().zip(walls) {
+                for (p, w) in walls {
                     let mut sorted = w.clone();
                     sorted.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
                     let (med, p10, p90) =
                         (sorted[sorted.len() / 2], sorted[sorted.len() / 10], sorted[sorted.len() * 9 / 10]);
-                    println!(
-                        "blake3 {name:<24} API call {:<12} median {med:>6.1} us (p10 {p10:.1}, p90 {p90:.1})",
-                        format!("{p:?}")
-                    );
-                    calls.insert(format!("{p:?}"), json!({"median_us": med, "p10_us": p10, "p90_us": p90}));
+                    println!("blake3 {name:<24} API call {p:<12} median {med:>6.1} us (p10 {p10:.1}, p90 {p90:.1})");
+                    calls.insert(p, json!({"median_us": med, "p10_us": p10, "p90_us": p90}));
                 }
                 let d = gpu.digest_views(std::slice::from_ref(&view))?;
                 assert_eq!(d[0], got[0], "the safe call agrees");
