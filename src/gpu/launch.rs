@@ -324,6 +324,7 @@ pub fn one_flag_experiment(name: &str) -> bool {
 /// must hold `scratch_of_len(len).0` values of 32 bytes and `counters` as
 /// many zero counters as `scratch_of_len(len).1`; all of it must stay valid
 /// until the launch completes.
+#[allow(clippy::too_many_arguments, reason = "the kernel's own arguments, plus how to launch it")]
 pub(super) unsafe fn blake3_digest_one_raw(
     gpu: &Gpu,
     item: (u64, u64),
@@ -351,27 +352,33 @@ pub(super) unsafe fn blake3_digest_one_raw(
     let n_params = if experiment.is_some() { 10 } else { 9 };
     let stream = gpu.stream();
     stream.context().bind_to_thread()?;
-    // SAFETY (both arms): `f` has the one-item signature (with a trace when
-    // `experiment` names a diagnostic, asserted above), so `n_params`
-    // matches it; its function and the stream belong to this handle's
-    // context, bound to the thread above. The kernel reads the item's bytes
-    // below `len`, writes its 32 output bytes, the flag, and the scratch
-    // that `scratch_of_len` sizes (values, then counters), all valid by this
-    // function's contract.
+    // Every launch below is sound for the same reasons: `f` has the
+    // one-item signature (with a trace when `experiment` names a
+    // diagnostic, asserted above), so `n_params` matches it; its function
+    // and the stream belong to this handle's context, bound to the thread
+    // above. The kernel reads the item's bytes below `len`, writes its 32
+    // output bytes, the flag, and the scratch that `scratch_of_len` sizes
+    // (values, then counters), all valid by this function's contract.
     match graphs {
+        // SAFETY: as said above.
         None => unsafe { launch_one(&f, stream, &args, n_params) },
         Some(graphs) => {
             let i = match graphs.iter().position(|g| g.func == f.cu_function() && g.n_params == n_params) {
                 Some(i) => i,
+                // SAFETY: `new` only makes the graph (its contract is `launch_one`'s, as above).
                 None => match unsafe { OneGraph::new(&f, &args, n_params) } {
                     Ok(g) => {
                         graphs.push(g);
                         graphs.len() - 1
                     }
                     // A driver that cannot make the graph still launches the kernel.
+                    // SAFETY: as said above.
                     Err(_) => return unsafe { launch_one(&f, stream, &args, n_params) },
                 },
             };
+            // SAFETY: graph i was made for this function and parameter
+            // count (found by both above), and its launch is `launch_one`'s,
+            // as said above.
             unsafe { graphs[i].launch(stream, &args) }
         }
     }

@@ -96,8 +96,9 @@ mod imp {
             let mut experiments = serde_json::Map::new();
             let sms = gpu.sm_count();
             if batch.groups() > 16 * sms {
-                // blake3_digest_multi with one chunk loop per alignment.
-                let k = "b3x_multi_al";
+                // blake3_digest_multi as it was before the fifth pass (its
+                // chunk loop tests the alignment at each load).
+                let k = "b3x_multi_branchy";
                 let g4 = batch.groups().div_ceil(4);
                 let run = || {
                     kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)
