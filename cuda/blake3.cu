@@ -654,17 +654,18 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair(
 // registers, two per lane.
 //
 // Measured on an H200 (globaltimer inside the kernel, 3 MiB, 48 blocks): the
-// chunk phase takes 12.1-12.4 us (16 compressions of about 0.76 us: one warp
-// issues the ALU instructions of a G layer at 2 cycles each), the group's 6
-// levels 4.5 us, the hand-over 0.6-0.7 us, the last block's 6 levels 4.8
-// us: the digest is written 22.3-22.6 us after the first block starts,
-// against 23.1-23.6 for the shared-memory fold with block barriers and a
-// fence that came before. The rest of the call is launch and completion
-// (8 us for an empty kernel on the same path). Tried and slower: staging
+// chunk phase takes 10.6 us (16 compressions of about 0.65 us: one warp
+// issues the ALU instructions of a G layer at 2 cycles each; 12.1 us with
+// b3_chunk's loop, see b3_chunk_whole), the group's 6 levels 4.5 us, the
+// hand-over 0.6-0.7 us, the last block's 6 levels 4.8 us: the digest is
+// written 20.7-21.1 us after the first block starts. The rest of the call
+// is launch and completion (5.6-7.3 us for an empty kernel launched as a
+// graph, as the call does; 7.4-9.2 by cuLaunchKernel). Tried and slower: staging
 // each group's 64 KiB into shared memory first (cp.async), 16 or 8 active
 // lanes per warp over more warps, additions on the FMA pipe (longer
-// chains), four threads per chunk with the state diagonalised by shuffles
-// (docs/benchmarks.md, "Third pass" and "Fourth pass").
+// chains), four threads per chunk with the state diagonalised by shuffles,
+// an L2 prefetch of each chunk (docs/benchmarks.md, "Third pass" to "Fifth
+// pass").
 
 __device__ __forceinline__ u64 b3_ns() {
     u64 t;
@@ -711,10 +712,10 @@ __device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32
 // block j + 1 into a second buffer while block j is compressed (16 moves
 // per block); CV 2 (an experiment) is unrolled twice over two buffers (no
 // moves, twice the loop code, and ptxas may issue the loads late).
-// b3_chunk's loop, which also serves partial blocks, compiles to about 60
-// more instructions per block (32 moves, branches): measured on an H200,
-// the one-image chunk phase takes 12.1 us with it and 10.4-10.6 with either
-// loop here (docs/benchmarks.md, "Fifth pass").
+// b3_chunk's loop, which also serves partial blocks, compiles to 32 moves
+// per block and three branches: measured on an H200, the one-image chunk
+// phase takes 12.1 us with it and 10.4-10.6 with either loop here
+// (docs/benchmarks.md, "Fifth pass").
 template <int CV>
 __device__ __forceinline__ void b3_chunk_whole(u32 cv[8], const u8* p, u64 chunk, u32 one) {
 #pragma unroll
