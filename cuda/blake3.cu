@@ -713,7 +713,7 @@ __device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32
 // per block); CV 2 (an experiment) is unrolled twice over two buffers (no
 // moves, twice the loop code, and ptxas may issue the loads late).
 // b3_chunk's loop, which also serves partial blocks, compiles to 32 moves
-// per block and three branches: measured on an H200, the one-image chunk
+// per block and branches around that path: measured on an H200, the one-image chunk
 // phase takes 12.1 us with it and 10.4-10.6 with either loop here
 // (docs/benchmarks.md, "Fifth pass").
 template <int CV>
