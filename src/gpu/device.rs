@@ -300,7 +300,7 @@ impl Gpu {
             }
         };
         if grow {
-            // Drop the old buffers after the streams are idle (a call that
+            // Drop the old buffers after the stream is idle (a call that
             // waited on its flag may leave its kernel's last block exiting).
             self.stream.synchronize()?;
             *guard = None;
