@@ -284,6 +284,37 @@ fn payload_with_tokens(tokens: &[TokenForm]) -> Vec<u8> {
     p
 }
 
+/// A payload whose token ids are written in `tokens`' forms decodes to their
+/// values, or is rejected when one of them is not a valid id; cut at `cut`
+/// inside the token array, it is rejected.
+fn decodes_or_rejects(tokens: &[TokenForm], cut: prop::sample::Index) -> Result<(), TestCaseError> {
+    let p = payload_with_tokens(tokens);
+    let want: Option<Vec<u32>> = tokens.iter().map(token_value).collect();
+    match (decode_payload(&p), want) {
+        (Ok(b), Some(want)) => match &b.events[0] {
+            WireEvent::BlockStored(s) => prop_assert_eq!(s.token_ids.as_deref(), Some(&want[..])),
+            e => prop_assert!(false, "decoded {:?}", e),
+        },
+        (Err(_), None) => {}
+        (got, want) => prop_assert!(false, "decoded {:?}, expected tokens {:?}", got.map(|b| b.events), want),
+    }
+    // The token array is followed by the block size and a nil.
+    let token_bytes: usize = tokens
+        .iter()
+        .map(|t| {
+            let mut b = Vec::new();
+            write_token(&mut b, t);
+            b.len()
+        })
+        .sum();
+    let mut size = Vec::new();
+    mp::write_uint(&mut size, tokens.len() as u64).unwrap();
+    let start = p.len() - size.len() - 1 - token_bytes;
+    let at = start + cut.index(token_bytes);
+    prop_assert!(decode_payload(&p[..at]).is_err());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -293,20 +324,7 @@ proptest! {
     /// and so is a payload cut anywhere inside the token array, never a panic.
     #[test]
     fn token_ids_decode_in_every_integer_form(tokens in proptest::collection::vec(token_form(), 1..40), cut in any::<prop::sample::Index>()) {
-        let p = payload_with_tokens(&tokens);
-        let want: Option<Vec<u32>> = tokens.iter().map(token_value).collect();
-        match (decode_payload(&p), want) {
-            (Ok(b), Some(want)) => match &b.events[0] {
-                WireEvent::BlockStored(s) => prop_assert_eq!(s.token_ids.as_deref(), Some(&want[..])),
-                e => prop_assert!(false, "decoded {:?}", e),
-            },
-            (Err(_), None) => {}
-            (got, want) => prop_assert!(false, "decoded {:?}, expected tokens {:?}", got.map(|b| b.events), want),
-        }
-        // Cut inside the token array: truncated input is an error.
-        let start = p.len() - 2 - tokens.iter().map(|t| { let mut b = Vec::new(); write_token(&mut b, t); b.len() }).sum::<usize>();
-        let at = start + cut.index(p.len() - 2 - start);
-        prop_assert!(decode_payload(&p[..at]).is_err());
+        decodes_or_rejects(&tokens, cut)?;
     }
 
     /// Long token arrays whose first ids mix the unsigned forms (so that the
@@ -325,21 +343,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let tokens: Vec<TokenForm> = head.into_iter().chain(tail).collect();
-        let p = payload_with_tokens(&tokens);
-        let want: Option<Vec<u32>> = tokens.iter().map(token_value).collect();
-        match (decode_payload(&p), want) {
-            (Ok(b), Some(want)) => match &b.events[0] {
-                WireEvent::BlockStored(s) => prop_assert_eq!(s.token_ids.as_deref(), Some(&want[..])),
-                e => prop_assert!(false, "decoded {:?}", e),
-            },
-            (Err(_), None) => {}
-            (got, want) => prop_assert!(false, "decoded {:?}, expected tokens {:?}", got.map(|b| b.events), want),
-        }
-        let token_bytes: usize = tokens.iter().map(|t| { let mut b = Vec::new(); write_token(&mut b, t); b.len() }).sum();
-        let size_bytes = { let mut b = Vec::new(); mp::write_uint(&mut b, tokens.len() as u64).unwrap(); b.len() };
-        let start = p.len() - size_bytes - 1 - token_bytes;
-        let at = start + cut.index(token_bytes);
-        prop_assert!(decode_payload(&p[..at]).is_err());
+        decodes_or_rejects(&tokens, cut)?;
     }
 }
 
