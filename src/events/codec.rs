@@ -598,10 +598,6 @@ const TOKEN_FORMS: [u8; 256] = {
 /// A marker that `TOKEN_FORMS` leaves to the general reader.
 const TOKEN_FORM_OTHER: u8 = 0xff;
 
-/// Which bits of the marker byte are the value, by count of value bytes:
-/// all seven of a fixint, none otherwise.
-const FIXINT_MASK: [u32; 5] = [0x7f, 0, 0, 0, 0];
-
 /// Tokens whose forms [`forms_mixed`] looks at.
 const TOKEN_WINDOW: usize = 16;
 
@@ -647,7 +643,10 @@ fn tokens_branch_free(buf: &[u8], mut pos: usize, out: &mut [u32]) -> (usize, us
     #[inline(always)]
     fn id(m: u64, form: usize, bytes: [u8; 4]) -> u32 {
         let word = u32::from_be_bytes(bytes) as u64;
-        (word >> (32 - 8 * form as u32)) as u32 | (m as u32 & FIXINT_MASK[form])
+        // A fixint (no value bytes) shifts the word out entirely and is its
+        // own marker.
+        let fixint = m as u32 & 0u32.wrapping_sub((form == 0) as u32);
+        (word >> (32 - 8 * form as u32)) as u32 | fixint
     }
     let mut i = 0;
     while i + 2 <= out.len() {
