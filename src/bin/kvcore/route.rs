@@ -9,6 +9,7 @@
 //! same events file, Dynamo measured in the same run), and prints both side
 //! by side.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -470,11 +471,13 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     let wids_of = |map: &[(i64, WorkerId)]| -> Vec<WorkerId> {
         events.iter().map(|(w, _)| lookup_worker(map, *w).expect("mapped")).collect()
     };
-    // Best wall time, mean CPU time and mean page faults of `repeats` runs of `f`.
-    let measure = |f: &mut dyn FnMut()| -> (f64, Option<f64>, Option<f64>) {
+    // Best wall time, mean CPU time and mean page faults of `repeats` runs of
+    // `f`, each after an untimed `setup`.
+    let measure = |setup: &mut dyn FnMut(), f: &mut dyn FnMut()| -> (f64, Option<f64>, Option<f64>) {
         let (mut best, mut cpu_sum, mut cpu_ok) = (f64::INFINITY, 0.0, true);
         let (mut faults_sum, mut faults_ok) = (0u64, true);
         for _ in 0..repeats {
+            setup();
             let faults = thread_minor_faults();
             let cpu = thread_cpu_s();
             let t = Instant::now();
@@ -497,20 +500,28 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     let apply_all = |ix: &mut Indexer, wids: &[WorkerId]| {
         ix.apply_all(events.iter().zip(wids).map(|((_, e), w)| (*w, e)));
     };
-    let mut prepared: Vec<(Indexer, Vec<WorkerId>)> = (0..repeats)
-        .map(|_| {
+    // Each run applies into a new indexer made (untimed) after the previous
+    // one was dropped, as Dynamo's side applies each run into a new tree
+    // after dropping the last: both sides' allocators may then reuse the
+    // memory the previous run freed.
+    let current: RefCell<Option<(Indexer, Vec<WorkerId>)>> = RefCell::new(None);
+    let (best, best_cpu, best_faults) = measure(
+        &mut || {
+            current.replace(None);
             let (ix, map) = fresh();
-            let wids = wids_of(&map);
-            (ix, wids)
-        })
-        .collect();
-    let mut next = prepared.iter_mut();
-    let (best, best_cpu, best_faults) = measure(&mut || {
-        let (ix, wids) = next.next().expect("one per repeat");
-        apply_all(ix, wids);
-    });
-    let mut sized: Vec<(Indexer, Vec<WorkerId>)> = (0..repeats)
-        .map(|_| {
+            current.replace(Some((ix, wids_of(&map))));
+        },
+        &mut || {
+            let mut cur = current.borrow_mut();
+            let (ix, wids) = cur.as_mut().expect("made by setup");
+            apply_all(ix, wids);
+        },
+    );
+    // Removals and warm applies start from the last fresh indexer, filled.
+    let (mut ix, wids) = current.take().expect("repeats >= 1");
+    let (sized_best, sized_cpu, sized_faults) = measure(
+        &mut || {
+            current.replace(None);
             let (mut ix, map) = fresh();
             for (wid, id) in &map {
                 let per_worker: usize = events
@@ -523,18 +534,15 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
                     .sum();
                 ix.reserve(*id, per_worker);
             }
-            let wids = wids_of(&map);
-            (ix, wids)
-        })
-        .collect();
-    let mut next = sized.iter_mut();
-    let (sized_best, sized_cpu, sized_faults) = measure(&mut || {
-        let (ix, wids) = next.next().expect("one per repeat");
-        apply_all(ix, wids);
-    });
-    drop(sized);
-    let (mut ix, wids) = prepared.pop().expect("repeats >= 1");
-    drop(prepared);
+            current.replace(Some((ix, wids_of(&map))));
+        },
+        &mut || {
+            let mut cur = current.borrow_mut();
+            let (ix, wids) = cur.as_mut().expect("made by setup");
+            apply_all(ix, wids);
+        },
+    );
+    drop(current);
     let removals: Vec<(WorkerId, WireEvent)> = events
         .iter()
         .zip(&wids)
