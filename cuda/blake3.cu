@@ -628,23 +628,6 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_branchy(
     b3_digest_multi<1, 0>(items, n_items, cvs, counters, one);
 }
 
-// For the bench (seventh pass): blake3_digest_multi asked to fit 5, 6 or
-// 8 blocks per SM (at most 102, 85 or 64 registers a thread, where the
-// default takes 127 and fits 4): more resident groups, so a batch takes
-// fewer rounds of blocks and its last, partly empty round is shorter.
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI, 5) b3x_multi_lb5(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI, 6) b3x_multi_lb6(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI, 8) b3x_multi_lb8(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
-}
-
 // One warp per group, two chunks per thread (launch with 32 threads per
 // block): the default for large batches before blake3_digest_multi, kept as
 // a variant that the bench and the tests compare.

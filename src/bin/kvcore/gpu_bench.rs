@@ -108,25 +108,6 @@ mod imp {
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
-                // blake3_digest_multi held to 5, 6 or 8 blocks per SM.
-                for k in ["b3x_multi_lb5", "b3x_multi_lb6", "b3x_multi_lb8"] {
-                    let f = gpu.modules().function_named(ModuleId::Blake3Pair, k)?;
-                    let (regs, local) = (f.num_regs()?, f.local_size_bytes()?);
-                    let run = || {
-                        kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)
-                    };
-                    let t = time_ms(gpu, 3, 30, run)?;
-                    let ok = gpu.read_digests(&batch)? == got;
-                    let tbps = bytes / (t * 1e-3) / 1e12;
-                    println!(
-                        "blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}  regs={regs} local={local}",
-                        t * 1e3
-                    );
-                    experiments.insert(
-                        k.into(),
-                        json!({"us": t * 1e3, "TBps": tbps, "correct": ok, "regs": regs, "local_bytes": local}),
-                    );
-                }
             }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
