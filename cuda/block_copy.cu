@@ -16,13 +16,28 @@
 // overlap (the Rust side splits a batch into conflict-free waves).
 //
 // A wave that writes the host tier and also reads it is sorted with the host
-// writes first (ops [0, split_at)), and the grid is split: the first half of
-// the blocks does those, the second half the rest. Measured on an H200, one
-// direction saturates PCIe from 4 thread blocks, but mixing both directions
-// on the same SMs loses a quarter of the two-way rate.
+// writes first (ops [0, split_at)), and the grid is split: the first
+// COPY_WRITE_SHARE sixteenths of the blocks do those, the others the rest.
+// Measured on an H200, one direction saturates PCIe from 4 thread blocks,
+// but mixing both directions on the same SMs loses a quarter of the two-way
+// rate. In such a split wave the host writes keep COPY_UNROLL_WRITE loads in
+// flight per lane and the host reads COPY_UNROLL_READ: both directions share
+// PCIe, and reads with many requests in flight crowd the writes out (fewer
+// read requests, more write blocks: both directions end together, 76-81
+// GB/s against 66-69 with 8/8 and half the blocks each, docs/benchmarks.md,
+// sixth pass). Single-direction and device-only waves use COPY_UNROLL.
 
 #ifndef COPY_UNROLL
 #define COPY_UNROLL 8
+#endif
+#ifndef COPY_UNROLL_WRITE
+#define COPY_UNROLL_WRITE 16
+#endif
+#ifndef COPY_UNROLL_READ
+#define COPY_UNROLL_READ 4
+#endif
+#ifndef COPY_WRITE_SHARE
+#define COPY_WRITE_SHARE 10
 #endif
 
 // Must match `CopyOp` in src/gpu/launch.rs.
@@ -33,16 +48,17 @@ struct CopyOp {
     u32 media;    // bit 0: source in the host tier; bit 1: destination in the host tier
 };
 
+template <int U>
 __device__ __forceinline__ void copy_run_vec(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
-    for (u64 i = lane; i < words; i += 32 * COPY_UNROLL) {
-        uint4 v[COPY_UNROLL];
+    for (u64 i = lane; i < words; i += 32 * U) {
+        uint4 v[U];
 #pragma unroll
-        for (int u = 0; u < COPY_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             u64 k = i + (u64)u * 32;
             if (k < words) v[u] = src[k];
         }
 #pragma unroll
-        for (int u = 0; u < COPY_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             u64 k = i + (u64)u * 32;
             if (k < words) dst[k] = v[u];
         }
@@ -53,23 +69,15 @@ __device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* _
     for (u64 i = lane; i < n; i += 32) dst[i] = src[i];
 }
 
-extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
-    const CopyOp* __restrict__ ops, u32 n_ops,
+// The copies [op_begin, op_end) of a wave, by `grid` blocks of which this is
+// `block`, with U loads in flight per lane (one instantiation per U, so that
+// each keeps its own registers).
+template <int U>
+__device__ __forceinline__ void copy_ops(
+    const CopyOp* __restrict__ ops, u32 op_begin, u32 op_end, u32 block, u32 grid,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
-    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16) {
     const u32 lane = threadIdx.x & 31;
-    u32 op_begin = 0, op_end = n_ops, block = blockIdx.x, grid = gridDim.x;
-    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
-        const u32 half = gridDim.x / 2;
-        if (blockIdx.x < half) {
-            op_end = split_at;
-            grid = half;
-        } else {
-            op_begin = split_at;
-            block = blockIdx.x - half;
-            grid = gridDim.x - half;
-        }
-    }
     const u64 warp = ((u64)block * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)grid * blockDim.x) >> 5;
     const u64 work = (u64)(op_end - op_begin) * regions;
@@ -83,17 +91,57 @@ extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
         const u8* src = (const u8*)(sb + (u64)op.src_page * block_bytes);
         u8* dst = (u8*)(db + (u64)op.dst_page * block_bytes);
         if (op.tokens >= tokens_per_block) {
-            if (vec16) copy_run_vec((uint4*)dst, (const uint4*)src, block_bytes / 16, lane);
+            if (vec16) copy_run_vec<U>((uint4*)dst, (const uint4*)src, block_bytes / 16, lane);
             else copy_run_bytes(dst, src, block_bytes, lane);
         } else {
             const u64 n = (u64)op.tokens * token_bytes;
             for (u32 p = 0; p < planes; p++) {
                 const u64 off = (u64)p * plane_bytes;
-                if (vec16) copy_run_vec((uint4*)(dst + off), (const uint4*)(src + off), n / 16, lane);
+                if (vec16) copy_run_vec<U>((uint4*)(dst + off), (const uint4*)(src + off), n / 16, lane);
                 else copy_run_bytes(dst + off, src + off, n, lane);
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
+    const CopyOp* __restrict__ ops, u32 n_ops,
+    const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
+#if COPY_UNROLL_WRITE == COPY_UNROLL && COPY_UNROLL_READ == COPY_UNROLL
+    // One instantiation for every copy (the kernel before the sixth pass
+    // when the share is 8).
+    u32 op_begin = 0, op_end = n_ops, block = blockIdx.x, grid = gridDim.x;
+    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
+        u32 first = (gridDim.x * COPY_WRITE_SHARE + 8) / 16;
+        first = first < 1 ? 1 : (first > gridDim.x - 1 ? gridDim.x - 1 : first);
+        if (blockIdx.x < first) {
+            op_end = split_at;
+            grid = first;
+        } else {
+            op_begin = split_at;
+            block = blockIdx.x - first;
+            grid = gridDim.x - first;
+        }
+    }
+    copy_ops<COPY_UNROLL>(ops, op_begin, op_end, block, grid, device_bases, host_bases, regions, block_bytes, planes,
+                          token_bytes, tokens_per_block, vec16);
+#else
+    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
+        u32 first = (gridDim.x * COPY_WRITE_SHARE + 8) / 16;
+        first = first < 1 ? 1 : (first > gridDim.x - 1 ? gridDim.x - 1 : first);
+        if (blockIdx.x < first) {
+            copy_ops<COPY_UNROLL_WRITE>(ops, 0, split_at, blockIdx.x, first, device_bases, host_bases, regions,
+                                        block_bytes, planes, token_bytes, tokens_per_block, vec16);
+        } else {
+            copy_ops<COPY_UNROLL_READ>(ops, split_at, n_ops, blockIdx.x - first, gridDim.x - first, device_bases,
+                                       host_bases, regions, block_bytes, planes, token_bytes, tokens_per_block, vec16);
+        }
+    } else {
+        copy_ops<COPY_UNROLL>(ops, 0, n_ops, blockIdx.x, gridDim.x, device_bases, host_bases, regions, block_bytes,
+                              planes, token_bytes, tokens_per_block, vec16);
+    }
+#endif
 }
 
 // Gather and scatter for the staged host path: a list of byte segments
@@ -113,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(1024) kv_seg_copy(const Seg* __rest
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 w = warp; w < n; w += warps) {
         const Seg s = segs[w];
-        if (vec16) copy_run_vec((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+        if (vec16) copy_run_vec<COPY_UNROLL>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
         else copy_run_bytes((u8*)s.dst, (const u8*)s.src, s.len, lane);
     }
 }

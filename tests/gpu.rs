@@ -160,14 +160,19 @@ mod device {
         }
         for m in ModuleId::ALL {
             for copy_unroll in [4, 8, 16] {
-                let options = KernelOptions { copy_unroll };
+                let options = KernelOptions { copy_unroll, ..KernelOptions::default() };
                 if let Err(e) = compile(m, Some("compute_90"), &options) {
                     panic!("{e}");
                 }
             }
         }
-        let bad = KernelOptions { copy_unroll: 0 };
+        let bad = KernelOptions { copy_unroll: 0, ..KernelOptions::default() };
         assert!(compile(ModuleId::Blake3, None, &bad).is_err(), "unsupported options are refused");
+        let bad = KernelOptions { copy_write_share: 16, ..KernelOptions::default() };
+        assert!(
+            compile(ModuleId::BlockCopy, None, &bad).is_err(),
+            "a write share that leaves no read block is refused"
+        );
     }
 
     /// BLAKE3 on the GPU equals the `blake3` crate for lengths around block,
@@ -319,6 +324,63 @@ mod device {
                 tier.bytes().unwrap() == cpu_host.data.concat(),
                 "host tier differs from the CPU twin ({g:?}, {path:?})"
             );
+        }
+    }
+
+    /// Both ways at once with device and host pages in random order (the
+    /// fully scattered wave that the automatic path leaves on the kernel):
+    /// the split kernel with its default loads in flight and write share,
+    /// with the even split of before, and with odd settings (one write block
+    /// of 16, one read block, unrolls that divide nothing), full and prefix
+    /// copies, leaves exactly the bytes the CPU twin leaves.
+    #[test]
+    fn split_kernel_options_match_cpu_twin() {
+        use rand::seq::SliceRandom;
+        if gpu().is_none() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(41);
+        let g = BlockGeometry { regions: 3, block_bytes: 8192, planes: 2, tokens_per_block: 16 };
+        let (dev_n, host_n) = (256u32, 128u32);
+        let odd = |w, r, share| KernelOptions {
+            copy_unroll_write: w,
+            copy_unroll_read: r,
+            copy_write_share: share,
+            ..KernelOptions::default()
+        };
+        for options in [KernelOptions::default(), KernelOptions::even_split(), odd(3, 5, 1), odd(1, 16, 15)] {
+            let gpu = Gpu::probe_with(0, options).unwrap();
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, engine } = twins(&gpu, &mut rng, g, dev_n, host_n);
+            assert_eq!(engine.host_path(), HostCopyPath::Auto);
+            let mut dperm: Vec<u32> = (0..dev_n).collect();
+            let mut hperm: Vec<u32> = (0..host_n).collect();
+            dperm.shuffle(&mut rng);
+            hperm.shuffle(&mut rng);
+            let mut copies = Vec::new();
+            for i in 0..64usize {
+                let tokens = |rng: &mut StdRng| if rng.random_bool(0.7) { 16 } else { rng.random_range(1..16) };
+                copies.push(BlockCopy {
+                    src: page(Medium::Gpu, dperm[i]),
+                    dst: page(Medium::Cpu, hperm[i]),
+                    tokens: tokens(&mut rng),
+                });
+                copies.push(BlockCopy {
+                    src: page(Medium::Cpu, hperm[64 + i]),
+                    dst: page(Medium::Gpu, dperm[64 + i]),
+                    tokens: tokens(&mut rng),
+                });
+            }
+            let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
+            assert_eq!(waves.len(), 1, "no page is both read and written");
+            let wave = gpu.prepare_wave(&engine, waves[0].clone()).unwrap();
+            assert_eq!((wave.dma_runs(), wave.staged_runs()), ((0, 0), (0, 0)), "scattered pages stay on the kernel");
+            launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
+            copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
+            gpu.synchronize().unwrap();
+            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
+            gpu.synchronize().unwrap();
+            assert!(got_dev == cpu_dev.data.concat(), "device pool differs ({options:?})");
+            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs ({options:?})");
         }
     }
 

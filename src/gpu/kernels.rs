@@ -42,9 +42,13 @@ impl ModuleId {
                 include_str!("../../cuda/blake3.cu"),
             ),
             ModuleId::Blake3One => ("#define B3_ONE 1\n".to_owned(), include_str!("../../cuda/blake3.cu")),
-            ModuleId::BlockCopy => {
-                (format!("#define COPY_UNROLL {}\n", options.copy_unroll), include_str!("../../cuda/block_copy.cu"))
-            }
+            ModuleId::BlockCopy => (
+                format!(
+                    "#define COPY_UNROLL {}\n#define COPY_UNROLL_WRITE {}\n#define COPY_UNROLL_READ {}\n#define COPY_WRITE_SHARE {}\n",
+                    options.copy_unroll, options.copy_unroll_write, options.copy_unroll_read, options.copy_write_share
+                ),
+                include_str!("../../cuda/block_copy.cu"),
+            ),
         };
         format!("{defines}{common}\n{body}")
     }
@@ -62,20 +66,41 @@ impl ModuleId {
 /// are the measured best on an H200, see docs/benchmarks.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelOptions {
-    /// 16-byte loads each lane keeps in flight in the copy kernel.
+    /// 16-byte loads each lane keeps in flight in the copy kernel (device
+    /// copies, and host copies of waves that go one way).
     pub copy_unroll: u32,
+    /// The same for host writes (offload) of a wave that also reads the
+    /// host tier.
+    pub copy_unroll_write: u32,
+    /// The same for host reads (onboard) of such a wave: fewer read
+    /// requests in flight leave PCIe room for the writes.
+    pub copy_unroll_read: u32,
+    /// Sixteenths of the thread blocks that do the host writes of such a
+    /// wave (the rest do the reads); 8 is half.
+    pub copy_write_share: u32,
 }
 
 impl Default for KernelOptions {
+    /// Measured on an H200 (docs/benchmarks.md, sixth pass): 8 loads in
+    /// flight for one-way waves; for both ways at once 16 for writes, 4 for
+    /// reads, and 10 of 16 blocks writing, so that the two directions end
+    /// together.
     fn default() -> Self {
-        Self { copy_unroll: 8 }
+        Self { copy_unroll: 8, copy_unroll_write: 16, copy_unroll_read: 4, copy_write_share: 10 }
     }
 }
 
 impl KernelOptions {
+    /// The copy kernel as it was before the sixth pass (8 loads in flight
+    /// both ways, half of the blocks each way): benchmarks compare with it.
+    pub fn even_split() -> Self {
+        Self { copy_unroll_write: 8, copy_unroll_read: 8, copy_write_share: 8, ..Self::default() }
+    }
+
     /// Checks the values the sources accept.
     pub fn validate(&self) -> Result<(), GpuError> {
-        if !(1..=16).contains(&self.copy_unroll) {
+        let unrolls = [self.copy_unroll, self.copy_unroll_write, self.copy_unroll_read];
+        if unrolls.iter().any(|u| !(1..=16).contains(u)) || !(1..=15).contains(&self.copy_write_share) {
             return Err(GpuError::InvalidArgument(format!("unsupported kernel options {self:?}")));
         }
         Ok(())

@@ -33,6 +33,8 @@ mod device;
 #[cfg(feature = "cuda")]
 pub mod dma;
 #[cfg(feature = "cuda")]
+pub mod host_explore;
+#[cfg(feature = "cuda")]
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod launch;

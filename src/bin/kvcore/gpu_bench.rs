@@ -492,6 +492,21 @@ mod imp {
             l.device_copy, l.pinned_h2d, l.pinned_d2h, l.pinned_both
         );
         report.insert("limits".into(), serde_json::to_value(l).expect("limits serialise"));
+        let only = std::env::var("KVCORE_GPU_BENCH_ONLY").unwrap_or_default();
+        if only == "host" || only == "host-explore" {
+            // The host tier's both-ways variants for fully scattered blocks alone.
+            let sizes: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_BLOCKS")
+                .ok()
+                .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).map(|k| k << 10).collect())
+                .unwrap_or_else(|| vec![8 << 10, 16 << 10]);
+            let v = kvcore::gpu::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
+            report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
+            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
+            if let Some(p) = out_path {
+                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
+            }
+            return Ok(());
+        }
 
         let mut rng = StdRng::seed_from_u64(42);
         // KVCORE_GPU_BENCH_DIGEST_MIB sets the digest data (default 288 MiB,
