@@ -5,10 +5,26 @@
 //! Every variant moves the same wave: half of the host pages receive
 //! offloaded device pages, the other half are onboarded into device pages,
 //! one byte segment per (copy, region). The variants differ in who moves
-//! which segments: the SM kernel with the grid split between the directions
-//! at various points, a bulk-copy (TMA) kernel, the copy engines on one or
-//! several streams, or a mix. Each is checked against its sources after its
-//! timed launches (destinations are overwritten with a marker first).
+//! which segments:
+//!
+//! - the library's copy kernel through the engine (`kv_block_copy`), once
+//!   per [`KernelOptions`] set, so that the default is compared with the
+//!   even split of before in the same run, and the automatic path;
+//! - the experiment kernels of `cuda/host_copy_x.cu` over segment lists:
+//!   the split with chosen loads in flight per direction and write blocks,
+//!   read-side variants (an L2 fetch-size hint, bulk L2 prefetches), and a
+//!   bulk-copy (TMA) kernel that moves each segment through shared memory;
+//! - the copy engines (the driver's batched call) on several streams, each
+//!   enqueued from its own thread, with the call's attributes.
+//!
+//! `full` runs the whole list; otherwise the option sets, the three
+//! reference kernels and the copy engines with default attributes. Each
+//! variant is checked against its sources after its timed launches (its
+//! destinations are overwritten with a marker first). Mixes of kernel and
+//! copy engines were measured with earlier versions of this file (the logs
+//! `docs/gpu-runs/2026-11-30-h200-sixth-pass-explore{1,2}.log`); the copy
+//! engines lost there because the batched call costs the host 0.5-3 µs per
+//! run, so they are no longer listed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,12 +67,14 @@ struct Kernel {
     smem: u32,
 }
 
+/// The verification kernels of the experiment module.
 struct Module {
     _m: Arc<CudaModule>,
     fill: CudaFunction,
     compare: CudaFunction,
 }
 
+/// Compiles `cuda/host_copy_x.cu` with `defines` for `gpu`'s device and loads it.
 fn compile(gpu: &Gpu, defines: &str) -> Result<Arc<CudaModule>, GpuError> {
     let ctx = gpu.context();
     let major = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -74,7 +92,7 @@ fn compile(gpu: &Gpu, defines: &str) -> Result<Arc<CudaModule>, GpuError> {
     Ok(ctx.load_module(ptx)?)
 }
 
-/// Fork `streams` from the handle's stream; returns the fork event.
+/// Makes `streams` wait for the work queued so far on the handle's stream.
 fn fork(gpu: &Gpu, streams: &[&Arc<CudaStream>]) -> Result<(), GpuError> {
     if streams.is_empty() {
         return Ok(());
@@ -87,6 +105,7 @@ fn fork(gpu: &Gpu, streams: &[&Arc<CudaStream>]) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// Makes the handle's stream wait for the work queued so far on `streams`.
 fn join(gpu: &Gpu, streams: &[&Arc<CudaStream>]) -> Result<(), GpuError> {
     for s in streams {
         let ev = gpu.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;

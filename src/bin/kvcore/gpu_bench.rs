@@ -371,7 +371,7 @@ mod imp {
         staging: Option<StagingConfig>,
     ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(8);
-        let unroll = gpu.modules().options().copy_unroll;
+        let options = format!("{:?}", gpu.modules().options());
         let mut out = Vec::new();
         for &bb in sizes {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
@@ -422,7 +422,7 @@ mod imp {
                 scattered.push(CopyOp { src_page: host_perm[half as usize + i], dst_page: dst, tokens: 16, media: 1 });
             }
             let per_op = 32.0 * bb as f64;
-            let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "copy_unroll": unroll,
+            let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "kernel_options": options,
                 "path": format!("{path:?}"), "staging": staging_desc});
             for (name, ops, limit) in [
                 ("offload_d2h", offload, l.pinned_d2h),
