@@ -25,7 +25,8 @@
 // PCIe, and reads with many requests in flight crowd the writes out (fewer
 // read requests, more write blocks: both directions end together, 76-81
 // GB/s against 66-69 with 8/8 and half the blocks each, docs/benchmarks.md,
-// sixth pass). Single-direction and device-only waves use COPY_UNROLL.
+// sixth pass). Single-direction and device-only waves use COPY_UNROLL
+// (`kv_block_copy`); split waves launch `kv_block_copy_split`.
 
 #ifndef COPY_UNROLL
 #define COPY_UNROLL 8
@@ -69,6 +70,13 @@ __device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* _
     for (u64 i = lane; i < n; i += 32) dst[i] = src[i];
 }
 
+// Blocks of a split wave's grid that do the host writes: COPY_WRITE_SHARE
+// sixteenths, at least one, leaving at least one.
+__device__ __forceinline__ u32 write_blocks(u32 grid) {
+    const u32 first = (grid * COPY_WRITE_SHARE + 8) / 16;
+    return first < 1 ? 1 : (first > grid - 1 ? grid - 1 : first);
+}
+
 // The copies [op_begin, op_end) of a wave, by `grid` blocks of which this is
 // `block`, with U loads in flight per lane (one instantiation per U, so that
 // each keeps its own registers).
@@ -104,17 +112,15 @@ __device__ __forceinline__ void copy_ops(
     }
 }
 
+// Every copy with COPY_UNROLL loads in flight; a split wave's blocks take
+// their own direction's copies (the even split when COPY_WRITE_SHARE is 8).
 extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
     u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
-#if COPY_UNROLL_WRITE == COPY_UNROLL && COPY_UNROLL_READ == COPY_UNROLL
-    // One instantiation for every copy (the kernel before the sixth pass
-    // when the share is 8).
     u32 op_begin = 0, op_end = n_ops, block = blockIdx.x, grid = gridDim.x;
     if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
-        u32 first = (gridDim.x * COPY_WRITE_SHARE + 8) / 16;
-        first = first < 1 ? 1 : (first > gridDim.x - 1 ? gridDim.x - 1 : first);
+        const u32 first = write_blocks(gridDim.x);
         if (blockIdx.x < first) {
             op_end = split_at;
             grid = first;
@@ -126,22 +132,29 @@ extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     }
     copy_ops<COPY_UNROLL>(ops, op_begin, op_end, block, grid, device_bases, host_bases, regions, block_bytes, planes,
                           token_bytes, tokens_per_block, vec16);
-#else
-    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
-        u32 first = (gridDim.x * COPY_WRITE_SHARE + 8) / 16;
-        first = first < 1 ? 1 : (first > gridDim.x - 1 ? gridDim.x - 1 : first);
-        if (blockIdx.x < first) {
-            copy_ops<COPY_UNROLL_WRITE>(ops, 0, split_at, blockIdx.x, first, device_bases, host_bases, regions,
-                                        block_bytes, planes, token_bytes, tokens_per_block, vec16);
-        } else {
-            copy_ops<COPY_UNROLL_READ>(ops, split_at, n_ops, blockIdx.x - first, gridDim.x - first, device_bases,
-                                       host_bases, regions, block_bytes, planes, token_bytes, tokens_per_block, vec16);
-        }
-    } else {
+}
+
+// A split wave (host writes in [0, split_at), the rest reading the host tier)
+// with each direction's own loads in flight. Its own entry point, so that the
+// registers the writes' deep unroll needs (it spills at 64 per thread) never
+// cost the device-to-device copies of `kv_block_copy` anything.
+extern "C" __global__ void __launch_bounds__(1024) kv_block_copy_split(
+    const CopyOp* __restrict__ ops, u32 n_ops,
+    const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
+    if (!(split_at > 0 && split_at < n_ops && gridDim.x >= 2)) {
         copy_ops<COPY_UNROLL>(ops, 0, n_ops, blockIdx.x, gridDim.x, device_bases, host_bases, regions, block_bytes,
                               planes, token_bytes, tokens_per_block, vec16);
+        return;
     }
-#endif
+    const u32 first = write_blocks(gridDim.x);
+    if (blockIdx.x < first) {
+        copy_ops<COPY_UNROLL_WRITE>(ops, 0, split_at, blockIdx.x, first, device_bases, host_bases, regions,
+                                    block_bytes, planes, token_bytes, tokens_per_block, vec16);
+    } else {
+        copy_ops<COPY_UNROLL_READ>(ops, split_at, n_ops, blockIdx.x - first, gridDim.x - first, device_bases,
+                                   host_bases, regions, block_bytes, planes, token_bytes, tokens_per_block, vec16);
+    }
 }
 
 // Gather and scatter for the staged host path: a list of byte segments

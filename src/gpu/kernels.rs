@@ -137,11 +137,16 @@ pub enum KernelId {
     /// Segment copies between the device pool and a staging buffer (the
     /// staged host path's gather and scatter).
     KvSegCopy,
+    /// A wave of block copies that both writes and reads the host tier,
+    /// each direction with its own loads in flight and share of the blocks
+    /// ([`KernelOptions`]); its own entry point so that its registers do not
+    /// weigh on `KvBlockCopy`.
+    KvBlockCopySplit,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 7] = [
+    pub const ALL: [KernelId; 8] = [
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
@@ -149,15 +154,17 @@ impl KernelId {
         KernelId::KvBlockCopy,
         KernelId::Blake3One,
         KernelId::KvSegCopy,
+        KernelId::KvBlockCopySplit,
     ];
 
     /// The kernels the default paths launch.
-    pub const USED: [KernelId; 5] = [
+    pub const USED: [KernelId; 6] = [
         KernelId::Blake3Latency,
         KernelId::Blake3One,
         KernelId::Blake3Multi,
         KernelId::KvBlockCopy,
         KernelId::KvSegCopy,
+        KernelId::KvBlockCopySplit,
     ];
 
     /// The BLAKE3 kernels that take an item table (one signature, one table layout).
@@ -187,7 +194,7 @@ impl KernelId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
             KernelId::Blake3Pair | KernelId::Blake3Multi => ModuleId::Blake3Pair,
-            KernelId::KvBlockCopy | KernelId::KvSegCopy => ModuleId::BlockCopy,
+            KernelId::KvBlockCopy | KernelId::KvSegCopy | KernelId::KvBlockCopySplit => ModuleId::BlockCopy,
             KernelId::Blake3One => ModuleId::Blake3One,
         }
     }
@@ -202,6 +209,7 @@ impl KernelId {
             KernelId::KvBlockCopy => "kv_block_copy",
             KernelId::Blake3One => "blake3_digest_one_flag",
             KernelId::KvSegCopy => "kv_seg_copy",
+            KernelId::KvBlockCopySplit => "kv_block_copy_split",
         }
     }
 

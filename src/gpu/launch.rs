@@ -623,7 +623,10 @@ pub(super) fn check_wave(engine: &CopyEngine, wave: &[CopyOp]) -> Result<(), Gpu
 /// `kv_block_copy(const CopyOp* ops, u32 n_ops, const u64* device_bases,
 /// const u64* host_bases, u32 regions, u64 block_bytes, u32 planes,
 /// u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at)`: one
-/// wave of copies.
+/// wave of copies; a wave that both writes the host tier (ops before
+/// `split_at`) and reads it launches `kv_block_copy_split` instead, same
+/// signature, whose blocks split [`KernelOptions`](super::kernels::KernelOptions)'
+/// write share and loads in flight between the two directions.
 /// `grid` overrides the number of thread blocks (1024 threads each); by
 /// default a wave that touches the host tier uses 16, others 4 per SM.
 ///
@@ -644,7 +647,11 @@ pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Opti
     let blocks = grid.unwrap_or(if touches_host { 16 } else { 4 * gpu.sm_count() });
     assert!(blocks >= 1, "at least one thread block");
     assert!(!touches_host || blocks <= 16, "host copies use at most 16 thread blocks");
-    let f = gpu.function(KernelId::KvBlockCopy)?;
+    // A wave that both writes and reads the host tier takes the entry point
+    // with per-direction loads in flight (the kernel ignores the split
+    // with fewer than two blocks, as `kv_block_copy` does).
+    let split = wave.split_at > 0 && (wave.split_at as usize) < wave.ops.len();
+    let f = gpu.function(if split { KernelId::KvBlockCopySplit } else { KernelId::KvBlockCopy })?;
     let stream = gpu.stream();
     let n_ops = wave.ops.len() as u32;
     let (regions, planes, tpb, vec16) = (g.regions, g.planes, g.tokens_per_block, u32::from(engine.vec16));

@@ -1,6 +1,6 @@
 //! GPU kernels and their bit-exact CPU twins.
 //!
-//! Two CUDA sources under `cuda/`, compiled at run time by NVRTC (no `nvcc`
+//! CUDA sources under `cuda/`, compiled at run time by NVRTC (no `nvcc`
 //! is needed to build the crate):
 //!
 //! | kernel | what | CPU twin |
@@ -8,6 +8,7 @@
 //! | `blake3_digest_*` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
 //! | `blake3_digest_one_flag` | the same for one item passed by value, with a completion flag (the one-image call) | the same |
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
+//! | `kv_block_copy_split` | the same for a wave that offloads and onboards at once, each direction with its own blocks and loads in flight | the same |
 //! | `kv_seg_copy` | gather and scatter between the device pool and a staging buffer (staged host path) | the same |
 //!
 //! Host-tier copies can also go to the copy engines instead of the kernel
