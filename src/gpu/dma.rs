@@ -197,10 +197,15 @@ pub(super) fn staged(
 
 /// Average host run (bytes) from which [`HostCopyPath::Auto`](super::HostCopyPath)
 /// takes the staged path for a direction whose device pages are scattered.
-/// Measured on an H200 (both ways, 1 GiB, 32 regions): host runs of one
-/// 64 KiB block reach 79 GB/s staged against 69 on the kernel, runs of one
-/// 16 KiB block 39 against 68; runs of 8 MiB (a slot) 93-97.
-pub const STAGED_LONG_RUN: u64 = 64 << 10;
+/// Measured on an H200 (both ways, 1 GiB, 32 regions, docs/benchmarks.md):
+/// host runs of one 64 KiB block reach 70.8-81.0 GB/s staged (the copy
+/// engines' calls cost the host 0.4-4.4 µs per run, which varies by machine)
+/// against 78.3-79.1 on the split kernel (69 before its sixth pass), runs
+/// of one 16 KiB block 39-59 against 79; runs of 8 MiB (a slot) 93-97. The
+/// threshold sits just above one 64 KiB block, so that such runs (or four
+/// consecutive 16 KiB blocks) stay on the kernel; where between 64 KiB and
+/// 8 MiB the staged path overtakes the kernel was not measured.
+pub const STAGED_LONG_RUN: u64 = 96 << 10;
 
 /// Average run length (bytes) from which the copy engines beat the kernel
 /// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).
