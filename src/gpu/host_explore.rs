@@ -236,7 +236,13 @@ fn run_plan(
                         .map(|(s, l)| {
                             sc.spawn(move || -> Result<(), GpuError> {
                                 gpu.context().bind_to_thread()?;
-                                // SAFETY: as below.
+                                // SAFETY: the runs were made from segments inside
+                                // the host tier and the device buffer of this
+                                // experiment, which outlive the run (the caller
+                                // synchronizes every stream before dropping
+                                // them); the wave's segments are disjoint, and
+                                // each thread enqueues its own list on its own
+                                // stream, the context bound just above.
                                 unsafe { batch(l, s, p.attr) }
                             })
                         })
