@@ -49,23 +49,6 @@ struct CopyOp {
     u32 media;    // bit 0: source in the host tier; bit 1: destination in the host tier
 };
 
-template <int U>
-__device__ __forceinline__ void copy_run_vec(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
-    for (u64 i = lane; i < words; i += 32 * U) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) v[u] = src[k];
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) dst[k] = v[u];
-        }
-    }
-}
-
 __device__ __forceinline__ void copy_run_bytes(u8* __restrict__ dst, const u8* __restrict__ src, u64 n, u32 lane) {
     for (u64 i = lane; i < n; i += 32) dst[i] = src[i];
 }

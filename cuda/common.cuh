@@ -4,3 +4,23 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned char u8;
+
+// A warp copies `words` 16-byte words from `src` to `dst` (lane `lane` of
+// 32), with U loads in flight per lane before their stores. Used by the
+// block copy kernels and the host-tier experiments.
+template <int U>
+__device__ __forceinline__ void copy_run_vec(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
+    for (u64 i = lane; i < words; i += 32 * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 k = i + (u64)u * 32;
+            if (k < words) v[u] = src[k];
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 k = i + (u64)u * 32;
+            if (k < words) dst[k] = v[u];
+        }
+    }
+}

@@ -10,80 +10,38 @@ struct Seg {
     u64 len;
 };
 
-template <int U>
-__device__ __forceinline__ void hx_copy_vec(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
-    for (u64 i = lane; i < words; i += 32 * U) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) v[u] = src[k];
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) dst[k] = v[u];
-        }
-    }
-}
-
 __device__ __forceinline__ u64 hx_now() {
     u64 t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
 }
 
-// Segments [0, split) by blocks [0, first_blocks), the rest by the other
-// blocks; one warp per segment at a time. Every address and length is a
-// multiple of 16. With `trace`, each block's first thread records the
-// block's start and end (globaltimer, ns) at trace[2b], trace[2b + 1].
-template <int UW, int UR>
-__device__ __forceinline__ void hx_split(const Seg* __restrict__ segs, u32 n, u32 split, u32 first_blocks, u64* trace) {
-    if (trace && threadIdx.x == 0) trace[2 * blockIdx.x] = hx_now();
-    const u32 lane = threadIdx.x & 31;
-    u32 begin = 0, end = n, block = blockIdx.x, grid = gridDim.x;
-    bool first = true;
+// This block's share of segments [0, n) when blocks [0, first_blocks) take
+// [0, split) and the other blocks the rest (unless both ranges and both sets
+// of blocks are non-empty, every block shares all segments, as the first
+// range when `split` or `first_blocks` is non-zero): segments [begin, end),
+// this block's index among the blocks sharing them and their count, and
+// whether they are the first range (the host writes).
+struct HxRange {
+    u32 begin, end, block, grid;
+    bool first;
+};
+
+__device__ __forceinline__ HxRange hx_range(u32 n, u32 split, u32 first_blocks) {
+    HxRange r = {0, n, blockIdx.x, gridDim.x, !(split == 0 && first_blocks == 0)};
     if (split > 0 && split < n && first_blocks > 0 && first_blocks < gridDim.x) {
         if (blockIdx.x < first_blocks) {
-            end = split;
-            grid = first_blocks;
+            r.end = split;
+            r.grid = first_blocks;
         } else {
-            begin = split;
-            block = blockIdx.x - first_blocks;
-            grid = gridDim.x - first_blocks;
-            first = false;
+            r.begin = split;
+            r.block = blockIdx.x - first_blocks;
+            r.grid = gridDim.x - first_blocks;
+            r.first = false;
         }
-    } else if (split >= n) {
-        first = true;
-    } else if (split == 0 && first_blocks == 0) {
-        first = false;
     }
-    const u64 warp = ((u64)block * blockDim.x + threadIdx.x) >> 5;
-    const u64 warps = ((u64)grid * blockDim.x) >> 5;
-    for (u64 w = begin + warp; w < end; w += warps) {
-        const Seg s = segs[w];
-        if (first) hx_copy_vec<UW>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
-        else hx_copy_vec<UR>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
-    }
-    if (trace) {
-        __syncthreads();
-        if (threadIdx.x == 0) trace[2 * blockIdx.x + 1] = hx_now();
-    }
+    return r;
 }
-
-#define HX_SPLIT(W, R) \
-    extern "C" __global__ void __launch_bounds__(1024) hx_split_##W##_##R(const Seg* segs, u32 n, u32 split, u32 fb, u64* trace) { \
-        hx_split<W, R>(segs, n, split, fb, trace); \
-    }
-HX_SPLIT(8, 1)
-HX_SPLIT(8, 2)
-HX_SPLIT(8, 4)
-HX_SPLIT(8, 8)
-HX_SPLIT(16, 1)
-HX_SPLIT(16, 2)
-HX_SPLIT(16, 4)
-HX_SPLIT(16, 8)
-HX_SPLIT(4, 4)
 
 // Read-side variants: MODE 1 loads with an L2 fetch-size hint of 256 bytes;
 // MODE 2 first asks the bulk engine to prefetch the whole segment into L2;
@@ -119,32 +77,20 @@ template <int UW, int UR, int MODE>
 __device__ __forceinline__ void hx_split2(const Seg* __restrict__ segs, u32 n, u32 split, u32 first_blocks, u64* trace) {
     if (trace && threadIdx.x == 0) trace[2 * blockIdx.x] = hx_now();
     const u32 lane = threadIdx.x & 31;
-    u32 begin = 0, end = n, block = blockIdx.x, grid = gridDim.x;
-    bool first = true;
-    if (split > 0 && split < n && first_blocks > 0 && first_blocks < gridDim.x) {
-        if (blockIdx.x < first_blocks) {
-            end = split;
-            grid = first_blocks;
-        } else {
-            begin = split;
-            block = blockIdx.x - first_blocks;
-            grid = gridDim.x - first_blocks;
-            first = false;
-        }
-    } else if (split == 0 && first_blocks == 0) {
-        first = false;
-    }
+    const HxRange r = hx_range(n, split, first_blocks);
+    const u32 begin = r.begin, end = r.end, block = r.block, grid = r.grid;
+    const bool first = r.first;
     const u64 warp = ((u64)block * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)grid * blockDim.x) >> 5;
     if (!first && MODE == 3 && lane == 0 && begin + warp < end) hx_prefetch(segs[begin + warp].src, segs[begin + warp].len);
     for (u64 w = begin + warp; w < end; w += warps) {
         const Seg s = segs[w];
         if (first) {
-            hx_copy_vec<UW>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+            copy_run_vec<UW>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
         } else {
             if (MODE == 2 && lane == 0) hx_prefetch(s.src, s.len);
             if (MODE == 3 && lane == 0 && w + warps < end) hx_prefetch(segs[w + warps].src, segs[w + warps].len);
-            __syncwarp();
+            if (MODE != 0) __syncwarp();
             hx_copy_rd<UR, MODE>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
         }
     }
@@ -153,6 +99,25 @@ __device__ __forceinline__ void hx_split2(const Seg* __restrict__ segs, u32 n, u
         if (threadIdx.x == 0) trace[2 * blockIdx.x + 1] = hx_now();
     }
 }
+
+// Segments [0, split) by blocks [0, first_blocks), the rest by the other
+// blocks; one warp per segment at a time; W and R loads in flight per lane
+// for the two ranges. Every address and length is a multiple of 16. With
+// `trace`, each block's first thread records the block's start and end
+// (globaltimer, ns) at trace[2b], trace[2b + 1].
+#define HX_SPLIT(W, R) \
+    extern "C" __global__ void __launch_bounds__(1024) hx_split_##W##_##R(const Seg* segs, u32 n, u32 split, u32 fb, u64* trace) { \
+        hx_split2<W, R, 0>(segs, n, split, fb, trace); \
+    }
+HX_SPLIT(8, 1)
+HX_SPLIT(8, 2)
+HX_SPLIT(8, 4)
+HX_SPLIT(8, 8)
+HX_SPLIT(16, 1)
+HX_SPLIT(16, 2)
+HX_SPLIT(16, 4)
+HX_SPLIT(16, 8)
+HX_SPLIT(4, 4)
 
 #define HX_SPLIT2(W, R, M) \
     extern "C" __global__ void __launch_bounds__(1024) hx_split_##W##_##R##_m##M(const Seg* segs, u32 n, u32 split, u32 fb, u64* trace) { \
@@ -204,17 +169,8 @@ extern "C" __global__ void __launch_bounds__(32) hx_tma(const Seg* __restrict__ 
     __shared__ __align__(8) u64 bars[HX_STAGES];
     if (threadIdx.x != 0) return;
     if (trace) trace[2 * blockIdx.x] = hx_now();
-    u32 begin = 0, end = n, block = blockIdx.x, grid = gridDim.x;
-    if (split > 0 && split < n && first_blocks > 0 && first_blocks < gridDim.x) {
-        if (blockIdx.x < first_blocks) {
-            end = split;
-            grid = first_blocks;
-        } else {
-            begin = split;
-            block = blockIdx.x - first_blocks;
-            grid = gridDim.x - first_blocks;
-        }
-    }
+    const HxRange r = hx_range(n, split, first_blocks);
+    const u32 begin = r.begin, end = r.end, block = r.block, grid = r.grid;
     for (int s = 0; s < HX_STAGES; s++) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(hx_smem(&bars[s])) : "memory");
     }
