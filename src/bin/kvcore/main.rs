@@ -32,6 +32,12 @@ enum Command {
     /// Tail, record or replay a KV event stream.
     Events(events::EventsArgs),
     /// Measures the GPU kernels against the device's copy limits (JSON report).
+    ///
+    /// Environment: `KVCORE_GPU_BENCH_ONLY=blake3` runs the digests alone,
+    /// `host` the host tier's both-ways variants for fully scattered blocks
+    /// and `host-explore` every experiment of them; `KVCORE_GPU_BENCH_BLOCKS`
+    /// sets their block sizes in KiB (default `8,16`);
+    /// `KVCORE_GPU_BENCH_DIGEST_MIB` sets the digest data (default 288).
     GpuBench {
         /// Where to write the JSON report (stdout when absent).
         #[arg(long)]
