@@ -505,42 +505,41 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     // after dropping the last: both sides' allocators may then reuse the
     // memory the previous run freed.
     let current: RefCell<Option<(Indexer, Vec<WorkerId>)>> = RefCell::new(None);
+    let mut apply_current = || {
+        let mut cur = current.borrow_mut();
+        let (ix, wids) = cur.as_mut().expect("made by setup");
+        apply_all(ix, wids);
+    };
     let (best, best_cpu, best_faults) = measure(
         &mut || {
             current.replace(None);
             let (ix, map) = fresh();
             current.replace(Some((ix, wids_of(&map))));
         },
-        &mut || {
-            let mut cur = current.borrow_mut();
-            let (ix, wids) = cur.as_mut().expect("made by setup");
-            apply_all(ix, wids);
-        },
+        &mut apply_current,
     );
     // Removals and warm applies start from the last fresh indexer, filled.
     let (mut ix, wids) = current.take().expect("repeats >= 1");
+    // Stored blocks per worker, for the sized runs' reservations.
+    let mut per_worker: Vec<(i64, usize)> = ids.iter().map(|w| (*w, 0)).collect();
+    for (w, e) in &events {
+        if let WireEvent::BlockStored(s) = e
+            && let Some(slot) = per_worker.iter_mut().find(|(id, _)| id == w)
+        {
+            slot.1 += s.block_hashes.len();
+        }
+    }
     let (sized_best, sized_cpu, sized_faults) = measure(
         &mut || {
             current.replace(None);
             let (mut ix, map) = fresh();
-            for (wid, id) in &map {
-                let per_worker: usize = events
-                    .iter()
-                    .filter(|(w, _)| w == wid)
-                    .map(|(_, e)| match e {
-                        WireEvent::BlockStored(s) => s.block_hashes.len(),
-                        _ => 0,
-                    })
-                    .sum();
-                ix.reserve(*id, per_worker);
+            for ((wid, id), (pw, blocks)) in map.iter().zip(&per_worker) {
+                debug_assert_eq!(wid, pw, "both follow `ids`");
+                ix.reserve(*id, *blocks);
             }
             current.replace(Some((ix, wids_of(&map))));
         },
-        &mut || {
-            let mut cur = current.borrow_mut();
-            let (ix, wids) = cur.as_mut().expect("made by setup");
-            apply_all(ix, wids);
-        },
+        &mut apply_current,
     );
     drop(current);
     let removals: Vec<(WorkerId, WireEvent)> = events
