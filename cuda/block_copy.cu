@@ -95,25 +95,15 @@ __device__ __forceinline__ void copy_ops(
     }
 }
 
-// Every copy with COPY_UNROLL loads in flight; a split wave's blocks take
-// their own direction's copies (the even split when COPY_WRITE_SHARE is 8).
+// Every copy of the wave with COPY_UNROLL loads in flight, over the whole
+// grid. `split_at` is not read: the launch sends a wave that both writes and
+// reads the host tier to `kv_block_copy_split` (same signature).
 extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
     u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
-    u32 op_begin = 0, op_end = n_ops, block = blockIdx.x, grid = gridDim.x;
-    if (split_at > 0 && split_at < n_ops && gridDim.x >= 2) {
-        const u32 first = write_blocks(gridDim.x);
-        if (blockIdx.x < first) {
-            op_end = split_at;
-            grid = first;
-        } else {
-            op_begin = split_at;
-            block = blockIdx.x - first;
-            grid = gridDim.x - first;
-        }
-    }
-    copy_ops<COPY_UNROLL>(ops, op_begin, op_end, block, grid, device_bases, host_bases, regions, block_bytes, planes,
+    (void)split_at;
+    copy_ops<COPY_UNROLL>(ops, 0, n_ops, blockIdx.x, gridDim.x, device_bases, host_bases, regions, block_bytes, planes,
                           token_bytes, tokens_per_block, vec16);
 }
 

@@ -34,7 +34,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
 use super::device::HostTier;
 use super::dma::{RunList, Seg};
 use super::kernels::{KernelOptions, arch_for};
-use super::measure::time_ms;
+use super::measure::{median, time_ms};
 use super::pool::{BlockGeometry, CopyOp};
 use super::{Gpu, GpuError, HostCopyPath, launch_copy_wave};
 
@@ -288,14 +288,6 @@ fn runs_of(segs: &[Seg]) -> RunList {
         l.push(s.dst, s.src, s.len);
     }
     l
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).expect("timings are finite"));
-    v[v.len() / 2]
 }
 
 /// Per-direction spans of a traced run: (write start, write end, read

@@ -648,8 +648,9 @@ pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Opti
     assert!(blocks >= 1, "at least one thread block");
     assert!(!touches_host || blocks <= 16, "host copies use at most 16 thread blocks");
     // A wave that both writes and reads the host tier takes the entry point
-    // with per-direction loads in flight (the kernel ignores the split
-    // with fewer than two blocks, as `kv_block_copy` does).
+    // with per-direction loads in flight (which copies the whole wave with
+    // every block when there are fewer than two); `kv_block_copy` ignores
+    // `split_at`.
     let split = wave.split_at > 0 && (wave.split_at as usize) < wave.ops.len();
     let f = gpu.function(if split { KernelId::KvBlockCopySplit } else { KernelId::KvBlockCopy })?;
     let stream = gpu.stream();

@@ -27,7 +27,11 @@ pub struct CopyLimits {
     pub pinned_bytes: u64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one of an even count; 0 when empty).
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).expect("timings are finite"));
     v[v.len() / 2]
 }
