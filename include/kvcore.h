@@ -359,6 +359,13 @@ typedef struct kvc_config {
      */
     bool partial_reuse;
     /**
+     * Whether every device block a request takes the place of is offloaded
+     * before any host block is onboarded: a step's copies come in one or
+     * two waves instead of one per move when both tiers are full, for a
+     * lower hit rate (host blocks dropped to make room). Off by default.
+     */
+    bool offload_first;
+    /**
      * Whether the model takes image inputs.
      */
     bool model_image_capable;

@@ -25,6 +25,16 @@ pub struct EngineConfig {
     /// that `Engine::step` returns before the forward pass (the GPU system
     /// does when a KV pool is attached).
     pub partial_reuse: bool,
+    /// Tier moves in few copy waves: when a request (or a growth) needs
+    /// device pages, every device block it takes the place of is evicted
+    /// (offloaded) before any host block is onboarded, even when the host
+    /// tier has to drop blocks for it that the onboards would have made room
+    /// for. A step's copies then form one or two waves (one launch each,
+    /// offloads and onboards side by side when the device has free pages)
+    /// instead of one per move when both tiers are full, for a lower hit
+    /// rate (docs/architecture.md, "Tier moves"). Off by default: offloads
+    /// go up front only while the host tier has free pages for them.
+    pub offload_first: bool,
     /// Whether KV-cache events are produced at all.
     pub kv_events: bool,
     /// The model's image placeholder token id, written at image positions in
@@ -59,6 +69,7 @@ impl Default for EngineConfig {
             blocks_host: 0,
             block_reuse: true,
             partial_reuse: false,
+            offload_first: false,
             kv_events: true,
             image_placeholder_token_id: QWEN_IMAGE_PAD_TOKEN,
             requests_max: 1024,

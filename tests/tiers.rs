@@ -13,11 +13,13 @@
 //!    are intact in its pages;
 //! 3. the engine's own invariants.
 //!
-//! A test also checks that partial reuse copies a prefix into a fresh block.
+//! Tests also check that partial reuse copies a prefix into a fresh block,
+//! and what `offload_first` trades: fewer copy waves for dropped blocks.
 
 use std::collections::HashMap;
 
 use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu};
+use kvcore::resources::{BlockCopy, copy_waves};
 use kvcore::keys::BlockKey;
 use kvcore::tables::Medium;
 use kvcore::{Engine, EngineConfig, KvEvent, RequestId, RequestSpec};
@@ -70,15 +72,18 @@ struct Harness {
     advertised: HashMap<BlockKey, Medium>,
     /// KV each key was stored with.
     expected: HashMap<BlockKey, [u8; 16]>,
+    /// The copies of the last step.
+    last_copies: Vec<BlockCopy>,
 }
 
 impl Harness {
-    fn new(blocks_device: u32, blocks_host: u32, partial_reuse: bool) -> Self {
+    fn new(blocks_device: u32, blocks_host: u32, partial_reuse: bool, offload_first: bool) -> Self {
         let engine = Engine::new(EngineConfig {
             block_size_tokens: BS,
             blocks_device,
             blocks_host,
             partial_reuse,
+            offload_first,
             requests_max: 64,
             ..Default::default()
         })
@@ -92,6 +97,7 @@ impl Harness {
             live: Vec::new(),
             advertised: HashMap::new(),
             expected: HashMap::new(),
+            last_copies: Vec::new(),
         }
     }
 
@@ -107,6 +113,7 @@ impl Harness {
     fn step(&mut self) {
         let copies = self.engine.step();
         copy_blocks_cpu(&self.geometry, &mut self.device, self.host.as_mut(), &copies).unwrap();
+        self.last_copies = copies;
         self.replay_events();
         self.check_data();
         // The forward pass writes the KV of every token not yet computed.
@@ -228,8 +235,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Random admissions sharing prefixes, growth, finishes, evictions and
-    /// clears under device pressure, with and without a host tier and partial
-    /// reuse (whose prefix copies go through the same copy list): the three
+    /// clears under device pressure, with and without a host tier, partial
+    /// reuse and `offload_first` (whose prefix copies go through the same copy list): the three
     /// properties in the module docs hold after every step.
     #[test]
     #[cfg_attr(miri, ignore)] // proptest runs thousands of engine steps: far too slow under Miri
@@ -237,10 +244,11 @@ proptest! {
         blocks_device in 8u32..20,
         blocks_host in prop_oneof![Just(0u32), 1u32..12],
         partial_reuse in any::<bool>(),
+        offload_first in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80),
     ) {
         let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| (b as u32 * 1000) + (i % 7) * 3 + i).collect());
-        let mut h = Harness::new(blocks_device, blocks_host, partial_reuse);
+        let mut h = Harness::new(blocks_device, blocks_host, partial_reuse, offload_first);
         for op in &ops {
             h.apply(op, &bases);
         }
@@ -259,7 +267,7 @@ proptest! {
 /// router Removed(GPU), Stored(CPU), then Removed(CPU), Stored(GPU).
 #[test]
 fn offload_and_onboard_round_trip() {
-    let mut h = Harness::new(3, 4, false);
+    let mut h = Harness::new(3, 4, false, false);
     let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
     h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases); // 3 blocks, 2 full ones become cached
     h.apply(&Op::Step, &bases);
@@ -285,7 +293,7 @@ fn offload_and_onboard_round_trip() {
 /// at the step, and only the rest is computed.
 #[test]
 fn partial_reuse_copies_the_shared_prefix() {
-    let mut h = Harness::new(8, 0, true);
+    let mut h = Harness::new(8, 0, true, false);
     let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
     h.apply(&Op::Admit { base: 0, len: 9, twist: None }, &bases);
     h.apply(&Op::Step, &bases);
@@ -351,4 +359,51 @@ fn full_host_tier_drops_the_oldest_offload_first() {
             assert_eq!(got, want, "the oldest offloads are dropped first");
         }
     }
+}
+
+/// Both tiers full, a prompt matching 6 host blocks and needing 7 device
+/// pages, one of them fresh: by default the offloads that make room
+/// alternate with the onboards, so that the host pages the onboards free
+/// take the offloads and no block is dropped, at one copy wave per move;
+/// with `offload_first` the 7 evictions come first (5 of them dropped: the
+/// host tier has 2 free pages and its other blocks are the ones being
+/// onboarded), then the onboards: 2 waves. Both keep every block's KV (the
+/// harness applies the copies wave by wave, as a GPU runs them, and checks
+/// every cached page).
+#[test]
+fn offload_first_trades_dropped_blocks_for_fewer_waves() {
+    let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
+    let mut outcomes = Vec::new();
+    for offload_first in [false, true] {
+        let mut h = Harness::new(8, 8, false, offload_first);
+        // A: 6 full blocks and a partial one; cached when finished.
+        h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
+        h.apply(&Op::Step, &bases);
+        h.apply(&Op::Finish { req: 0 }, &bases);
+        h.apply(&Op::Step, &bases);
+        // B: 8 blocks, which offload A's 6 (the host tier then has 2 free pages).
+        h.apply(&Op::Admit { base: 1, len: 32, twist: None }, &bases);
+        h.apply(&Op::Step, &bases);
+        h.apply(&Op::Finish { req: 0 }, &bases);
+        h.apply(&Op::Step, &bases);
+        assert_eq!(h.engine.blocks_cached(), (8, 6));
+        let before = h.engine.counters();
+        // A again: 6 onboards and 1 fresh block, so 7 of B's blocks go.
+        h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
+        h.apply(&Op::Step, &bases); // applies the copies wave by wave and checks every page
+        let after = h.engine.counters();
+        assert_eq!(after.blocks_onboarded - before.blocks_onboarded, 6);
+        assert_eq!(after.blocks_evicted_device - before.blocks_evicted_device, 7);
+        let offloaded = after.blocks_offloaded - before.blocks_offloaded;
+        let waves = copy_waves(&h.last_copies).len();
+        outcomes.push((offloaded, waves, h.engine.blocks_cached()));
+    }
+    // Default: every evicted block offloaded into the pages the onboards
+    // freed; each onboard writes a page its offload reads and each later
+    // offload a host page an onboard reads: 13 moves, 12 waves.
+    assert_eq!(outcomes[0].0, 7);
+    assert_eq!(outcomes[0].2, (7, 7));
+    assert!(outcomes[0].1 >= 10, "default waves: {:?}", outcomes[0]);
+    // offload_first: 2 offloads, 5 drops, then the onboards: 2 waves.
+    assert_eq!(outcomes[1], (2, 2, (7, 2)));
 }

@@ -108,6 +108,11 @@ pub struct kvc_config {
     /// `kvc_block_copy` of those tokens, which the caller must perform before
     /// the forward pass. Off by default.
     pub partial_reuse: bool,
+    /// Whether every device block a request takes the place of is offloaded
+    /// before any host block is onboarded: a step's copies come in one or
+    /// two waves instead of one per move when both tiers are full, for a
+    /// lower hit rate (host blocks dropped to make room). Off by default.
+    pub offload_first: bool,
     /// Whether the model takes image inputs.
     pub model_image_capable: bool,
     /// The model's Hugging Face `model_type` (e.g. "qwen3_vl"), NUL-terminated
@@ -138,6 +143,7 @@ impl kvc_config {
             block_reuse: c.block_reuse,
             kv_events: c.kv_events,
             partial_reuse: c.partial_reuse,
+            offload_first: c.offload_first,
             model_image_capable: false,
             model_type: std::ptr::null(),
             kv_events_endpoint: std::ptr::null(),
@@ -178,6 +184,7 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         block_reuse: c.block_reuse,
         kv_events: c.kv_events,
         partial_reuse: c.partial_reuse,
+        offload_first: c.offload_first,
         image_placeholder_token_id: c.image_placeholder_token_id,
         requests_max: c.requests_max,
         tokens_per_request_max: c.tokens_per_request_max,

@@ -113,6 +113,11 @@ impl BlockLru {
         true
     }
 
+    /// The least recently used block, left listed.
+    pub fn front(&self) -> Option<BlockId> {
+        self.head
+    }
+
     /// Unlinks and returns the least recently used block.
     pub fn pop_front(&mut self, rows: &mut SlotMap<BlockId, KvBlock>) -> Option<BlockId> {
         let id = self.head?;
@@ -121,13 +126,191 @@ impl BlockLru {
     }
 }
 
+/// The free pages of one tier.
+///
+/// A page that a copy queued this step reads or writes (the device page of an
+/// offload, the host page of an onboard, ...) is *cooling* once freed: it is
+/// free, but it is handed out only once no other page is, and it joins the
+/// other free pages when the step closes ([`FreePages::settle`]). Writing
+/// into it in the same step would make the copy waves ([`copy_waves`]) cut
+/// the step's copies in two launches; keeping clear of it lets a step's
+/// offloads and onboards go in one launch, both directions of PCIe at once.
+/// Fresh blocks, which only the forward pass writes (after every copy), take
+/// cooling pages first ([`FreePages::pop_for_compute`]), leaving the others
+/// to copies.
+#[derive(Debug)]
+pub struct FreePages {
+    /// Free pages no queued copy touches.
+    ready: Ready,
+    /// Free pages a queued copy touches.
+    cooling: Vec<u32>,
+    /// Bit `p` set: a copy queued this step touches page `p`.
+    touched: Vec<u64>,
+    /// The pages whose bit is set, to clear them when the step closes.
+    touched_list: Vec<u32>,
+}
+
+/// The order in which ready pages are handed out.
+#[derive(Debug)]
+enum Ready {
+    /// The most recently freed first (device pages: warm in caches, and
+    /// their order does not matter to copies).
+    Stack(Vec<u32>),
+    /// The next free page at or after the last one handed out, wrapping
+    /// around (host pages: consecutive offloads take consecutive pages while
+    /// the tier has runs of free ones, so the copy engines move long runs).
+    Ring {
+        /// Bit `p` set: page `p` is free.
+        bits: Vec<u64>,
+        /// Where the next search starts.
+        cursor: u32,
+        /// Pages free.
+        count: usize,
+    },
+}
+
+impl Ready {
+    fn len(&self) -> usize {
+        match self {
+            Ready::Stack(v) => v.len(),
+            Ready::Ring { count, .. } => *count,
+        }
+    }
+
+    fn push(&mut self, page: u32) {
+        match self {
+            Ready::Stack(v) => v.push(page),
+            Ready::Ring { bits, count, .. } => {
+                let (w, b) = (page as usize / 64, page % 64);
+                debug_assert!(bits[w] & (1 << b) == 0, "page {page} freed twice");
+                bits[w] |= 1 << b;
+                *count += 1;
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<u32> {
+        match self {
+            Ready::Stack(v) => v.pop(),
+            Ready::Ring { bits, cursor, count } => {
+                if *count == 0 {
+                    return None;
+                }
+                let words = bits.len();
+                let start = (*cursor as usize / 64) % words;
+                // The start word masked to bits at or after the cursor, then
+                // every word once around, then the start word's low bits.
+                let first = bits[start] & (!0u64 << (*cursor % 64));
+                let found = std::iter::once((start, first))
+                    .chain((1..words).map(|i| ((start + i) % words, bits[(start + i) % words])))
+                    .chain(std::iter::once((start, bits[start])))
+                    .find(|&(_, w)| w != 0)
+                    .map(|(i, w)| i * 64 + w.trailing_zeros() as usize)
+                    .expect("count > 0, so a bit is set");
+                bits[found / 64] &= !(1u64 << (found % 64));
+                *count -= 1;
+                *cursor = found as u32 + 1;
+                Some(found as u32)
+            }
+        }
+    }
+
+    fn append(&mut self, pages: &mut Vec<u32>) {
+        for p in pages.drain(..) {
+            self.push(p);
+        }
+    }
+}
+
+impl FreePages {
+    /// Every page of `0..pages` free, handed out most recently freed first
+    /// (page 0 first while none was freed).
+    pub fn stack(pages: u32) -> Self {
+        Self::with_ready(pages, Ready::Stack((0..pages).rev().collect()))
+    }
+
+    fn with_ready(pages: u32, ready: Ready) -> Self {
+        let words = (pages as usize).div_ceil(64);
+        Self { ready, cooling: Vec::new(), touched: vec![0; words], touched_list: Vec::new() }
+    }
+
+    /// Every page of `0..pages` free, handed out in address order from where
+    /// the last one was taken, wrapping around (page 0 first).
+    pub fn ring(pages: u32) -> Self {
+        let words = (pages as usize).div_ceil(64).max(1);
+        let mut bits = vec![!0u64; words];
+        let tail = pages as usize % 64;
+        if tail != 0 {
+            bits[words - 1] = (1u64 << tail) - 1;
+        }
+        if pages == 0 {
+            bits[0] = 0;
+        }
+        Self::with_ready(pages, Ready::Ring { bits, cursor: 0, count: pages as usize })
+    }
+
+    /// Free pages, cooling ones included.
+    pub fn len(&self) -> usize {
+        self.ready.len() + self.cooling.len()
+    }
+
+    /// Whether no page is free.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A free page for a copy to write: one no queued copy reads, if any.
+    pub fn pop(&mut self) -> Option<u32> {
+        self.ready.pop().or_else(|| self.cooling.pop())
+    }
+
+    /// A free page for a fresh block, which no copy writes: a cooling page
+    /// first, keeping the others for copies.
+    pub fn pop_for_compute(&mut self) -> Option<u32> {
+        self.cooling.pop().or_else(|| self.ready.pop())
+    }
+
+    /// Notes that a copy queued this step reads or writes `page`.
+    pub fn touch(&mut self, page: u32) {
+        let (w, b) = (page as usize / 64, page % 64);
+        if self.touched[w] & (1 << b) == 0 {
+            self.touched[w] |= 1 << b;
+            self.touched_list.push(page);
+        }
+    }
+
+    /// Whether a copy queued this step reads or writes `page`.
+    pub fn is_touched(&self, page: u32) -> bool {
+        self.touched[page as usize / 64] & (1 << (page % 64)) != 0
+    }
+
+    /// Frees a page: cooling when a copy queued this step touches it.
+    pub fn release(&mut self, page: u32) {
+        if self.is_touched(page) {
+            self.cooling.push(page);
+        } else {
+            self.ready.push(page);
+        }
+    }
+
+    /// Closes the step: its copies are handed out and run before the next
+    /// step's, so no page is touched any more and every cooling page is an
+    /// ordinary free page again.
+    pub fn settle(&mut self) {
+        for p in self.touched_list.drain(..) {
+            self.touched[p as usize / 64] = 0;
+        }
+        self.ready.append(&mut self.cooling);
+    }
+}
+
 /// Free pages and eviction order of each tier.
 #[derive(Debug)]
 pub struct BlockPool {
-    /// Free device pages (a stack: the most recently freed page is reused first).
-    pub free_device: Vec<u32>,
+    /// Free device pages.
+    pub free_device: FreePages,
     /// Free host pages.
-    pub free_host: Vec<u32>,
+    pub free_host: FreePages,
     /// Unreferenced indexed device blocks, least recently used first.
     pub lru_device: BlockLru,
     /// Indexed host blocks, least recently used first.
@@ -141,9 +324,9 @@ pub struct BlockPool {
 impl BlockPool {
     fn new(pages_device: u32, pages_host: u32) -> Self {
         Self {
-            // Reversed so that page 0 is handed out first, which keeps demos readable.
-            free_device: (0..pages_device).rev().collect(),
-            free_host: (0..pages_host).rev().collect(),
+            // Page 0 is handed out first, which keeps demos readable.
+            free_device: FreePages::stack(pages_device),
+            free_host: FreePages::ring(pages_host),
             lru_device: BlockLru::default(),
             lru_host: BlockLru::default(),
             pages_device,
@@ -152,11 +335,17 @@ impl BlockPool {
     }
 
     /// Free pages of a tier.
-    pub fn free(&mut self, medium: Medium) -> &mut Vec<u32> {
+    pub fn free(&mut self, medium: Medium) -> &mut FreePages {
         match medium {
             Medium::Gpu => &mut self.free_device,
             Medium::Cpu => &mut self.free_host,
         }
+    }
+
+    /// Closes the step for both tiers ([`FreePages::settle`]).
+    pub fn settle(&mut self) {
+        self.free_device.settle();
+        self.free_host.settle();
     }
 
     /// The LRU of a tier.
@@ -217,15 +406,25 @@ impl KvCache {
         self.blocks.content_mut(id).expect("indexed blocks hold content")
     }
 
+    /// Queues a copy for the step, noting the pages it touches ([`FreePages`]).
+    pub fn queue_copy(&mut self, copy: BlockCopy) {
+        self.pool.free(copy.src.medium).touch(copy.src.page);
+        self.pool.free(copy.dst.medium).touch(copy.dst.page);
+        self.copies.push(copy);
+    }
+
     /// Whether a host tier exists.
     pub fn has_host_tier(&self) -> bool {
         self.pool.pages_host > 0
     }
 
     /// Takes a free page and makes a fresh unkeyed row with one reference.
+    /// `copy_target`: a copy will write the page this step (partial reuse),
+    /// so it should not be one a queued copy reads ([`FreePages`]).
     /// Returns `None` when the tier has no free page (the caller evicts first).
-    pub fn take_free_block(&mut self, medium: Medium) -> Option<BlockId> {
-        let page = self.pool.free(medium).pop()?;
+    pub fn take_free_block(&mut self, medium: Medium, copy_target: bool) -> Option<BlockId> {
+        let free = self.pool.free(medium);
+        let page = if copy_target { free.pop() } else { free.pop_for_compute() }?;
         Some(self.blocks.rows.insert(KvBlock {
             page,
             medium,
@@ -243,7 +442,7 @@ impl KvCache {
         self.remove_content(id);
         let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
         debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
-        self.pool.free(b.medium).push(b.page);
+        self.pool.free(b.medium).release(b.page);
     }
 
     /// Drops a block's re-advertising content and its scope reference,
@@ -385,6 +584,58 @@ mod tests {
             src: PageRef { medium: src.0, page: src.1 },
             dst: PageRef { medium: dst.0, page: dst.1 },
             tokens: 1,
+        }
+    }
+
+    /// The ring hands out host pages in address order from where it last
+    /// took one, wrapping around, whatever order they were freed in; the
+    /// stack hands out the most recently freed device page first.
+    #[test]
+    fn ring_hands_out_pages_in_address_order() {
+        let mut ring = FreePages::ring(70);
+        let taken: Vec<u32> = (0..68).map(|_| ring.pop().unwrap()).collect();
+        assert_eq!(taken, (0..68).collect::<Vec<_>>());
+        for p in [3, 66, 1, 2, 40] {
+            ring.release(p);
+        }
+        // From page 68 on: 68, 69, then around: 1, 2, 3, 40, 66.
+        let order: Vec<u32> = std::iter::from_fn(|| ring.pop()).collect();
+        assert_eq!(order, vec![68, 69, 1, 2, 3, 40, 66]);
+        assert!(ring.is_empty());
+        let mut stack = FreePages::stack(4);
+        assert_eq!((stack.pop(), stack.pop()), (Some(0), Some(1)));
+        stack.release(0);
+        assert_eq!(stack.pop(), Some(0));
+        assert_eq!(FreePages::ring(0).pop(), None);
+        assert_eq!(FreePages::ring(64).len(), 64);
+    }
+
+    /// A page freed while a queued copy touches it cools: copies get the
+    /// other free pages first, fresh blocks get it first, and it is an
+    /// ordinary free page once the step closes.
+    #[test]
+    fn touched_pages_cool_until_the_step_closes() {
+        for mut free in [FreePages::stack(8), FreePages::ring(8)] {
+            let pages: Vec<u32> = (0..8).map(|_| free.pop().unwrap()).collect();
+            free.touch(pages[5]);
+            assert!(free.is_touched(pages[5]) && !free.is_touched(pages[4]));
+            free.release(pages[5]);
+            free.release(pages[4]);
+            assert_eq!(free.len(), 2);
+            assert_eq!(free.pop(), Some(pages[4]), "a copy gets the untouched page");
+            assert_eq!(free.pop(), Some(pages[5]), "and the cooling one only when none is left");
+            free.touch(pages[1]);
+            free.release(pages[1]);
+            free.release(pages[2]);
+            assert_eq!(free.pop_for_compute(), Some(pages[1]), "a fresh block gets the cooling page first");
+            free.touch(pages[3]);
+            free.release(pages[3]);
+            free.settle();
+            assert!(!free.is_touched(pages[3]));
+            free.release(pages[1]);
+            assert_eq!(free.len(), 3);
+            // Settled, page 3 is as free as any: a fresh block takes a ready page.
+            assert!(free.pop_for_compute().is_some());
         }
     }
 

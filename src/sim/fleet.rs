@@ -23,6 +23,7 @@ use crate::events::codec::{EncodeOptions, encode_events};
 use crate::events::publisher::{Publisher, PublisherConfig};
 use crate::tables::TokenRun;
 
+use super::copies::CopyCounts;
 use super::policy::{PolicyKind, decide};
 use super::router_view::RouterView;
 use super::timing::WorkerClock;
@@ -73,6 +74,8 @@ pub struct PolicyRun {
     pub outcomes: Vec<RequestOutcome>,
     /// Events.
     pub events: EventCounts,
+    /// The host-tier copies' shape.
+    pub copies: CopyCounts,
     /// Blocks the view could not use (text-only: stored blocks whose parent it
     /// did not know).
     pub view_unusable_blocks: u64,
@@ -97,6 +100,7 @@ pub fn worker_engine_config(config: &SimConfig) -> EngineConfig {
         blocks_host: config.blocks_host,
         image_placeholder_token_id: config.placeholder_token,
         requests_max: 16,
+        offload_first: config.offload_first,
         ..Default::default()
     }
 }
@@ -155,6 +159,7 @@ pub fn run_policy(
     let mut clocks = vec![WorkerClock::default(); n];
     let mut outcomes = Vec::with_capacity(workload.requests.len());
     let mut events = EventCounts::default();
+    let mut copies = CopyCounts::default();
     let bs = config.block_size_tokens;
     let block_work_us = config.timing.prefill_us_per_token * bs as f64;
     let mut next_rr = 0usize;
@@ -217,7 +222,7 @@ pub fn run_policy(
             }
             Err(_) => outcome.rejected = true,
         }
-        engine.step();
+        copies.observe(&engine.step());
         let step_events = engine.drain_events();
         count_events(&step_events, &mut events);
         if !step_events.is_empty() {
@@ -244,6 +249,7 @@ pub fn run_policy(
         policy,
         outcomes,
         events,
+        copies,
         view_unusable_blocks: view.as_ref().map_or(0, |v| v.events_unusable()),
         view_stats: view.as_ref().and_then(|v| v.stats()),
         publishers,

@@ -25,10 +25,12 @@
 //! | [`router_view`] | `kv-ours`: the real router over loopback ZMQ |
 //! | [`policy`] | the policies and the KV-aware decision |
 //! | [`fleet`] | one pass: engines, routing, events, timing |
+//! | [`copies`] | the shape of the host-tier copies the engines hand out |
 //! | [`report`] | figures, terminal table, JSON, JSON lines, SVG |
 //!
 //! See docs/simulation.md for the model, the default workload and the figures.
 
+pub mod copies;
 pub mod fleet;
 pub mod policy;
 pub mod report;
@@ -58,6 +60,8 @@ pub struct SimConfig {
     pub blocks_host: u32,
     /// The image placeholder token id.
     pub placeholder_token: u32,
+    /// The engines' `offload_first` (few copy waves, lower hit rate).
+    pub offload_first: bool,
     /// The timing model.
     pub timing: TimingModel,
     /// The KV-aware cost's weights.
@@ -78,6 +82,7 @@ impl Default for SimConfig {
             blocks_device: 1024,
             blocks_host: 1024,
             placeholder_token: crate::config::QWEN_IMAGE_PAD_TOKEN,
+            offload_first: false,
             timing: TimingModel::default(),
             scoring: Scoring::default(),
             policies: PolicyKind::ALL.to_vec(),

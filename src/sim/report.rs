@@ -6,6 +6,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use super::SimConfig;
+use super::copies::CopyCounts;
 use super::fleet::{EventCounts, PolicyRun};
 use super::policy::PolicyKind;
 use super::workload::Workload;
@@ -45,6 +46,8 @@ pub struct PolicySummary {
     pub events_per_sim_s: f64,
     /// Wire bytes per block stored or removed, when measured.
     pub wire_bytes_per_block: Option<f64>,
+    /// The host-tier copies' shape.
+    pub copies: CopyCounts,
     /// Stored blocks the view could not place (text-only: parent unknown).
     pub view_unusable_blocks: u64,
     /// The view's own counters (for `kv-ours`, the router's subscriber and
@@ -117,6 +120,7 @@ impl PolicySummary {
             events: run.events,
             events_per_sim_s: run.events.events as f64 / span_s,
             wire_bytes_per_block: run.events.wire_bytes.map(|b| b as f64 / blocks.max(1) as f64),
+            copies: run.copies,
             view_unusable_blocks: run.view_unusable_blocks,
             view_stats: run.view_stats.clone(),
             publishers: run.publishers.clone(),
@@ -196,6 +200,27 @@ impl Report {
                 p.utilization * 100.0,
                 p.events_per_sim_s,
                 p.wire_bytes_per_block.map_or("-".to_owned(), |b| format!("{b:.1}")),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nhost tier copies (run: consecutive host pages in a wave, mean blocks)\n{:<14} {:>10} {:>6} {:>10} {:>6} {:>7} {:>10} {:>7} {:>10}",
+            "policy", "offloaded", "run", "onboarded", "run", "steps", "both ways", "waves", "both ways"
+        );
+        for p in &self.policies {
+            let c = &p.copies;
+            let _ = writeln!(
+                s,
+                "{:<14} {:>10} {:>6.1} {:>10} {:>6.1} {:>7} {:>10} {:>7} {:>10}",
+                p.policy,
+                c.offload_blocks,
+                c.offload_mean_run(),
+                c.onboard_blocks,
+                c.onboard_mean_run(),
+                c.steps,
+                c.steps_both_ways,
+                c.waves,
+                c.waves_both_ways
             );
         }
         for p in self.policies.iter().filter(|p| p.rejected > 0) {

@@ -260,6 +260,7 @@ pub fn admit_request(
             cache.pool.lru_device.remove(&mut cache.blocks.rows, source);
         }
     }
+    allocate::make_room(cache, needed, config.offload_first, events, counters);
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {
         if cache.blocks.rows[b].medium == Medium::Cpu {
@@ -267,16 +268,18 @@ pub fn admit_request(
         }
         blocks.push(b);
     }
-    allocate::allocate_device_blocks(cache, blocks_total - matched.len(), &mut blocks, events, counters);
+    let fresh = blocks_total - matched.len();
+    allocate::allocate_device_blocks(cache, fresh, partial.is_some(), &mut blocks, events, counters);
     let mut tokens_cached = matched.len() as u32 * bs;
     if let Some((source, k)) = partial {
         let dst = cache.blocks.rows[blocks[matched.len()]].page;
-        let row = &mut cache.blocks.rows[source];
-        cache.copies.push(BlockCopy {
-            src: PageRef { medium: Medium::Gpu, page: row.page },
+        let src = cache.blocks.rows[source].page;
+        cache.queue_copy(BlockCopy {
+            src: PageRef { medium: Medium::Gpu, page: src },
             dst: PageRef { medium: Medium::Gpu, page: dst },
             tokens: k,
         });
+        let row = &mut cache.blocks.rows[source];
         row.ref_count -= 1;
         if row.ref_count == 0 {
             cache.pool.lru_device.push_back(&mut cache.blocks.rows, source);

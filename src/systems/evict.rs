@@ -35,12 +35,20 @@ pub fn evict_host_block(cache: &mut KvCache, events: &mut EventQueue, counters: 
 /// Evicts the least recently used unreferenced device block, offloading it to
 /// the host tier when there is one, and leaves its device page free. Returns
 /// `None` when no device block is evictable.
+///
+/// A full host tier drops its least recently used block to take the offload,
+/// unless that block was itself offloaded this step (its copy is queued):
+/// then the evicted device block is dropped instead, which keeps as many
+/// blocks and saves a copy that would be overwritten in the same step.
 pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters: &mut Counters) -> Option<()> {
     let id = cache.pool.lru_device.pop_front(&mut cache.blocks.rows)?;
     counters.blocks_evicted_device += 1;
     if cache.has_host_tier() {
         if cache.pool.free_host.is_empty() {
-            evict_host_block(cache, events, counters);
+            let oldest = cache.pool.lru_host.front().map(|h| cache.blocks.rows[h].page);
+            if oldest.is_some_and(|page| !cache.pool.free_host.is_touched(page)) {
+                evict_host_block(cache, events, counters);
+            }
         }
         if let Some(host_page) = cache.pool.free_host.pop() {
             let b = &mut cache.blocks.rows[id];
@@ -50,8 +58,8 @@ pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters
             b.medium = Medium::Cpu;
             b.page = host_page;
             cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
-            cache.copies.push(BlockCopy { src: from, dst: to, tokens: cache.block_size });
-            cache.pool.free_device.push(from.page);
+            cache.queue_copy(BlockCopy { src: from, dst: to, tokens: cache.block_size });
+            cache.pool.free_device.release(from.page);
             cache.pool.lru_host.push_back(&mut cache.blocks.rows, id);
             events.push_removed(key, Medium::Gpu);
             if events.enabled() {
@@ -81,8 +89,8 @@ pub fn onboard_block(cache: &mut KvCache, id: BlockId, events: &mut EventQueue, 
     b.page = device_page;
     b.ref_count = 1;
     cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
-    cache.copies.push(BlockCopy { src: from, dst: to, tokens: cache.block_size });
-    cache.pool.free_host.push(from.page);
+    cache.queue_copy(BlockCopy { src: from, dst: to, tokens: cache.block_size });
+    cache.pool.free_host.release(from.page);
     events.push_removed(key, Medium::Cpu);
     if events.enabled() {
         events.push_stored(stored_event_for_block(cache, id));

@@ -33,6 +33,7 @@ pub fn run_step(
     counters: &mut Counters,
 ) -> (Vec<BlockCopy>, Option<EventBatch>) {
     let copies = std::mem::take(&mut cache.copies);
+    cache.pool.settle();
     let batch = events.close_step(step_index, hints, counters);
     (copies, batch)
 }

@@ -51,6 +51,11 @@ pub struct SimArgs {
     /// Decode cost per generated token, in microseconds (default: 40).
     #[arg(long, value_name = "US")]
     decode_us_per_token: Option<f64>,
+    /// Engines offload every device block a request takes the place of
+    /// before onboarding (`EngineConfig::offload_first`): fewer copy waves,
+    /// lower hit rate.
+    #[arg(long)]
+    offload_first: bool,
     /// Comma-separated policies to run (default: all).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
@@ -67,7 +72,7 @@ pub struct SimArgs {
 }
 
 fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
-    let mut config = SimConfig { base_port: args.base_port, ..Default::default() };
+    let mut config = SimConfig { base_port: args.base_port, offload_first: args.offload_first, ..Default::default() };
     if let Some(w) = args.workers {
         config.workers = w;
     }
