@@ -19,8 +19,8 @@
 use std::collections::HashMap;
 
 use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu};
-use kvcore::resources::{BlockCopy, copy_waves};
 use kvcore::keys::BlockKey;
+use kvcore::resources::{BlockCopy, copy_waves};
 use kvcore::tables::Medium;
 use kvcore::{Engine, EngineConfig, KvEvent, RequestId, RequestSpec};
 use proptest::prelude::*;
