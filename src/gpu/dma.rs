@@ -197,15 +197,16 @@ pub(super) fn staged(
 
 /// Average host run (bytes) from which [`HostCopyPath::Auto`](super::HostCopyPath)
 /// takes the staged path for a direction whose device pages are scattered.
-/// Measured on an H200 (both ways, 1 GiB, 32 regions, docs/benchmarks.md):
-/// host runs of one 64 KiB block reach 70.8-81.0 GB/s staged (the copy
-/// engines' calls cost the host 0.4-4.4 µs per run, which varies by machine)
-/// against 78.3-79.1 on the split kernel (69 before its sixth pass), runs
-/// of one 16 KiB block 39-59 against 79; runs of 8 MiB (a slot) 93-97. The
-/// threshold sits just above one 64 KiB block, so that such runs (or four
-/// consecutive 16 KiB blocks) stay on the kernel; where between 64 KiB and
-/// 8 MiB the staged path overtakes the kernel was not measured.
-pub const STAGED_LONG_RUN: u64 = 96 << 10;
+/// Measured on an H200 (both ways, 1 GiB, 32 regions, host pages in runs of
+/// k consecutive pages in random order, so that a direction's sorted runs
+/// average about 2k pages; docs/benchmarks.md, "Host runs"): with 8 and 16
+/// KiB blocks the kernel (78-80 GB/s whatever the runs) stays ahead up to
+/// runs of about 128 KiB (staged 72-73), the two are even near 256 KiB (81
+/// against 80 for 16 KiB blocks), and the staged path leads from there on
+/// (86-93 at 256 KiB to 1 MiB); with 64 KiB blocks, 128 KiB runs gave 84
+/// staged against 80 (and 71-78 against 78-79 in an earlier pass on other
+/// machines: even). The threshold sits between 128 and 256 KiB.
+pub const STAGED_LONG_RUN: u64 = 192 << 10;
 
 /// Average run length (bytes) from which the copy engines beat the kernel
 /// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).

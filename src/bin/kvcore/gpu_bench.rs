@@ -460,6 +460,67 @@ mod imp {
         Ok(out)
     }
 
+    /// Both ways at once, device pages scattered, host pages in runs of k
+    /// consecutive pages (the runs in random order): what the host tier's
+    /// address-order allocation gives a step's offloads and onboards
+    /// (docs/architecture.md, "Tier moves"), from k = 1 (fully scattered)
+    /// up, by the kernel, the staged path and `Auto`.
+    fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32]) -> R<Vec<Value>> {
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut out = Vec::new();
+        for &bb in sizes {
+            let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
+            let tier_bytes: u64 = 1 << 30;
+            let n = (tier_bytes / (bb * 32)) as u32;
+            let half = n / 2;
+            let tier = Arc::new(HostTier::new(gpu, g, n)?);
+            let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
+            let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
+            dev_perm.shuffle(&mut rng);
+            for &k in runs {
+                let mut chunks: Vec<Vec<u32>> =
+                    (0..n).collect::<Vec<u32>>().chunks(k as usize).map(<[u32]>::to_vec).collect();
+                chunks.shuffle(&mut rng);
+                let host: Vec<u32> = chunks.concat();
+                let mut ops = Vec::with_capacity(n as usize);
+                for i in 0..half as usize {
+                    ops.push(CopyOp { src_page: dev_perm[i], dst_page: host[i], tokens: 16, media: 2 });
+                    ops.push(CopyOp {
+                        src_page: host[half as usize + i],
+                        dst_page: dev_perm[half as usize + i],
+                        tokens: 16,
+                        media: 1,
+                    });
+                }
+                let moved = ops.len() as f64 * 32.0 * bb as f64;
+                for path in [HostCopyPath::Kernel, HostCopyPath::Staged, HostCopyPath::Auto] {
+                    engine.set_host_path(path);
+                    let wave = gpu.prepare_wave(&engine, ops.clone())?;
+                    let t = time_ms(gpu, 2, 7, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
+                    let rate = moved / (t * 1e-3) / 1e9;
+                    let staged = wave.staged_runs() != (0, 0);
+                    println!(
+                        "runs   block {:>6} B  host runs of {:>3} pages  {:<8} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged {staged})",
+                        bb,
+                        k,
+                        format!("{path:?}"),
+                        rate,
+                        rate / 85.0,
+                        100.0 * rate / l.pinned_both,
+                        l.pinned_both
+                    );
+                    gpu.synchronize()?;
+                    out.push(
+                        json!({"block_bytes": bb, "regions": 32, "host_run_pages": k, "path": format!("{path:?}"),
+                        "GBps": rate, "ratio_to_85": rate / 85.0, "ratio_to_copy_engines": rate / l.pinned_both,
+                        "staged": staged, "bytes": moved}),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn run(out_path: Option<&str>, quick: bool) -> R<()> {
         let t0 = Instant::now();
         let gpu = Gpu::probe(0)?;
@@ -501,6 +562,20 @@ mod imp {
                 .unwrap_or_else(|| vec![8 << 10, 16 << 10]);
             let v = kvcore::gpu::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
             report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
+            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
+            if let Some(p) = out_path {
+                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
+            }
+            return Ok(());
+        }
+
+        if only == "host-runs" {
+            let sizes: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_BLOCKS")
+                .ok()
+                .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).map(|k| k << 10).collect())
+                .unwrap_or_else(|| vec![8 << 10, 16 << 10, 64 << 10]);
+            let v = host_runs(&gpu, &l, &sizes, &[1, 2, 4, 8, 16, 32, 64])?;
+            report.insert("host_runs".into(), Value::Array(v));
             let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
             if let Some(p) = out_path {
                 std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;

@@ -35,8 +35,10 @@ enum Command {
     ///
     /// Environment: `KVCORE_GPU_BENCH_ONLY=blake3` runs the digests alone,
     /// `host` the host tier's both-ways variants for fully scattered blocks
-    /// and `host-explore` every experiment of them; `KVCORE_GPU_BENCH_BLOCKS`
-    /// sets their block sizes in KiB (default `8,16`);
+    /// and `host-explore` every experiment of them, `host-runs` both ways
+    /// with host pages in runs of 1 to 64 consecutive pages;
+    /// `KVCORE_GPU_BENCH_BLOCKS` sets their block sizes in KiB (default
+    /// `8,16`; `8,16,64` for `host-runs`);
     /// `KVCORE_GPU_BENCH_DIGEST_MIB` sets the digest data (default 288).
     GpuBench {
         /// Where to write the JSON report (stdout when absent).
