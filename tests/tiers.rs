@@ -407,3 +407,44 @@ fn offload_first_trades_dropped_blocks_for_fewer_waves() {
     // offload_first: 2 offloads, 5 drops, then the onboards: 2 waves.
     assert_eq!(outcomes[1], (2, 2, (7, 2)));
 }
+
+/// Cooling pages: with free device pages and free host pages, a step's
+/// offloads and onboards share one wave (both directions of PCIe at once).
+/// The device has 10 pages: A's 6 blocks live on the host (4 offloaded for
+/// B, 2 by an explicit eviction), B's 8 are cached and 2 pages are free, and
+/// A again needs 7 pages. `offload_first` evicts 5
+/// of B's blocks up front (2 offloaded into the host's 2 free pages, 3
+/// dropped); 5 onboards take the 2 free pages and the 3 dropped blocks'
+/// pages, which no copy of the step touches, so they run in the offloads'
+/// wave; the sixth has only a page an offload reads left, and waits for the
+/// second wave; the fresh block takes the other such page, no copy needed.
+#[test]
+fn onboards_into_untouched_pages_share_the_offloads_wave() {
+    let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
+    let mut h = Harness::new(10, 8, false, true);
+    h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Finish { req: 0 }, &bases);
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Admit { base: 1, len: 32, twist: None }, &bases);
+    h.apply(&Op::Step, &bases);
+    h.apply(&Op::Finish { req: 0 }, &bases);
+    h.apply(&Op::Step, &bases);
+    // B's blocks took 4 of A's pages; the other 2 are offloaded by hand.
+    h.apply(&Op::Evict { n: 2 }, &bases);
+    h.apply(&Op::Step, &bases);
+    // B's 8 blocks on the device (2 pages free), A's 6 on the host (2 free).
+    assert_eq!(h.engine.blocks_cached(), (8, 6));
+    assert_eq!(h.engine.blocks_free_device(), 2);
+    h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
+    h.apply(&Op::Step, &bases); // applies the copies wave by wave and checks every page
+    let copies = &h.last_copies;
+    let ends = copy_waves(copies);
+    assert_eq!(ends.len(), 2, "copies: {copies:?}");
+    let first = &copies[..ends[0]];
+    let dir = |c: &BlockCopy| (c.src.medium, c.dst.medium);
+    assert_eq!(first.iter().filter(|c| dir(c) == (Medium::Gpu, Medium::Cpu)).count(), 2);
+    assert_eq!(first.iter().filter(|c| dir(c) == (Medium::Cpu, Medium::Gpu)).count(), 5);
+    assert_eq!(copies.len() - ends[0], 1);
+    assert_eq!(dir(&copies[ends[0]]), (Medium::Cpu, Medium::Gpu));
+}

@@ -1,8 +1,9 @@
 /* Block copies through the C API: evicting into the host tier queues
  * offloads, matching a prefix that lives on the host queues onboards, an
  * onboard into a device page that an offload of the same step reads lands in
- * a later wave, and partial reuse queues a device-to-device copy of the
- * shared tokens. */
+ * a later wave, partial reuse queues a device-to-device copy of the
+ * shared tokens, and offload_first puts a step's offloads and onboards in
+ * two waves. */
 #include "check.h"
 
 static void serve(kvc_engine *e, const uint32_t *tokens, size_t n, kvc_admission *a) {
@@ -106,5 +107,50 @@ int main(void) {
     CHECK(k.blocks_partially_reused == 1);
     EXPECT_OK(kvc_engine_finish(e, b.request_id));
     kvc_engine_free(e);
+
+    /* offload_first, with both tiers full: A's 6 blocks live on the host,
+     * B's 8 fill the device, and A again needs 7 device pages. By default
+     * offloads and onboards alternate (the onboards free the host pages the
+     * offloads take: nothing dropped, one wave per move); with offload_first
+     * every eviction comes first (2 offloaded, 5 dropped), then the 6
+     * onboards: two waves. */
+    uint32_t long_a[25], long_b[32];
+    for (uint32_t i = 0; i < 32; i++) {
+        if (i < 25) {
+            long_a[i] = 1000 + i;
+        }
+        long_b[i] = 2000 + i;
+    }
+    kvc_block_copy many[64];
+    for (int first = 0; first < 2; first++) {
+        EXPECT_OK(kvc_config_default(&c));
+        c.block_size_tokens = 4;
+        c.blocks_device = 8;
+        c.blocks_host = 8;
+        c.offload_first = first == 1;
+        EXPECT_OK(kvc_engine_new(&c, &e));
+        serve(e, long_a, 25, &a);
+        CHECK(copies_of_step(e, many, 64) == 0);
+        serve(e, long_b, 32, &b);
+        CHECK(copies_of_step(e, many, 64) == 6);
+        r = text_request(long_a, 25);
+        EXPECT_OK(kvc_engine_add_request(e, &r, &again));
+        CHECK(again.tokens_onboarded == 24);
+        n = copies_of_step(e, many, 64);
+        int offloads = 0, ons = 0;
+        for (size_t i = 0; i < n; i++) {
+            offloads += many[i].src_medium == KVC_MEDIUM_GPU && many[i].dst_medium == KVC_MEDIUM_CPU;
+            ons += many[i].src_medium == KVC_MEDIUM_CPU && many[i].dst_medium == KVC_MEDIUM_GPU;
+        }
+        uint32_t waves = n == 0 ? 0 : many[n - 1].wave + 1;
+        CHECK(ons == 6);
+        if (first) {
+            CHECK(offloads == 2 && waves == 2);
+        } else {
+            CHECK(offloads == 7 && waves >= 10);
+        }
+        EXPECT_OK(kvc_engine_finish(e, again.request_id));
+        kvc_engine_free(e);
+    }
     return check_report("tiers");
 }
