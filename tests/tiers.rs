@@ -361,6 +361,17 @@ fn full_host_tier_drops_the_oldest_offload_first() {
     }
 }
 
+/// Serves A (25 tokens: 6 full blocks and a partial one) then B (32 tokens,
+/// 8 blocks), each to the end, so that both are cached.
+fn serve_a_then_b(h: &mut Harness, bases: &[Vec<u32>; 3]) {
+    for (base, len) in [(0, 25), (1, 32)] {
+        h.apply(&Op::Admit { base, len, twist: None }, bases);
+        h.apply(&Op::Step, bases);
+        h.apply(&Op::Finish { req: 0 }, bases);
+        h.apply(&Op::Step, bases);
+    }
+}
+
 /// Both tiers full, a prompt matching 6 host blocks and needing 7 device
 /// pages, one of them fresh: by default the offloads that make room
 /// alternate with the onboards, so that the host pages the onboards free
@@ -376,16 +387,8 @@ fn offload_first_trades_dropped_blocks_for_fewer_waves() {
     let mut outcomes = Vec::new();
     for offload_first in [false, true] {
         let mut h = Harness::new(8, 8, false, offload_first);
-        // A: 6 full blocks and a partial one; cached when finished.
-        h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
-        h.apply(&Op::Step, &bases);
-        h.apply(&Op::Finish { req: 0 }, &bases);
-        h.apply(&Op::Step, &bases);
-        // B: 8 blocks, which offload A's 6 (the host tier then has 2 free pages).
-        h.apply(&Op::Admit { base: 1, len: 32, twist: None }, &bases);
-        h.apply(&Op::Step, &bases);
-        h.apply(&Op::Finish { req: 0 }, &bases);
-        h.apply(&Op::Step, &bases);
+        // B's 8 blocks offload A's 6 (the host tier then has 2 free pages).
+        serve_a_then_b(&mut h, &bases);
         assert_eq!(h.engine.blocks_cached(), (8, 6));
         let before = h.engine.counters();
         // A again: 6 onboards and 1 fresh block, so 7 of B's blocks go.
@@ -422,14 +425,7 @@ fn offload_first_trades_dropped_blocks_for_fewer_waves() {
 fn onboards_into_untouched_pages_share_the_offloads_wave() {
     let bases: [Vec<u32>; 3] = std::array::from_fn(|b| (0..32).map(|i| b as u32 * 100 + i).collect());
     let mut h = Harness::new(10, 8, false, true);
-    h.apply(&Op::Admit { base: 0, len: 25, twist: None }, &bases);
-    h.apply(&Op::Step, &bases);
-    h.apply(&Op::Finish { req: 0 }, &bases);
-    h.apply(&Op::Step, &bases);
-    h.apply(&Op::Admit { base: 1, len: 32, twist: None }, &bases);
-    h.apply(&Op::Step, &bases);
-    h.apply(&Op::Finish { req: 0 }, &bases);
-    h.apply(&Op::Step, &bases);
+    serve_a_then_b(&mut h, &bases);
     // B's blocks took 4 of A's pages; the other 2 are offloaded by hand.
     h.apply(&Op::Evict { n: 2 }, &bases);
     h.apply(&Op::Step, &bases);

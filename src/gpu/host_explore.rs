@@ -319,6 +319,22 @@ fn spans(trace: &[u64], launches: &[Launch<'_>]) -> Option<(u64, u64, u64, u64)>
     Some((ws, we, rs, re))
 }
 
+/// A wave both ways of whole 16-token blocks, offloads and onboards
+/// interleaved: device pages `dev[i]` to host pages `host[i]` and host pages
+/// `host[half + i]` to device pages `dev[half + i]`, for `i < half` (half of
+/// `host.len()`; `dev` at least as long).
+pub fn two_way_wave(dev: &[u32], host: &[u32]) -> Vec<CopyOp> {
+    let half = host.len() / 2;
+    (0..half)
+        .flat_map(|i| {
+            [
+                CopyOp { src_page: dev[i], dst_page: host[i], tokens: 16, media: 2 },
+                CopyOp { src_page: host[half + i], dst_page: dev[half + i], tokens: 16, media: 1 },
+            ]
+        })
+        .collect()
+}
+
 /// Runs every variant for each block size in `sizes` (1 GiB host tier and
 /// device pool of 32 regions each, half of the tier offloaded into, half
 /// onboarded from), `reps` timed waves each.
@@ -405,17 +421,7 @@ pub fn run(gpu: &Arc<Gpu>, sizes: &[u64], reps: usize, full: bool) -> Result<Vec
             p
         };
         let (dev_perm, host_perm) = (perm(&mut next), perm(&mut next));
-        let half = n / 2;
-        let mut ops = Vec::new();
-        for i in 0..half as usize {
-            ops.push(CopyOp { src_page: dev_perm[i], dst_page: host_perm[i], tokens: 16, media: 2 });
-            ops.push(CopyOp {
-                src_page: host_perm[half as usize + i],
-                dst_page: dev_perm[half as usize + i],
-                tokens: 16,
-                media: 1,
-            });
-        }
+        let ops = two_way_wave(&dev_perm, &host_perm);
         let (db, hb) = (engine.device().region_bases.clone(), tier.pool().region_bases.clone());
         let mut out_segs = Vec::new();
         let mut in_segs = Vec::new();

@@ -575,16 +575,18 @@ impl KvCache {
     }
 }
 
+/// A copy between (tier, page) pairs, for tests.
+#[cfg(test)]
+pub(crate) fn test_copy(src: (Medium, u32), dst: (Medium, u32), tokens: u32) -> BlockCopy {
+    BlockCopy { src: PageRef { medium: src.0, page: src.1 }, dst: PageRef { medium: dst.0, page: dst.1 }, tokens }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn copy(src: (Medium, u32), dst: (Medium, u32)) -> BlockCopy {
-        BlockCopy {
-            src: PageRef { medium: src.0, page: src.1 },
-            dst: PageRef { medium: dst.0, page: dst.1 },
-            tokens: 1,
-        }
+        test_copy(src, dst, 1)
     }
 
     /// The ring hands out host pages in address order from where it last

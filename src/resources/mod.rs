@@ -7,6 +7,8 @@ mod lru;
 mod routing_hints;
 mod scopes;
 
+#[cfg(test)]
+pub(crate) use block_pool::test_copy;
 pub use block_pool::{BlockCopy, BlockLru, BlockPool, FreePages, KvCache, PageRef, PrefixIndex, copy_waves};
 pub use counters::Counters;
 pub use lru::Lru;

@@ -86,14 +86,9 @@ impl CopyCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::PageRef;
 
     fn copy(src: (Medium, u32), dst: (Medium, u32)) -> BlockCopy {
-        BlockCopy {
-            src: PageRef { medium: src.0, page: src.1 },
-            dst: PageRef { medium: dst.0, page: dst.1 },
-            tokens: 16,
-        }
+        crate::resources::test_copy(src, dst, 16)
     }
 
     #[test]

@@ -472,7 +472,6 @@ mod imp {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = 1 << 30;
             let n = (tier_bytes / (bb * 32)) as u32;
-            let half = n / 2;
             let tier = Arc::new(HostTier::new(gpu, g, n)?);
             let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
@@ -481,17 +480,7 @@ mod imp {
                 let mut chunks: Vec<Vec<u32>> =
                     (0..n).collect::<Vec<u32>>().chunks(k as usize).map(<[u32]>::to_vec).collect();
                 chunks.shuffle(&mut rng);
-                let host: Vec<u32> = chunks.concat();
-                let mut ops = Vec::with_capacity(n as usize);
-                for i in 0..half as usize {
-                    ops.push(CopyOp { src_page: dev_perm[i], dst_page: host[i], tokens: 16, media: 2 });
-                    ops.push(CopyOp {
-                        src_page: host[half as usize + i],
-                        dst_page: dev_perm[half as usize + i],
-                        tokens: 16,
-                        media: 1,
-                    });
-                }
+                let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &chunks.concat());
                 let moved = ops.len() as f64 * 32.0 * bb as f64;
                 for path in [HostCopyPath::Kernel, HostCopyPath::Staged, HostCopyPath::Auto] {
                     engine.set_host_path(path);
