@@ -514,7 +514,7 @@ __device__ __forceinline__ void b3_fold_strided(u32 (*s_cv)[9], u32 (&k)[W], u32
 // docs/benchmarks.md).
 template <int MODE>
 __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_group, u32 (*s_cv)[9], u32* cvs,
-                                              u32* counters, u32 one) {
+                                              u32* counters, u32 one, u32* folds = nullptr) {
     const u32 lane = threadIdx.x % 32;
     u32* vals = cvs + it.cv_first * 8;
     u32* ctrs = counters + it.ctr_first;
@@ -526,6 +526,7 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
         const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
         if (!b3_hand_over(vals, ctrs, idx, parent, siblings, s_cv[0], lane)) return;
         __syncwarp();
+        if (folds != nullptr && lane == 0) atomicAdd(folds, 1u);
         for (u32 k = lane; k < siblings; k += 32) {
 #pragma unroll
             for (int i = 0; i < 8; i++) s_cv[k][i] = __ldcg(&vals[((u64)parent * B3_GROUP + k) * 8 + i]);
@@ -557,7 +558,7 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
 // threads; warps past the last group only take part in the fold's barriers.
 template <int MODE, int AL = 0>
 __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
-                                                u32 one) {
+                                                u32 one, u32* folds = nullptr) {
     constexpr int W = B3_MULTI;
     __shared__ u32 s_cv[W * B3_GROUP][9];
     __shared__ u32 s_n[W];
@@ -597,7 +598,7 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         if (lane < 8) ((u32*)it.out)[lane] = mine[0][lane];
         return;
     }
-    b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one);
+    b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one, folds);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
@@ -606,18 +607,25 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
 }
 
 // Diagnostics for the bench: blake3_digest_multi with, per block, its start
-// and end (globaltimer ns) and the cycles (clock64) in between.
+// and end (globaltimer ns), the cycles (clock64) in between, and the SM it
+// ran on (high word) with the set folds its warps did while climbing (low
+// word).
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
+    __shared__ u32 s_folds;
     u64 t0, t1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     const u64 c0 = clock64();
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
+    if (threadIdx.x == 0) s_folds = 0;
+    __syncthreads();
+    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one, &s_folds);
     __syncthreads();
     if (threadIdx.x == 0) {
+        u32 smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
         u64* r = trace + 4 * (u64)blockIdx.x;
-        r[0] = t0; r[1] = t1; r[2] = clock64() - c0;
+        r[0] = t0; r[1] = t1; r[2] = clock64() - c0; r[3] = ((u64)smid << 32) | s_folds;
     }
 }
 

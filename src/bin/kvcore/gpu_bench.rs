@@ -202,6 +202,12 @@ mod imp {
                         rows.iter().filter(|r| r[0] <= at && at < r[1]).count()
                     })
                     .collect();
+                // Blocks whose warps folded a set while climbing, and the others.
+                let folded = |f: bool| -> Vec<f64> {
+                    rows.iter().zip(&durs).filter(|(r, _)| (r[3] as u32 > 0) == f).map(|(_, d)| *d).collect()
+                };
+                let (with, without) = (folded(true), folded(false));
+                let med = |v: &[f64]| (!v.is_empty()).then(|| median_of(v.to_vec()));
                 let summary = json!({
                     "kernel": kernel,
                     "span_us": span / 1e3,
@@ -209,7 +215,25 @@ mod imp {
                     "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
                     "sm_clock_ghz_median": median_of(ghz),
                     "blocks_running_by_tenth": occupancy,
+                    "folding_blocks": with.len(),
+                    "folding_block_us_median": med(&with),
+                    "folding_block_us_max": with.iter().cloned().fold(0.0, f64::max),
+                    "other_block_us_median": med(&without),
+                    "other_block_us_max": without.iter().cloned().fold(0.0, f64::max),
                 });
+                // Every block: start (µs after the first), length (µs), SM, set folds.
+                let blocks: Vec<[f64; 4]> = rows
+                    .iter()
+                    .map(|r| {
+                        [
+                            (r[0] - start) as f64 / 1e3,
+                            (r[1] - r[0]) as f64 / 1e3,
+                            (r[3] >> 32) as f64,
+                            (r[3] as u32) as f64,
+                        ]
+                    })
+                    .collect();
+                experiments.insert(format!("trace_blocks_{kernel}"), json!(blocks));
                 println!("blake3 {name:<24} trace {summary}");
                 experiments.insert(format!("trace_{kernel}"), summary);
             }
