@@ -259,7 +259,7 @@ impl FreePages {
         self.len() == 0
     }
 
-    /// A free page for a copy to write: one no queued copy reads, if any.
+    /// A free page for a copy to write: one no queued copy touches, if any.
     pub fn pop(&mut self) -> Option<u32> {
         self.ready.pop().or_else(|| self.cooling.pop())
     }
