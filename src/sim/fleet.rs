@@ -21,6 +21,7 @@ use crate::engine::{Engine, MmContent, MmItemSpec, RequestSpec};
 use crate::events::KvEvent;
 use crate::events::codec::{EncodeOptions, encode_events};
 use crate::events::publisher::{Publisher, PublisherConfig};
+use crate::resources::BlockCopy;
 use crate::tables::TokenRun;
 
 use super::copies::CopyCounts;
@@ -76,6 +77,10 @@ pub struct PolicyRun {
     pub events: EventCounts,
     /// The host-tier copies' shape.
     pub copies: CopyCounts,
+    /// Worker 0's block copies, one list per step it served, in order (with
+    /// `SimConfig::record_copies`; empty otherwise): what a GPU would have
+    /// performed, for `kvcore gpu-bench` to replay.
+    pub copy_log: Vec<Vec<BlockCopy>>,
     /// Blocks the view could not use (text-only: stored blocks whose parent it
     /// did not know).
     pub view_unusable_blocks: u64,
@@ -160,6 +165,7 @@ pub fn run_policy(
     let mut outcomes = Vec::with_capacity(workload.requests.len());
     let mut events = EventCounts::default();
     let mut copies = CopyCounts::default();
+    let mut copy_log = Vec::new();
     let bs = config.block_size_tokens;
     let block_work_us = config.timing.prefill_us_per_token * bs as f64;
     let mut next_rr = 0usize;
@@ -222,7 +228,11 @@ pub fn run_policy(
             }
             Err(_) => outcome.rejected = true,
         }
-        copies.observe(&engine.step());
+        let step_copies = engine.step();
+        copies.observe(&step_copies);
+        if config.record_copies && worker == 0 {
+            copy_log.push(step_copies);
+        }
         let step_events = engine.drain_events();
         count_events(&step_events, &mut events);
         if !step_events.is_empty() {
@@ -250,6 +260,7 @@ pub fn run_policy(
         outcomes,
         events,
         copies,
+        copy_log,
         view_unusable_blocks: view.as_ref().map_or(0, |v| v.events_unusable()),
         view_stats: view.as_ref().and_then(|v| v.stats()),
         publishers,

@@ -62,6 +62,8 @@ pub struct SimConfig {
     pub placeholder_token: u32,
     /// The engines' `offload_first` (few copy waves, lower hit rate).
     pub offload_first: bool,
+    /// Keep worker 0's block copies, step by step ([`fleet::PolicyRun::copy_log`]).
+    pub record_copies: bool,
     /// The timing model.
     pub timing: TimingModel,
     /// The KV-aware cost's weights.
@@ -83,6 +85,7 @@ impl Default for SimConfig {
             blocks_host: 1024,
             placeholder_token: crate::config::QWEN_IMAGE_PAD_TOKEN,
             offload_first: false,
+            record_copies: false,
             timing: TimingModel::default(),
             scoring: Scoring::default(),
             policies: PolicyKind::ALL.to_vec(),

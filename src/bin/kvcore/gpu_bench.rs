@@ -534,6 +534,97 @@ mod imp {
         Ok(out)
     }
 
+    /// Replays `kvcore sim --record-copies` logs: each step's copies go
+    /// through `Gpu::copy_blocks`, the engine's GPU path (planned into
+    /// waves, one launch a wave, host copies by `Auto`), on pools of the
+    /// log's size with `block_kib` KiB per block and region, 32 regions.
+    /// Timed by the wall clock from the first step to the synchronize after
+    /// the last, planning included; each log twice, interleaved.
+    fn replay(gpu: &Arc<Gpu>, l: &CopyLimits, files: &[String], block_kib: u64) -> R<Vec<Value>> {
+        use kvcore::resources::{BlockCopy, PageRef};
+        use kvcore::tables::Medium;
+        let bad = |f: &str, e: String| GpuError::InvalidArgument(format!("replay log {f}: {e}"));
+        let mut logs = Vec::new();
+        let mut shape = None;
+        for f in files {
+            let text = std::fs::read(f).map_err(|e| bad(f, e.to_string()))?;
+            let doc: Value = serde_json::from_slice(&text).map_err(|e| bad(f, e.to_string()))?;
+            let field = |k: &str| doc[k].as_u64().map(|v| v as u32).ok_or_else(|| bad(f, format!("no `{k}`")));
+            let this = (field("block_size_tokens")?, field("blocks_device")?, field("blocks_host")?);
+            if shape.is_some_and(|s| s != this) {
+                return Err(bad(f, "pool shape differs from the first log's".into()));
+            }
+            shape = Some(this);
+            let medium = |m: u64| if m == 1 { Medium::Cpu } else { Medium::Gpu };
+            let steps: Vec<Vec<BlockCopy>> = serde_json::from_value::<Vec<Vec<[u64; 5]>>>(doc["steps"].clone())
+                .map_err(|e| bad(f, e.to_string()))?
+                .into_iter()
+                .map(|step| {
+                    step.into_iter()
+                        .map(|c| BlockCopy {
+                            src: PageRef { medium: medium(c[0]), page: c[1] as u32 },
+                            dst: PageRef { medium: medium(c[2]), page: c[3] as u32 },
+                            tokens: c[4] as u32,
+                        })
+                        .collect()
+                })
+                .collect();
+            logs.push((f.clone(), doc["offload_first"].as_bool().unwrap_or(false), steps));
+        }
+        let Some((bs, blocks_device, blocks_host)) = shape else { return Ok(Vec::new()) };
+        let g = BlockGeometry { regions: 32, block_bytes: block_kib << 10, planes: 2, tokens_per_block: bs };
+        let tier = Arc::new(HostTier::new(gpu, g, blocks_host)?);
+        let mut rng = StdRng::seed_from_u64(10);
+        let pool_bytes = (blocks_device as u64 * 32 * g.block_bytes) as usize;
+        let (engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
+        let mut out = Vec::new();
+        for pass in 0..2 {
+            for (name, offload_first, steps) in &logs {
+                let (mut off, mut on, mut other, mut ideal) = (0f64, 0f64, 0f64, 0f64);
+                for step in steps {
+                    let (mut so, mut si) = (0f64, 0f64);
+                    for c in step {
+                        let b = 32.0 * g.copy_bytes(c.tokens) as f64;
+                        match (c.src.medium, c.dst.medium) {
+                            (Medium::Gpu, Medium::Cpu) => so += b,
+                            (Medium::Cpu, Medium::Gpu) => si += b,
+                            _ => other += b,
+                        }
+                    }
+                    off += so;
+                    on += si;
+                    // The copy engines' limits: each direction alone, and both at once.
+                    ideal += (so / (l.pinned_d2h * 1e9))
+                        .max(si / (l.pinned_h2d * 1e9))
+                        .max((so + si) / (l.pinned_both * 1e9));
+                }
+                gpu.synchronize()?;
+                let t0 = Instant::now();
+                let mut launches = 0usize;
+                for step in steps {
+                    launches += gpu.copy_blocks(&engine, step)?;
+                }
+                gpu.synchronize()?;
+                let secs = t0.elapsed().as_secs_f64();
+                let rate = (off + on) / secs / 1e9;
+                println!(
+                    "replay {name} (offload_first {offload_first}) pass {pass}: {} steps, {launches} launches, {:.1} GiB off + {:.1} GiB on in {:.3} s = {rate:.1} GB/s; copy-engine bound {:.3} s ({:.2} of it)",
+                    steps.len(),
+                    off / (1u64 << 30) as f64,
+                    on / (1u64 << 30) as f64,
+                    secs,
+                    ideal,
+                    ideal / secs
+                );
+                out.push(json!({"log": name, "offload_first": offload_first, "pass": pass, "steps": steps.len(),
+                    "launches": launches, "offload_bytes": off, "onboard_bytes": on, "device_bytes": other,
+                    "seconds": secs, "GBps": rate, "bound_seconds": ideal, "ratio_to_bound": ideal / secs,
+                    "block_bytes": g.block_bytes, "regions": 32}));
+            }
+        }
+        Ok(out)
+    }
+
     fn run(out_path: Option<&str>, quick: bool) -> R<()> {
         let t0 = Instant::now();
         let gpu = Gpu::probe(0)?;
@@ -582,6 +673,23 @@ mod imp {
             return Ok(());
         }
 
+        if only == "replay" {
+            let files: Vec<String> = std::env::var("KVCORE_GPU_BENCH_REPLAY")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect();
+            let kib =
+                std::env::var("KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+            let v = replay(&gpu, &l, &files, kib)?;
+            report.insert("replay".into(), Value::Array(v));
+            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
+            if let Some(p) = out_path {
+                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
+            }
+            return Ok(());
+        }
         if only == "host-runs" {
             let sizes: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_BLOCKS")
                 .ok()

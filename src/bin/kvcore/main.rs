@@ -36,7 +36,9 @@ enum Command {
     /// Environment: `KVCORE_GPU_BENCH_ONLY=blake3` runs the digests alone,
     /// `host` the host tier's both-ways variants for fully scattered blocks
     /// and `host-explore` every experiment of them, `host-runs` both ways
-    /// with host pages in runs of 1 to 64 consecutive pages;
+    /// with host pages in runs of 1 to 64 consecutive pages, `replay` the
+    /// `kvcore sim --record-copies` logs named in `KVCORE_GPU_BENCH_REPLAY`
+    /// (comma-separated; `KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB`, default 128);
     /// `KVCORE_GPU_BENCH_BLOCKS` sets their block sizes in KiB (default
     /// `8,16`; `8,16,64` for `host-runs`);
     /// `KVCORE_GPU_BENCH_DIGEST_MIB` sets the digest data (default 288).

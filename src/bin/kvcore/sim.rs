@@ -56,6 +56,11 @@ pub struct SimArgs {
     /// lower hit rate.
     #[arg(long)]
     offload_first: bool,
+    /// Write worker 0's block copies under the first policy, step by step,
+    /// to FILE (JSON), for `kvcore gpu-bench` to replay
+    /// (`KVCORE_GPU_BENCH_ONLY=replay`).
+    #[arg(long, value_name = "FILE")]
+    record_copies: Option<PathBuf>,
     /// Comma-separated policies to run (default: all).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
@@ -72,7 +77,12 @@ pub struct SimArgs {
 }
 
 fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
-    let mut config = SimConfig { base_port: args.base_port, offload_first: args.offload_first, ..Default::default() };
+    let mut config = SimConfig {
+        base_port: args.base_port,
+        offload_first: args.offload_first,
+        record_copies: args.record_copies.is_some(),
+        ..Default::default()
+    };
     if let Some(w) = args.workers {
         config.workers = w;
     }
@@ -171,5 +181,43 @@ pub fn run(args: &SimArgs) -> i32 {
         }
         println!("wrote {}/summary.json, requests.jsonl, plot.svg", dir.display());
     }
+    if let (Some(path), Some(run)) = (&args.record_copies, runs.first()) {
+        if let Err(e) = write_copy_log(path, &config, run) {
+            eprintln!("kvcore sim: cannot write {}: {e}", path.display());
+            return 1;
+        }
+        let n: usize = run.copy_log.iter().map(Vec::len).sum();
+        println!(
+            "wrote {} ({} steps, {n} copies of worker 0 under {})",
+            path.display(),
+            run.copy_log.len(),
+            run.policy.name()
+        );
+    }
     0
+}
+
+/// The copy log as JSON: the pool's shape, then one array per step of
+/// `[src_medium, src_page, dst_medium, dst_page, tokens]` (medium 0: device,
+/// 1: host).
+fn write_copy_log(path: &std::path::Path, config: &SimConfig, run: &kvcore::sim::PolicyRun) -> std::io::Result<()> {
+    let medium = |m: kvcore::tables::Medium| u32::from(m == kvcore::tables::Medium::Cpu);
+    let steps: Vec<Vec<[u32; 5]>> = run
+        .copy_log
+        .iter()
+        .map(|step| {
+            step.iter()
+                .map(|c| [medium(c.src.medium), c.src.page, medium(c.dst.medium), c.dst.page, c.tokens])
+                .collect()
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "policy": run.policy.name(),
+        "offload_first": config.offload_first,
+        "block_size_tokens": config.block_size_tokens,
+        "blocks_device": config.blocks_device,
+        "blocks_host": config.blocks_host,
+        "steps": steps,
+    });
+    std::fs::write(path, serde_json::to_vec(&doc).map_err(std::io::Error::other)?)
 }
