@@ -1,5 +1,6 @@
 //! The fleet simulation end to end on a small configuration: policy ordering,
-//! false hits, trace replay, bad input and the files of `--out`.
+//! false hits, trace replay, bad input, the files of `--out` and the host-tier
+//! copy counters against the copy log.
 
 use indicatif::ProgressBar;
 use kvcore::sim::{ChatConfig, PolicyKind, SimConfig, chat_workload, mooncake_workload, simulate};
@@ -237,4 +238,54 @@ fn command_line() {
     let missing = std::process::Command::new(bin).args(["sim", "--trace", "/nonexistent/t.jsonl"]).output().unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/t.jsonl"));
+}
+
+/// The host-tier copy counters and the copy log agree with each other and
+/// with the engines: on one worker with a small pool (so that both tiers
+/// fill), the log of worker 0 holds every offload and onboard the counters
+/// report, and `offload_first` cuts the copy waves while keeping every
+/// copy's direction and count accounted. Method: the same arrivals twice,
+/// each with `record_copies`, the log re-cut into waves as a GPU runs them.
+#[test]
+fn copy_counters_match_the_copy_log() {
+    use kvcore::resources::copy_waves;
+    use kvcore::tables::Medium;
+    let workload = chat_workload(&ChatConfig { sessions: 30, seed: 3, ..Default::default() }).unwrap();
+    let mut waves = Vec::new();
+    for offload_first in [false, true] {
+        let config = SimConfig {
+            workers: 1,
+            blocks_device: 256,
+            blocks_host: 256,
+            offload_first,
+            record_copies: true,
+            policies: vec![PolicyKind::RoundRobin],
+            ..Default::default()
+        };
+        let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+        let c = report.policies[0].copies;
+        let log = &runs[0].copy_log;
+        assert_eq!(log.len(), workload.requests.len(), "one entry per step of worker 0");
+        let count = |from: Medium, to: Medium| {
+            log.iter().flatten().filter(|x| x.src.medium == from && x.dst.medium == to).count() as u64
+        };
+        assert_eq!(count(Medium::Gpu, Medium::Cpu), c.offload_blocks);
+        assert_eq!(count(Medium::Cpu, Medium::Gpu), c.onboard_blocks);
+        assert!(c.offload_blocks > 0 && c.onboard_blocks > 0, "the pool is small enough to move blocks: {c:?}");
+        let host_waves: u64 = log
+            .iter()
+            .map(|step| {
+                let mut start = 0;
+                let mut n = 0;
+                for end in copy_waves(step) {
+                    n += u64::from(step[start..end].iter().any(|x| x.src.medium != x.dst.medium));
+                    start = end;
+                }
+                n
+            })
+            .sum();
+        assert_eq!(host_waves, c.waves);
+        waves.push(c.waves);
+    }
+    assert!(waves[1] < waves[0], "offload_first takes fewer waves: {waves:?}");
 }
