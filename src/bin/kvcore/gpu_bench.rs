@@ -625,6 +625,27 @@ mod imp {
         Ok(out)
     }
 
+    /// Block sizes in bytes from `KVCORE_GPU_BENCH_BLOCKS` (KiB,
+    /// comma-separated), else `default_kib`.
+    fn block_sizes(default_kib: &[u64]) -> Vec<u64> {
+        std::env::var("KVCORE_GPU_BENCH_BLOCKS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).collect::<Vec<_>>())
+            .unwrap_or_else(|| default_kib.to_vec())
+            .into_iter()
+            .map(|k| k << 10)
+            .collect()
+    }
+
+    /// Writes the report as pretty JSON to `out_path`, when given.
+    fn write_report(report: serde_json::Map<String, Value>, out_path: Option<&str>) -> R<()> {
+        let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
+        if let Some(p) = out_path {
+            std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
+        }
+        Ok(())
+    }
+
     fn run(out_path: Option<&str>, quick: bool) -> R<()> {
         let t0 = Instant::now();
         let gpu = Gpu::probe(0)?;
@@ -660,17 +681,10 @@ mod imp {
         let only = std::env::var("KVCORE_GPU_BENCH_ONLY").unwrap_or_default();
         if only == "host" || only == "host-explore" {
             // The host tier's both-ways variants for fully scattered blocks alone.
-            let sizes: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_BLOCKS")
-                .ok()
-                .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).map(|k| k << 10).collect())
-                .unwrap_or_else(|| vec![8 << 10, 16 << 10]);
+            let sizes = block_sizes(&[8, 16]);
             let v = kvcore::gpu::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
             report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
-            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
-            if let Some(p) = out_path {
-                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
-            }
-            return Ok(());
+            return write_report(report, out_path);
         }
 
         if only == "replay" {
@@ -684,24 +698,13 @@ mod imp {
                 std::env::var("KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
             let v = replay(&gpu, &l, &files, kib)?;
             report.insert("replay".into(), Value::Array(v));
-            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
-            if let Some(p) = out_path {
-                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
-            }
-            return Ok(());
+            return write_report(report, out_path);
         }
         if only == "host-runs" {
-            let sizes: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_BLOCKS")
-                .ok()
-                .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).map(|k| k << 10).collect())
-                .unwrap_or_else(|| vec![8 << 10, 16 << 10, 64 << 10]);
+            let sizes = block_sizes(&[8, 16, 64]);
             let v = host_runs(&gpu, &l, &sizes, &[1, 2, 4, 8, 16, 32, 64])?;
             report.insert("host_runs".into(), Value::Array(v));
-            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
-            if let Some(p) = out_path {
-                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
-            }
-            return Ok(());
+            return write_report(report, out_path);
         }
 
         let mut rng = StdRng::seed_from_u64(42);
@@ -716,11 +719,7 @@ mod imp {
 
         if std::env::var("KVCORE_GPU_BENCH_ONLY").as_deref() == Ok("blake3") {
             // A shorter run while tuning the digest kernels.
-            let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
-            if let Some(p) = out_path {
-                std::fs::write(p, text).map_err(|e| GpuError::InvalidArgument(format!("writing {p}: {e}")))?;
-            }
-            return Ok(());
+            return write_report(report, out_path);
         }
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
