@@ -56,22 +56,10 @@ __device__ __forceinline__ void hx_prefetch(u64 src, u64 len) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"((u32)len) : "memory");
 }
 
-template <int U, int MODE>
-__device__ __forceinline__ void hx_copy_rd(uint4* __restrict__ dst, const uint4* __restrict__ src, u64 words, u32 lane) {
-    for (u64 i = lane; i < words; i += 32 * U) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) v[u] = MODE == 1 ? hx_ld256(src + k) : src[k];
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 k = i + (u64)u * 32;
-            if (k < words) dst[k] = v[u];
-        }
-    }
-}
+// copy_run_vec's load for MODE 1.
+struct LdL2x256 {
+    static __device__ __forceinline__ uint4 load(const uint4* p) { return hx_ld256(p); }
+};
 
 template <int UW, int UR, int MODE>
 __device__ __forceinline__ void hx_split2(const Seg* __restrict__ segs, u32 n, u32 split, u32 first_blocks, u64* trace) {
@@ -91,7 +79,11 @@ __device__ __forceinline__ void hx_split2(const Seg* __restrict__ segs, u32 n, u
             if (MODE == 2 && lane == 0) hx_prefetch(s.src, s.len);
             if (MODE == 3 && lane == 0 && w + warps < end) hx_prefetch(segs[w + warps].src, segs[w + warps].len);
             if (MODE != 0) __syncwarp();
-            hx_copy_rd<UR, MODE>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+            if (MODE == 1) {
+                copy_run_vec<UR, LdL2x256>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+            } else {
+                copy_run_vec<UR>((uint4*)s.dst, (const uint4*)s.src, s.len / 16, lane);
+            }
         }
     }
     if (trace) {

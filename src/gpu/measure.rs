@@ -28,7 +28,7 @@ pub struct CopyLimits {
 }
 
 /// The median of `v` (the upper one of an even count; 0 when empty).
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

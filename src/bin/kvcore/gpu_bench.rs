@@ -21,7 +21,7 @@ mod imp {
 
     use cudarc::driver::CudaSlice;
     use kvcore::gpu::kernels::{KernelId, ModuleId};
-    use kvcore::gpu::measure::{CopyLimits, copy_limits, time_ms};
+    use kvcore::gpu::measure::{CopyLimits, copy_limits, median, time_ms};
     use kvcore::gpu::{
         BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostTier, OneItemPath, StagingConfig,
         launch_copy_wave,
@@ -30,11 +30,6 @@ mod imp {
     use serde_json::{Value, json};
 
     type R<T> = Result<T, GpuError>;
-
-    fn median_of(mut v: Vec<f64>) -> f64 {
-        v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        v[v.len() / 2]
-    }
 
     /// Random bytes on the host and the device.
     fn random_data(gpu: &Gpu, rng: &mut StdRng, bytes: usize) -> R<(Vec<u8>, CudaSlice<u8>)> {
@@ -161,11 +156,11 @@ mod imp {
                     "digest_block_group_fold_done_us": f(last[6]),
                     "blocks": rows.len(),
                     "start_spread_us": f(rows.iter().map(|r| r[0]).max().unwrap_or(0)),
-                    "chunk_phase_us_median": median_of(chunk_ns.clone()) / 1e3,
+                    "chunk_phase_us_median": median(chunk_ns.clone()) / 1e3,
                     "chunk_phase_us_max": chunk_ns.iter().cloned().fold(0.0, f64::max) / 1e3,
                     "all_chunks_done_us_max": rows.iter().map(|r| f(r[2])).fold(0.0, f64::max),
                     "digest_block": {"start_us": f(last[0]), "chunks_us": f(last[1]), "synced_us": f(last[2]), "end_us": f(last[3])},
-                    "sm_clock_ghz_median": median_of(ghz),
+                    "sm_clock_ghz_median": median(ghz),
                 });
                 println!("blake3 {name:<24} trace {summary}");
                 experiments.insert(format!("trace_one_{kernel}"), summary);
@@ -207,13 +202,13 @@ mod imp {
                     rows.iter().zip(&durs).filter(|(r, _)| (r[3] as u32 > 0) == f).map(|(_, d)| *d).collect()
                 };
                 let (with, without) = (folded(true), folded(false));
-                let med = |v: &[f64]| (!v.is_empty()).then(|| median_of(v.to_vec()));
+                let med = |v: &[f64]| (!v.is_empty()).then(|| median(v.to_vec()));
                 let summary = json!({
                     "kernel": kernel,
                     "span_us": span / 1e3,
-                    "block_us_median": median_of(durs.clone()),
+                    "block_us_median": median(durs.clone()),
                     "block_us_max": durs.iter().cloned().fold(0.0, f64::max),
-                    "sm_clock_ghz_median": median_of(ghz),
+                    "sm_clock_ghz_median": median(ghz),
                     "blocks_running_by_tenth": occupancy,
                     "folding_blocks": with.len(),
                     "folding_block_us_median": med(&with),
