@@ -42,6 +42,23 @@ fn twins(gpu: &kvcore::gpu::Gpu, rng: &mut StdRng, g: BlockGeometry, dev_n: u32,
     Twins { cpu_dev, cpu_host, dev_buf, tier, engine }
 }
 
+/// Waits for the stream, then checks that the device pool and the host tier
+/// hold exactly what the CPU twin's pools hold (`what` names the case).
+fn assert_pools_agree(
+    gpu: &kvcore::gpu::Gpu,
+    dev_buf: &cudarc::driver::CudaSlice<u8>,
+    tier: &kvcore::gpu::HostTier,
+    cpu_dev: &CpuKvPool,
+    cpu_host: &CpuKvPool,
+    what: &str,
+) {
+    gpu.synchronize().unwrap();
+    let got_dev = gpu.stream().clone_dtoh(dev_buf).unwrap();
+    gpu.synchronize().unwrap();
+    assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({what})");
+    assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs from the CPU twin ({what})");
+}
+
 /// Random copies between the two tiers, full and prefix, with pages reused
 /// so that chains through a page occur.
 fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: usize) -> Vec<BlockCopy> {
@@ -316,14 +333,7 @@ mod device {
                 gpu.copy_blocks(&engine, &copies).unwrap();
                 copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
             }
-            gpu.synchronize().unwrap();
-            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
-            gpu.synchronize().unwrap();
-            assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({g:?}, {path:?})");
-            assert!(
-                tier.bytes().unwrap() == cpu_host.data.concat(),
-                "host tier differs from the CPU twin ({g:?}, {path:?})"
-            );
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("{g:?}, {path:?}"));
         }
     }
 
@@ -376,11 +386,7 @@ mod device {
             assert_eq!((wave.dma_runs(), wave.staged_runs()), ((0, 0), (0, 0)), "scattered pages stay on the kernel");
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
             copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
-            gpu.synchronize().unwrap();
-            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
-            gpu.synchronize().unwrap();
-            assert!(got_dev == cpu_dev.data.concat(), "device pool differs ({options:?})");
-            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs ({options:?})");
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("{options:?}"));
         }
     }
 
@@ -485,11 +491,7 @@ mod staged {
             }
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
             copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
-            gpu.synchronize().unwrap();
-            let got_dev = gpu.stream().clone_dtoh(&*dev_buf).unwrap();
-            gpu.synchronize().unwrap();
-            assert!(got_dev == cpu_dev.data.concat(), "device pool differs (slot {slot_bytes})");
-            assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs (slot {slot_bytes})");
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("slot {slot_bytes}"));
         }
     }
 }
