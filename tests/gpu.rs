@@ -494,4 +494,66 @@ mod staged {
             assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("slot {slot_bytes}"));
         }
     }
+
+    /// The engine's usual two-way wave: offloads into consecutive host pages
+    /// (handed out in address order), onboards from scattered ones (every
+    /// other page, whole 64 KiB blocks). `Auto` takes the staged path for
+    /// both directions, and both pools end exactly as the CPU twin leaves
+    /// them; with the shapes swapped (offloads scattered) it keeps the
+    /// kernel, and so it does for the scattered onboards alone; the pools
+    /// agree every time.
+    #[test]
+    fn auto_stages_long_offloads_with_scattered_whole_block_onboards() {
+        let gpu = match Gpu::probe(0) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipping: no GPU ({e})");
+                return;
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(33);
+        let g = BlockGeometry { regions: 3, block_bytes: 65536, planes: 2, tokens_per_block: 16 };
+        let (dev_n, host_n) = (128u32, 128u32);
+        // (long offloads, with offloads): the wave's shape.
+        for (long_offload, with_offloads) in [(true, true), (false, true), (true, false)] {
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, engine } = twins(&gpu, &mut rng, g, dev_n, host_n);
+            let mut perm: Vec<u32> = (0..dev_n).collect();
+            perm.shuffle(&mut rng);
+            // 32 consecutive host pages (one 2 MiB run a region) and 32
+            // scattered ones (64 KiB runs, below the staged threshold).
+            let consecutive: Vec<u32> = (0..32).collect();
+            let mut scattered: Vec<u32> = (0..32).map(|i| 40 + 2 * i).collect();
+            scattered.shuffle(&mut rng);
+            let (out_pages, in_pages) =
+                if long_offload { (&consecutive, &scattered) } else { (&scattered, &consecutive) };
+            let mut copies = Vec::new();
+            for i in 0..32usize {
+                if with_offloads {
+                    copies.push(BlockCopy {
+                        src: page(Medium::Gpu, perm[i]),
+                        dst: page(Medium::Cpu, out_pages[i]),
+                        tokens: 16,
+                    });
+                }
+                copies.push(BlockCopy {
+                    src: page(Medium::Cpu, in_pages[i]),
+                    dst: page(Medium::Gpu, perm[64 + i]),
+                    tokens: 16,
+                });
+            }
+            let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
+            assert_eq!(waves.len(), 1, "no page is both read and written");
+            let wave = gpu.prepare_wave(&engine, waves[0].clone()).unwrap();
+            assert_eq!(engine.host_path(), HostCopyPath::Auto);
+            // Staged: one run a region out, one a page and region in; the
+            // scattered onboards alone stay on the kernel.
+            let want = if long_offload && with_offloads { (3, 96) } else { (0, 0) };
+            assert_eq!(wave.staged_runs(), want, "staged only with long offloads ({long_offload}, {with_offloads})");
+            assert_eq!(wave.dma_runs(), (0, 0), "no direct copy-engine runs");
+            launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
+            copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
+            let what = format!("long offload {long_offload}, offloads {with_offloads}");
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &what);
+        }
+    }
 }

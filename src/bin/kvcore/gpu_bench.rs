@@ -483,8 +483,11 @@ mod imp {
     /// consecutive pages (the runs in random order): what the host tier's
     /// address-order allocation gives a step's offloads and onboards
     /// (docs/architecture.md, "Tier moves"), from k = 1 (fully scattered)
-    /// up, by the kernel, the staged path and `Auto`.
-    fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32]) -> R<Vec<Value>> {
+    /// up, by the kernel, the staged path and `Auto`; then the `mixed`
+    /// cases (offload runs, onboard runs), where each direction has its own
+    /// half of the tier and its own run length.
+    /// `KVCORE_GPU_BENCH_RUNS=mixed` runs k = 1 and 64 and more mixed cases.
+    fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32], mixed: &[(u32, u32)]) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(9);
         let mut out = Vec::new();
         for &bb in sizes {
@@ -495,11 +498,37 @@ mod imp {
             let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
             dev_perm.shuffle(&mut rng);
-            for &k in runs {
-                let mut chunks: Vec<Vec<u32>> =
-                    (0..n).collect::<Vec<u32>>().chunks(k as usize).map(<[u32]>::to_vec).collect();
-                chunks.shuffle(&mut rng);
-                let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &chunks.concat());
+            // Same runs both ways (k, k), then the engine's usual shape: one
+            // direction's host pages in long runs, the other's scattered
+            // (offload runs, onboard runs), each direction in its own part
+            // of the tier (a third of the tier each way at most).
+            let cases = runs.iter().map(|&k| (k, k, true)).chain(mixed.iter().map(|&(o, i)| (o, i, false)));
+            for (k_out, k_in, same) in cases {
+                let k = k_out;
+                let order = |pages: std::ops::Range<u32>, k: u32, rng: &mut StdRng| -> Vec<u32> {
+                    let mut chunks: Vec<Vec<u32>> =
+                        pages.collect::<Vec<u32>>().chunks(k as usize).map(<[u32]>::to_vec).collect();
+                    chunks.shuffle(rng);
+                    chunks.concat()
+                };
+                let host = if same {
+                    order(0..n, k, &mut rng)
+                } else {
+                    // m pages a direction, in runs of k with a free page
+                    // after each run, so that sorting by host page (as the
+                    // staged path does) cannot merge two runs.
+                    let zone = |m: u32, k: u32| m.div_ceil(k) * (k + 1);
+                    let m = (1..=n / 2).rev().find(|&m| zone(m, k_out) + zone(m, k_in) <= n).unwrap_or(1);
+                    let pages = |start: u32, k: u32, rng: &mut StdRng| -> Vec<u32> {
+                        let mut v: Vec<u32> = (0..m).map(|j| start + j / k * (k + 1) + j % k).collect();
+                        v.shuffle(rng);
+                        v
+                    };
+                    let mut h = pages(0, k_out, &mut rng);
+                    h.extend(pages(zone(m, k_out), k_in, &mut rng));
+                    h
+                };
+                let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host);
                 let moved = ops.len() as f64 * 32.0 * bb as f64;
                 for path in [HostCopyPath::Kernel, HostCopyPath::Staged, HostCopyPath::Auto] {
                     engine.set_host_path(path);
@@ -507,10 +536,12 @@ mod imp {
                     let t = time_ms(gpu, 2, 7, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
                     let rate = moved / (t * 1e-3) / 1e9;
                     let staged = wave.staged_runs() != (0, 0);
+                    let (so, si) = wave.staged_runs();
                     println!(
-                        "runs   block {:>6} B  host runs of {:>3} pages  {:<8} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged {staged})",
+                        "runs   block {:>6} B  host runs of {:>3}/{:>3} pages  {:<8} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
                         bb,
-                        k,
+                        k_out,
+                        k_in,
                         format!("{path:?}"),
                         rate,
                         rate / 85.0,
@@ -520,8 +551,9 @@ mod imp {
                     gpu.synchronize()?;
                     out.push(
                         json!({"block_bytes": bb, "regions": 32, "host_run_pages": k, "path": format!("{path:?}"),
+                        "host_run_pages_offload": k_out, "host_run_pages_onboard": k_in, "mixed": !same,
                         "GBps": rate, "ratio_to_85": rate / 85.0, "ratio_to_copy_engines": rate / l.pinned_both,
-                        "staged": staged, "bytes": moved}),
+                        "staged": staged, "staged_runs": [so, si], "bytes": moved}),
                     );
                 }
             }
@@ -697,7 +729,13 @@ mod imp {
         }
         if only == "host-runs" {
             let sizes = block_sizes(&[8, 16, 64]);
-            let v = host_runs(&gpu, &l, &sizes, &[1, 2, 4, 8, 16, 32, 64])?;
+            let (runs, mixed): (Vec<u32>, Vec<(u32, u32)>) =
+                if std::env::var("KVCORE_GPU_BENCH_RUNS").as_deref() == Ok("mixed") {
+                    (vec![1, 64], vec![(64, 1), (16, 1), (8, 1), (4, 1), (1, 64), (1, 16)])
+                } else {
+                    (vec![1, 2, 4, 8, 16, 32, 64], vec![(64, 1), (16, 1), (1, 64)])
+                };
+            let v = host_runs(&gpu, &l, &sizes, &runs, &mixed)?;
             report.insert("host_runs".into(), Value::Array(v));
             return write_report(report, out_path);
         }

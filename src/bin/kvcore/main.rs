@@ -36,7 +36,9 @@ enum Command {
     /// Environment: `KVCORE_GPU_BENCH_ONLY=blake3` runs the digests alone,
     /// `host` the host tier's both-ways variants for fully scattered blocks
     /// and `host-explore` every experiment of them, `host-runs` both ways
-    /// with host pages in runs of 1 to 64 consecutive pages, `replay` the
+    /// with host pages in runs of 1 to 64 consecutive pages, then with the
+    /// offloads' host pages in long runs and the onboards' scattered and the
+    /// reverse (`KVCORE_GPU_BENCH_RUNS=mixed`: more of these), `replay` the
     /// `kvcore sim --record-copies` logs named in `KVCORE_GPU_BENCH_REPLAY`
     /// (comma-separated; `KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB`, default 128);
     /// `KVCORE_GPU_BENCH_BLOCKS` sets their block sizes in KiB (default
