@@ -324,8 +324,9 @@ mod device {
                 twins(&gpu, &mut rng, g, dev_n, host_n);
             engine.set_host_path(path);
             if path == HostCopyPath::Staged {
-                // Small slots: many pieces per wave, each slot reused.
-                let cfg = StagingConfig { slot_bytes: 5 * g.block_bytes, slots: 2, blocks: 2 };
+                // Small slots: many pieces per wave, each slot reused, the
+                // slots' copies on two copy-engine streams a direction.
+                let cfg = StagingConfig { slot_bytes: 5 * g.block_bytes, slots: 3, blocks: 2, copy_streams: 2 };
                 engine.set_staging(&gpu, cfg).unwrap();
             }
             for _ in 0..5 {
@@ -454,7 +455,13 @@ mod staged {
         for slot_bytes in [8u64 << 20, 7 * 16384] {
             let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
                 twins(&gpu, &mut rng, g, dev_n, host_n);
-            engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4 }).unwrap();
+            for copy_streams in [0, 5] {
+                let bad = StagingConfig { copy_streams, ..StagingConfig::default() };
+                assert!(engine.set_staging(&gpu, bad).is_err(), "{copy_streams} copy streams are refused");
+                assert_eq!(engine.staging(), Some(StagingConfig::default()), "a refused configuration changes nothing");
+            }
+            let copy_streams = if slot_bytes == 8 << 20 { 1 } else { 3 };
+            engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4, copy_streams }).unwrap();
             let auto = slot_bytes == 8 << 20;
             if !auto {
                 // Runs of 7 pages are below the automatic path's threshold.
@@ -495,15 +502,15 @@ mod staged {
         }
     }
 
-    /// The engine's usual two-way wave: offloads into consecutive host pages
-    /// (handed out in address order), onboards from scattered ones (every
-    /// other page, whole 64 KiB blocks). `Auto` takes the staged path for
-    /// both directions, and both pools end exactly as the CPU twin leaves
-    /// them; with the shapes swapped (offloads scattered) it keeps the
-    /// kernel, and so it does for the scattered onboards alone; the pools
-    /// agree every time.
+    /// Waves whose directions have different host runs: offloads into
+    /// consecutive host pages with onboards from scattered ones (every other
+    /// page, whole 64 KiB blocks), the reverse, and the scattered onboards
+    /// alone. `Auto` keeps all three on the kernel; the staged path, forced,
+    /// moves the first with one run a region out and one a page and region
+    /// in, on two copy-engine streams a direction. Both pools end exactly as
+    /// the CPU twin leaves them every time.
     #[test]
-    fn auto_stages_long_offloads_with_scattered_whole_block_onboards() {
+    fn mixed_run_waves_agree_on_every_path() {
         let gpu = match Gpu::probe(0) {
             Ok(g) => g,
             Err(e) => {
@@ -515,12 +522,21 @@ mod staged {
         let g = BlockGeometry { regions: 3, block_bytes: 65536, planes: 2, tokens_per_block: 16 };
         let (dev_n, host_n) = (128u32, 128u32);
         // (long offloads, with offloads): the wave's shape.
-        for (long_offload, with_offloads) in [(true, true), (false, true), (true, false)] {
-            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, engine } = twins(&gpu, &mut rng, g, dev_n, host_n);
+        let shapes = [(true, true), (false, true), (true, false)];
+        for ((long_offload, with_offloads), path) in
+            shapes.into_iter().flat_map(|s| [(s, HostCopyPath::Auto), (s, HostCopyPath::Staged)])
+        {
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
+                twins(&gpu, &mut rng, g, dev_n, host_n);
+            engine.set_host_path(path);
+            if path == HostCopyPath::Staged {
+                let cfg = StagingConfig { slots: 4, copy_streams: 2, ..StagingConfig::default() };
+                engine.set_staging(&gpu, cfg).unwrap();
+            }
             let mut perm: Vec<u32> = (0..dev_n).collect();
             perm.shuffle(&mut rng);
             // 32 consecutive host pages (one 2 MiB run a region) and 32
-            // scattered ones (64 KiB runs, below the staged threshold).
+            // scattered ones (64 KiB runs).
             let consecutive: Vec<u32> = (0..32).collect();
             let mut scattered: Vec<u32> = (0..32).map(|i| 40 + 2 * i).collect();
             scattered.shuffle(&mut rng);
@@ -544,15 +560,17 @@ mod staged {
             let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
             assert_eq!(waves.len(), 1, "no page is both read and written");
             let wave = gpu.prepare_wave(&engine, waves[0].clone()).unwrap();
-            assert_eq!(engine.host_path(), HostCopyPath::Auto);
-            // Staged: one run a region out, one a page and region in; the
-            // scattered onboards alone stay on the kernel.
-            let want = if long_offload && with_offloads { (3, 96) } else { (0, 0) };
-            assert_eq!(wave.staged_runs(), want, "staged only with long offloads ({long_offload}, {with_offloads})");
+            let want = match (path, long_offload, with_offloads) {
+                (HostCopyPath::Auto, ..) => (0, 0),
+                (_, true, true) => (3, 96),
+                (_, false, true) => (96, 3),
+                _ => (0, 3 * 32),
+            };
+            let what = format!("{path:?}, long offloads {long_offload}, offloads {with_offloads}");
+            assert_eq!(wave.staged_runs(), want, "staged runs ({what})");
             assert_eq!(wave.dma_runs(), (0, 0), "no direct copy-engine runs");
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
             copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
-            let what = format!("long offload {long_offload}, offloads {with_offloads}");
             assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &what);
         }
     }

@@ -601,24 +601,14 @@ impl Gpu {
                     let (so, si) = (staged_of(&offload, true), staged_of(&onboard, false));
                     // Host-to-host copies (media 3) have no staged form.
                     let no_host_to_host = writes.iter().all(|op| op.media == 2);
-                    // The engine's usual wave, offloads into pages handed out
-                    // in address order and onboards from wherever their
-                    // blocks were put, also goes to the staged path when the
-                    // onboards' runs are whole 64 KiB blocks or longer: the
-                    // copy engines then beat the kernel both ways although
-                    // the onboards' runs are short (measured: 88-93 against
-                    // 77-80 GB/s). Mixed (one direction staged, the other on
-                    // the kernel) measured slower than either: 61-65 GB/s.
-                    // Only with offloads in the wave: onboard-only waves of
-                    // scattered blocks stay on the kernel (sending them to
-                    // the staged path too made a replay of the engine's
-                    // copies 1.4 times slower: 6.05 against 4.28 s).
-                    let onboard_ok = staged_long(&si)
-                        || (!offload.is_empty()
-                            && si
-                                .as_ref()
-                                .is_some_and(|l| l.bytes() >= dma::STAGED_ONBOARD_RUN * l.host_runs() as u64));
-                    if no_host_to_host && staged_long(&so) && onboard_ok {
+                    // Offloads in long runs with scattered onboards go to
+                    // the kernel too: the staged path won on 1 GiB waves of
+                    // that shape with 64 KiB blocks, but a replay of the
+                    // engine's own copies ran 2 % slower with that rule and
+                    // one direction on each path was slower than either
+                    // (docs/benchmarks.md, "Offloads in runs, onboards
+                    // scattered").
+                    if no_host_to_host && staged_long(&so) && staged_long(&si) {
                         (RunList::default(), RunList::default(), so.unwrap_or_default(), si.unwrap_or_default())
                     } else {
                         none()
@@ -920,8 +910,7 @@ pub enum HostCopyPath {
     /// present merge into runs of at least [`dma::LONG_RUN`] bytes on
     /// average (no SM used, full copy-engine rate); else the staged path
     /// when their host pages alone merge into runs of at least
-    /// [`dma::STAGED_LONG_RUN`] bytes on average, or the offloads' do and
-    /// the onboards' reach [`dma::STAGED_ONBOARD_RUN`]; else the kernel.
+    /// [`dma::STAGED_LONG_RUN`] bytes on average; else the kernel.
     #[default]
     Auto,
 }
@@ -961,11 +950,15 @@ pub struct StagingConfig {
     /// Thread blocks of each gather or scatter launch (1 to 8, so that both
     /// directions together stay within 16).
     pub blocks: u32,
+    /// Copy-engine streams per direction (1 to 4): slot k's copies go to
+    /// stream k mod `copy_streams`, so that with more than one the copies
+    /// of consecutive slots may run on different copy engines at once.
+    pub copy_streams: u32,
 }
 
 impl Default for StagingConfig {
     fn default() -> Self {
-        Self { slot_bytes: 8 << 20, slots: 2, blocks: 8 }
+        Self { slot_bytes: 8 << 20, slots: 2, blocks: 8, copy_streams: 1 }
     }
 }
 
@@ -985,6 +978,10 @@ struct Staging {
     in_slots: Vec<u64>,
     gather: Arc<CudaStream>,
     scatter: Arc<CudaStream>,
+    /// Copy-engine streams beyond the engine's own, per direction
+    /// (`copy_streams - 1` each).
+    extra_out: Vec<Arc<CudaStream>>,
+    extra_in: Vec<Arc<CudaStream>>,
     /// Enqueueing of staged waves takes turns (the events are shared).
     events: std::sync::Mutex<StagingEvents>,
 }
@@ -999,7 +996,11 @@ struct StagingEvents {
 
 impl Staging {
     fn new(gpu: &Gpu, config: StagingConfig) -> Result<Staging, GpuError> {
-        if config.slot_bytes == 0 || config.slots == 0 || !(1..=8).contains(&config.blocks) {
+        if config.slot_bytes == 0
+            || config.slots == 0
+            || !(1..=8).contains(&config.blocks)
+            || !(1..=4).contains(&config.copy_streams)
+        {
             return Err(GpuError::InvalidArgument(format!("unsupported staging configuration {config:?}")));
         }
         let bytes = usize::try_from(config.slot_bytes * config.slots as u64)
@@ -1026,8 +1027,20 @@ impl Staging {
             in_slots,
             gather: gpu.ctx.new_stream()?,
             scatter: gpu.ctx.new_stream()?,
+            extra_out: (1..config.copy_streams).map(|_| gpu.ctx.new_stream()).collect::<Result<_, _>>()?,
+            extra_in: (1..config.copy_streams).map(|_| gpu.ctx.new_stream()).collect::<Result<_, _>>()?,
             events: std::sync::Mutex::new(events),
         })
+    }
+}
+
+impl Staging {
+    /// Waits for every stream of the staged path.
+    fn synchronize(&self) -> Result<(), GpuError> {
+        for s in [&self.gather, &self.scatter].into_iter().chain(&self.extra_out).chain(&self.extra_in) {
+            s.synchronize()?;
+        }
+        Ok(())
     }
 }
 
@@ -1072,8 +1085,7 @@ impl CopyEngine {
         }
         gpu.synchronize()?;
         if let Some(st) = &self.staging {
-            st.gather.synchronize()?;
-            st.scatter.synchronize()?;
+            st.synchronize()?;
         }
         self.dma_out.synchronize()?;
         self.dma_in.synchronize()?;
@@ -1088,8 +1100,7 @@ impl Drop for CopyEngine {
         let _ = self.dma_out.synchronize();
         let _ = self.dma_in.synchronize();
         if let Some(st) = &self.staging {
-            let _ = st.gather.synchronize();
-            let _ = st.scatter.synchronize();
+            let _ = st.synchronize();
         }
     }
 }
@@ -1152,12 +1163,27 @@ fn run_staged(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave) -> Result<Vec<Arc
         let to_host = dir == 0;
         let segs_base = segs_dev.device_ptr(gpu.stream()).0;
         // (first stage, second stage) streams and (full, free) events.
-        let (kernel_s, dma_s) = if to_host { (&st.gather, &engine.dma_out) } else { (&st.scatter, &engine.dma_in) };
+        let (kernel_s, own, extra) = if to_host {
+            (&st.gather, &engine.dma_out, &st.extra_out)
+        } else {
+            (&st.scatter, &engine.dma_in, &st.extra_in)
+        };
+        // Slot k's copy-engine stream: the engine's own, or an extra one.
+        let dma_of = |k: usize| match k % (extra.len() + 1) {
+            0 => own,
+            j => &extra[j - 1],
+        };
         let (full, free) = if to_host { (&ev.out_full, &ev.out_free) } else { (&ev.in_full, &ev.in_free) };
-        let first = if to_host { kernel_s } else { dma_s };
-        first.wait(&fork)?;
+        if to_host {
+            kernel_s.wait(&fork)?;
+        } else {
+            for k in 0..slots.min(extra.len() + 1) {
+                dma_of(k).wait(&fork)?;
+            }
+        }
         for (i, piece) in list.pieces.iter().enumerate() {
             let k = i % slots;
+            let dma_s = dma_of(k);
             let segs = segs_base + 24 * piece.seg_first as u64;
             let n = u32::try_from(piece.seg_count).expect("a slot holds fewer than 2^32 segments");
             if to_host {
@@ -1190,7 +1216,12 @@ fn run_staged(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave) -> Result<Vec<Arc
                 free[k].record(kernel_s)?;
             }
         }
-        ends.push(Arc::clone(if to_host { dma_s } else { kernel_s }));
+        if to_host {
+            let used = list.pieces.len().min(slots).min(extra.len() + 1);
+            ends.extend((0..used).map(|k| Arc::clone(dma_of(k))));
+        } else {
+            ends.push(Arc::clone(kernel_s));
+        }
     }
     Ok(ends)
 }

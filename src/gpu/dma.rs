@@ -208,20 +208,6 @@ pub(super) fn staged(
 /// machines: even). The threshold sits between 128 and 256 KiB.
 pub const STAGED_LONG_RUN: u64 = 192 << 10;
 
-/// Average host run (bytes) of a wave's onboards from which the staged path
-/// takes the wave when its offloads' runs reach [`STAGED_LONG_RUN`]
-/// ([`HostCopyPath::Auto`](super::HostCopyPath)).
-///
-/// Measured on an H200 (both ways, 1 GiB, 32 regions, each direction in its
-/// own part of the tier, offload runs of 4 to 64 pages, onboard pages
-/// scattered; docs/benchmarks.md, "Offloads in runs, onboards scattered"):
-/// with 64 KiB blocks the staged path gave 88-93 GB/s and the kernel 77-80;
-/// with 16 KiB blocks the staged path fell to 47-56 (kernel 79-80), and with
-/// 8 KiB to 15-32. The other way round (offloads scattered, onboards in long
-/// runs) the kernel stays ahead (77-78 against 74 staged, 64 KiB blocks), so
-/// the offloads must be the long direction.
-pub const STAGED_ONBOARD_RUN: u64 = 64 << 10;
-
 /// Average run length (bytes) from which the copy engines beat the kernel
 /// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).
 pub const LONG_RUN: u64 = 256 << 10;

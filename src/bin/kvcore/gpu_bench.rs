@@ -530,7 +530,21 @@ mod imp {
                 };
                 let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host);
                 let moved = ops.len() as f64 * 32.0 * bb as f64;
-                for path in [HostCopyPath::Kernel, HostCopyPath::Staged, HostCopyPath::Auto] {
+                // The staged path also with more slots and copy-engine
+                // streams (`StagingConfig`), each on its own staging buffers.
+                let four = |streams| StagingConfig { slots: 4, copy_streams: streams, ..StagingConfig::default() };
+                let variants = [
+                    ("Kernel", HostCopyPath::Kernel, StagingConfig::default()),
+                    ("Staged", HostCopyPath::Staged, StagingConfig::default()),
+                    ("Auto", HostCopyPath::Auto, StagingConfig::default()),
+                    ("Staged4x1", HostCopyPath::Staged, four(1)),
+                    ("Staged4x2", HostCopyPath::Staged, four(2)),
+                    ("Staged4x4", HostCopyPath::Staged, four(4)),
+                ];
+                for (label, path, staging) in variants {
+                    if engine.staging() != Some(staging) {
+                        engine.set_staging(gpu, staging)?;
+                    }
                     engine.set_host_path(path);
                     let wave = gpu.prepare_wave(&engine, ops.clone())?;
                     let t = time_ms(gpu, 2, 7, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
@@ -538,23 +552,22 @@ mod imp {
                     let staged = wave.staged_runs() != (0, 0);
                     let (so, si) = wave.staged_runs();
                     println!(
-                        "runs   block {:>6} B  host runs of {:>3}/{:>3} pages  {:<8} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
+                        "runs   block {:>6} B  host runs of {:>3}/{:>3} pages  {:<9} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
                         bb,
                         k_out,
                         k_in,
-                        format!("{path:?}"),
+                        label,
                         rate,
                         rate / 85.0,
                         100.0 * rate / l.pinned_both,
                         l.pinned_both
                     );
                     gpu.synchronize()?;
-                    out.push(
-                        json!({"block_bytes": bb, "regions": 32, "host_run_pages": k, "path": format!("{path:?}"),
+                    out.push(json!({"block_bytes": bb, "regions": 32, "host_run_pages": k, "path": label,
+                        "staging": format!("{staging:?}"),
                         "host_run_pages_offload": k_out, "host_run_pages_onboard": k_in, "mixed": !same,
                         "GBps": rate, "ratio_to_85": rate / 85.0, "ratio_to_copy_engines": rate / l.pinned_both,
-                        "staged": staged, "staged_runs": [so, si], "bytes": moved}),
-                    );
+                        "staged": staged, "staged_runs": [so, si], "bytes": moved}));
                 }
             }
         }
