@@ -204,20 +204,79 @@ __device__ __forceinline__ bool b3_hand_over(u32* vals, u32* ctrs, u32 idx, u32 
     return __shfl_sync(0xffffffffu, last, 0) != 0;
 }
 
+// Value `lane` of k (k <= 32) held by the lanes in v: folds them into lane
+// 0's v; the last merge carries ROOT when `root`. Every lane of the warp
+// calls it (lanes past the values compute and drop garbage).
+__device__ __forceinline__ void b3_fold_lanes(u32 v[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    while (k > 1) {
+        u32 l[8], r[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            l[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane) & 31);
+            r[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane + 1) & 31);
+        }
+        u32 out[8];
+        b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+        const bool merged = lane < k / 2;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+        k = (k + 1) / 2;
+    }
+}
+
+// The first level over k values (k <= 64), lane l given values 2l (in l)
+// and 2l + 1 (in r): merges them, or keeps the left one when it is the odd
+// last value, into v. Returns the number of values left.
+__device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32 r[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    u32 out[8];
+    b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+    const bool merged = lane < k / 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+    return (k + 1) / 2;
+}
+
 #ifdef B3_PAIR
+// Rotation right by k on the FMA pipe instead of the ALU pipe: with k2 =
+// 2^(32 - k) (a run-time value, so that the compiler keeps the multiplies),
+// x * k2 holds the low bits of the rotation and its high half the high
+// bits, disjoint, so their sum is the rotation (IMAD.HI, then IMAD).
+__device__ __forceinline__ u32 rotr_fma(u32 x, u32 k2) { return x * k2 + __umulhi(x, k2); }
+
+// B3_G with a choice per step (compile-time constants): F12, F8 and F7 put
+// that step's rotation by 12, 8 or 7 on the FMA pipe (rotr_fma with the
+// multipliers k12, k8 and k7 of the enclosing scope).
+#define B3_GR(a, b, c, d, x, y, F12, F8, F7)                      \
+    do {                                                          \
+        a = B3_ADD3(a, b, x);                                     \
+        d = rotr16(d ^ a);                                        \
+        c = B3_ADD2(c, d);                                        \
+        b = (F12) ? rotr_fma(b ^ c, k12) : rotr12(b ^ c);         \
+        a = B3_ADD3(a, b, y);                                     \
+        d = (F8) ? rotr_fma(d ^ a, k8) : rotr8(d ^ a);            \
+        c = B3_ADD2(c, d);                                        \
+        b = (F7) ? rotr_fma(b ^ c, k7) : rotr7(b ^ c);            \
+    } while (0)
+// Step i of a round (0-3 the columns, 4-7 the diagonals) under the mask RM
+// (b3_compress2's template argument): bit i rotr7, bit 8 + i rotr12, bit
+// 16 + i rotr8 on the FMA pipe. RM 0 is the plain B3_G.
+#define B3_GI(i, a, b, c, d, x, y) B3_GR(a, b, c, d, x, y, (RM >> (8 + i)) & 1, (RM >> (16 + i)) & 1, (RM >> i) & 1)
+
 // Two compressions side by side (states a and b), for ILP: the same
 // schedule as b3_compress, written once per state so that the compiler can
 // interleave the two independent dependency chains.
 #define B3_ROUND_P(P, M, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) \
     do {                                                        \
-        B3_G(P##0, P##4, P##8, P##12, M[s0], M[s1]);            \
-        B3_G(P##1, P##5, P##9, P##13, M[s2], M[s3]);            \
-        B3_G(P##2, P##6, P##10, P##14, M[s4], M[s5]);           \
-        B3_G(P##3, P##7, P##11, P##15, M[s6], M[s7]);           \
-        B3_G(P##0, P##5, P##10, P##15, M[s8], M[s9]);           \
-        B3_G(P##1, P##6, P##11, P##12, M[s10], M[s11]);         \
-        B3_G(P##2, P##7, P##8, P##13, M[s12], M[s13]);          \
-        B3_G(P##3, P##4, P##9, P##14, M[s14], M[s15]);          \
+        B3_GI(0, P##0, P##4, P##8, P##12, M[s0], M[s1]);        \
+        B3_GI(1, P##1, P##5, P##9, P##13, M[s2], M[s3]);        \
+        B3_GI(2, P##2, P##6, P##10, P##14, M[s4], M[s5]);       \
+        B3_GI(3, P##3, P##7, P##11, P##15, M[s6], M[s7]);       \
+        B3_GI(4, P##0, P##5, P##10, P##15, M[s8], M[s9]);       \
+        B3_GI(5, P##1, P##6, P##11, P##12, M[s10], M[s11]);     \
+        B3_GI(6, P##2, P##7, P##8, P##13, M[s12], M[s13]);      \
+        B3_GI(7, P##3, P##4, P##9, P##14, M[s14], M[s15]);      \
     } while (0)
 #define B3_ROUND2(...)                    \
     do {                                  \
@@ -225,9 +284,10 @@ __device__ __forceinline__ bool b3_hand_over(u32* vals, u32* ctrs, u32 idx, u32 
         B3_ROUND_P(b, mb, __VA_ARGS__);   \
     } while (0)
 
-template <int MODE>
+template <int MODE, int RM = 0>
 __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 ctra, u32 cvb[8], const u32 mb[16], u64 ctrb,
                                              u32 flags, u32 one) {
+    const u32 k12 = one << 20, k8 = one << 24, k7 = one << 25;
     u32 a0 = cva[0], a1 = cva[1], a2 = cva[2], a3 = cva[3], a4 = cva[4], a5 = cva[5], a6 = cva[6], a7 = cva[7];
     u32 a8 = B3_IV[0], a9 = B3_IV[1], a10 = B3_IV[2], a11 = B3_IV[3];
     u32 a12 = (u32)ctra, a13 = (u32)(ctra >> 32), a14 = 64u, a15 = flags;
@@ -255,13 +315,13 @@ __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 c
 // other kernels, and the multi kernel before the fifth pass) tests
 // `aligned` at each load inside the loop. Measured on an H200: 2.0-3.9 %
 // more throughput on 288 MiB (docs/benchmarks.md, "Fifth pass").
-template <int MODE, int AL = 0>
+template <int MODE, int AL = 0, int RM = 0>
 __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u64 ca, bool aligned, u32 one) {
     if (AL == 1) {
         if (aligned) {
-            b3_chunk2<MODE, 2>(cva, cvb, pa, pb, ca, true, one);
+            b3_chunk2<MODE, 2, RM>(cva, cvb, pa, pb, ca, true, one);
         } else {
-            b3_chunk2<MODE, 3>(cva, cvb, pa, pb, ca, false, one);
+            b3_chunk2<MODE, 3, RM>(cva, cvb, pa, pb, ca, false, one);
         }
         return;
     }
@@ -281,14 +341,14 @@ __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u6
             b3_load_full(mb, pb + 64 * (j + 1), aligned);
         }
         u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
-        b3_compress2<MODE>(cva, xa, ca, cvb, xb, ca + B3_GROUP / 2, flags, one);
+        b3_compress2<MODE, RM>(cva, xa, ca, cvb, xb, ca + B3_GROUP / 2, flags, one);
     }
 }
 
 // The chunk values of the group's n chunks from first_chunk into s_cv, by
 // one warp (lane t): two chunks per thread (t and t + 32), hashed side by
 // side when both are whole: twice the independent instructions per thread.
-template <int MODE, int AL = 0>
+template <int MODE, int AL = 0, int RM = 0>
 __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_chunk, u32 n, u32 t, u32 (*s_cv)[9], u32 one) {
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u8* base = (const u8*)it.data;
@@ -296,7 +356,7 @@ __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_c
     const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
     if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
         u32 cva[8], cvb[8];
-        b3_chunk2<MODE, AL>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
+        b3_chunk2<MODE, AL, RM>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
 #pragma unroll
         for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
     } else {
@@ -556,7 +616,7 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
 // then the block folds its groups side by side, then each warp climbs on
 // its own. Launch with ceil(groups / B3_MULTI) blocks of 32 B3_MULTI
 // threads; warps past the last group only take part in the fold's barriers.
-template <int MODE, int AL = 0>
+template <int MODE, int AL = 0, int RM = 0, bool CLIMB = true>
 __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
                                                 u32 one, u32* folds = nullptr) {
     constexpr int W = B3_MULTI;
@@ -577,7 +637,7 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
         const u64 first_chunk = (u64)local_group * B3_GROUP;
         n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-        b3_pair_chunks<MODE, AL>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
+        b3_pair_chunks<MODE, AL, RM>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
     }
     // Each warp's count of values; bit 31 marks a group that is its item's
     // whole tree (root flag on its last merge).
@@ -598,12 +658,116 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         if (lane < 8) ((u32*)it.out)[lane] = mine[0][lane];
         return;
     }
+    if (!CLIMB) {
+        // The group's value for b3_fold_sets (a later launch).
+        if (lane < 8) cvs[(it.cv_first + local_group) * 8 + lane] = mine[0][lane];
+        return;
+    }
     b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one, folds);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
     b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
+}
+
+// The folds above the groups, as a launch of their own after a chunk
+// launch that stored every group's value (b3_digest_multi with CLIMB
+// false): warp j looks at global groups 32j .. 32j + 31 and, for each that
+// starts a set of 64 values of an item of several groups, folds that set in
+// registers (lane l merges values 2l and 2l + 1, then shuffles, as the
+// one-image kernel), then hands the result over to the next level as
+// b3_climb_warp does; the warp that counts a set last folds it, up to the
+// root. Plain additions (MODE 0): few warps, each on its own chain.
+// Launch with ceil(groups / 32) warps (blocks of 128 threads).
+__device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
+                                             u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const Blake3Item& last_item = items[n_items - 1];
+    const u32 total_groups = last_item.group_first + last_item.groups;
+    const u32 g = warp * 32 + lane;
+    u32 item = 0;
+    bool leader = false;
+    if (g < total_groups) {
+        item = b3_find_item(items, n_items, g);
+        const Blake3Item& it = items[item];
+        leader = it.groups > 1 && (g - it.group_first) % B3_GROUP == 0;
+    }
+    u32 mask = __ballot_sync(0xffffffffu, leader);
+    while (mask != 0) {
+        const u32 src = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const Blake3Item it = items[__shfl_sync(0xffffffffu, item, src)];
+        u32* vals = cvs + it.cv_first * 8;
+        u32* ctrs = counters + it.ctr_first;
+        u32 count = it.groups;
+        u32 parent = (warp * 32 + src - it.group_first) / B3_GROUP;
+        while (true) {
+            // This warp owns set `parent` of the level of `count` values at vals.
+            const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+            const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+            const bool top = parents == 1;
+            const u32 a = min(2 * lane, siblings - 1), b = min(2 * lane + 1, siblings - 1);
+            const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
+            const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
+            const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
+            const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+            const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+            u32 v[8];
+            if (siblings == 1) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = l[i];
+            } else {
+                b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
+            }
+            if (top) {
+                if (lane == 0) {
+                    uint4* o = (uint4*)it.out;
+                    o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+                    o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+                }
+                break;
+            }
+            vals += (u64)count * 8;
+            ctrs += parents;
+            const u32 idx = parent;
+            count = parents;
+            parent = idx / B3_GROUP;
+            const u32 sib = min(B3_GROUP, count - parent * B3_GROUP);
+            if (!b3_hand_over(vals, ctrs, idx, parent, sib, v, lane)) break;
+            __syncwarp();
+        }
+    }
+}
+
+// Experiments (seventh pass), the signature of blake3_digest_multi: the
+// chunk launch of the two-launch scheme (no climb) and its fold launch;
+// and blake3_digest_multi with some rotations on the FMA pipe (B3_GI's
+// mask).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, 0, false>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(128) b3x_sets(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
+                                                          u32* counters, u32 one) {
+    b3_fold_sets(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r7d(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, 0xF0>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r7q(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, 0x11>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r127(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, 0x1111>(items, n_items, cvs, counters, one);
+}
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store_r7q(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, 0x11, false>(items, n_items, cvs, counters, one);
 }
 
 // Diagnostics for the bench: blake3_digest_multi with, per block, its start
@@ -679,40 +843,6 @@ __device__ __forceinline__ u64 b3_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-
-// Value `lane` of k (k <= 32) held by the lanes in v: folds them into lane
-// 0's v; the last merge carries ROOT when `root`. Every lane of the warp
-// calls it (lanes past the values compute and drop garbage).
-__device__ __forceinline__ void b3_fold_lanes(u32 v[8], u32 k, bool root, u32 one) {
-    const u32 lane = threadIdx.x % 32;
-    while (k > 1) {
-        u32 l[8], r[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            l[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane) & 31);
-            r[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane + 1) & 31);
-        }
-        u32 out[8];
-        b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
-        const bool merged = lane < k / 2;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
-        k = (k + 1) / 2;
-    }
-}
-
-// The first level over k values (k <= 64), lane l given values 2l (in l)
-// and 2l + 1 (in r): merges them, or keeps the left one when it is the odd
-// last value, into v. Returns the number of values left.
-__device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32 r[8], u32 k, bool root, u32 one) {
-    const u32 lane = threadIdx.x % 32;
-    u32 out[8];
-    b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
-    const bool merged = lane < k / 2;
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
-    return (k + 1) / 2;
 }
 
 // The value of a whole (1024-byte), aligned, non-root chunk, by a loop

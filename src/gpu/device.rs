@@ -243,6 +243,13 @@ impl Gpu {
         if groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Multi }
     }
 
+    /// Zeroes the batch's digests (benchmarks: so that a kernel that writes
+    /// none cannot pass for correct on the previous launch's digests).
+    pub fn clear_digests(&self, batch: &mut DigestBatch) -> Result<(), GpuError> {
+        self.stream.memset_zeros(&mut batch.out)?;
+        Ok(())
+    }
+
     /// Waits for the batch and returns its digests in item order.
     pub fn read_digests(&self, batch: &DigestBatch) -> Result<Vec<[u8; 32]>, GpuError> {
         let bytes = self.stream.clone_dtoh(&batch.out)?;

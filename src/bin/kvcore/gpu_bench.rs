@@ -57,7 +57,7 @@ mod imp {
     fn digests(gpu: &Arc<Gpu>, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
         let mut out = Vec::new();
         for (name, items) in digest_cases(host.len() as u64) {
-            let batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
+            let mut batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
             let bytes = batch.bytes() as f64;
             gpu.launch_digests(&batch)?;
             let got = gpu.read_digests(&batch)?;
@@ -103,6 +103,50 @@ mod imp {
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
+                // Seventh pass: some rotations on the FMA pipe (one launch),
+                // and the two-launch scheme (chunks and group values, then
+                // the folds above), each chunk kernel followed by b3x_sets.
+                let sets_grid = batch.groups().div_ceil(128);
+                let cases: [(&str, Option<&str>); 6] = [
+                    ("b3x_multi_r7d", None),
+                    ("b3x_multi_r7q", None),
+                    ("b3x_multi_r127", None),
+                    ("b3x_multi_store", Some("b3x_sets")),
+                    ("b3x_multi_store_r7q", Some("b3x_sets")),
+                    ("blake3_digest_multi", None),
+                ];
+                for (k, second) in cases {
+                    gpu.clear_digests(&mut batch)?;
+                    let run = || {
+                        if k == "blake3_digest_multi" {
+                            return kvcore::gpu::launch::blake3_digest(gpu, &batch, KernelId::Blake3Multi);
+                        }
+                        kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)?;
+                        match second {
+                            Some(s) => kvcore::gpu::launch::blake3_experiment(
+                                gpu,
+                                &batch,
+                                ModuleId::Blake3Pair,
+                                s,
+                                128,
+                                Some(sets_grid),
+                                None,
+                            ),
+                            None => Ok(()),
+                        }
+                    };
+                    let name_k = match second {
+                        Some(s) => format!("{k}+{s}"),
+                        None if k == "blake3_digest_multi" => format!("{k} (again)"),
+                        None => k.to_owned(),
+                    };
+                    run()?;
+                    let ok = gpu.read_digests(&batch)? == got;
+                    let t = time_ms(gpu, 3, 30, run)?;
+                    let tbps = bytes / (t * 1e-3) / 1e12;
+                    println!("blake3 {name:<24} {name_k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
+                    experiments.insert(name_k, json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
+                }
             }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
