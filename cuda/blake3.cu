@@ -1,4 +1,5 @@
-// BLAKE3-256 of many device-resident byte strings in one launch.
+// BLAKE3-256 of many device-resident byte strings in one launch (two for
+// the default large-batch path, blake3_digest_multi; see below).
 //
 // One thread per 1 KiB chunk, one thread block per group of 64 consecutive
 // chunks of one item. Each thread compresses its chunk (16 blocks, sequential
@@ -6,8 +7,17 @@
 // pairwise into the group's value in shared memory. Above that, values are
 // folded 64 at a time, level by level, by whichever block finishes a set last
 // (an atomic counter per set, after a fence: the classic last-block
-// reduction), so no second launch and no idle tree stage are needed. The top
-// fold carries the root flag; an item of one chunk sets it on its last block.
+// reduction), so no idle tree stage is needed. The top fold carries the root
+// flag; an item of one chunk sets it on its last block.
+//
+// blake3_digest_multi, the default for large batches, does not climb: its
+// warps store their groups' values, and a second, small launch
+// (blake3_fold_sets, with programmatic dependent launch) folds every set
+// above them with the same last-warp reduction. A block whose warp folded a
+// set under full load held its slot 15-30 us longer with three warps idle,
+// and the last sets' folds ran while the GPU drained: at 256 MiB the two
+// launches take 174-175 us where the one launch took 185
+// (docs/benchmarks.md, "Seventh pass").
 //
 // Why folding sets of 64 is the BLAKE3 tree: the tree is what merging values
 // level by level gives, pairing left to right and carrying an odd last value
@@ -239,44 +249,19 @@ __device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32
 }
 
 #ifdef B3_PAIR
-// Rotation right by k on the FMA pipe instead of the ALU pipe: with k2 =
-// 2^(32 - k) (a run-time value, so that the compiler keeps the multiplies),
-// x * k2 holds the low bits of the rotation and its high half the high
-// bits, disjoint, so their sum is the rotation (IMAD.HI, then IMAD).
-__device__ __forceinline__ u32 rotr_fma(u32 x, u32 k2) { return x * k2 + __umulhi(x, k2); }
-
-// B3_G with a choice per step (compile-time constants): F12, F8 and F7 put
-// that step's rotation by 12, 8 or 7 on the FMA pipe (rotr_fma with the
-// multipliers k12, k8 and k7 of the enclosing scope).
-#define B3_GR(a, b, c, d, x, y, F12, F8, F7)                      \
-    do {                                                          \
-        a = B3_ADD3(a, b, x);                                     \
-        d = rotr16(d ^ a);                                        \
-        c = B3_ADD2(c, d);                                        \
-        b = (F12) ? rotr_fma(b ^ c, k12) : rotr12(b ^ c);         \
-        a = B3_ADD3(a, b, y);                                     \
-        d = (F8) ? rotr_fma(d ^ a, k8) : rotr8(d ^ a);            \
-        c = B3_ADD2(c, d);                                        \
-        b = (F7) ? rotr_fma(b ^ c, k7) : rotr7(b ^ c);            \
-    } while (0)
-// Step i of a round (0-3 the columns, 4-7 the diagonals) under the mask RM
-// (b3_compress2's template argument): bit i rotr7, bit 8 + i rotr12, bit
-// 16 + i rotr8 on the FMA pipe. RM 0 is the plain B3_G.
-#define B3_GI(i, a, b, c, d, x, y) B3_GR(a, b, c, d, x, y, (RM >> (8 + i)) & 1, (RM >> (16 + i)) & 1, (RM >> i) & 1)
-
 // Two compressions side by side (states a and b), for ILP: the same
 // schedule as b3_compress, written once per state so that the compiler can
 // interleave the two independent dependency chains.
 #define B3_ROUND_P(P, M, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) \
     do {                                                        \
-        B3_GI(0, P##0, P##4, P##8, P##12, M[s0], M[s1]);        \
-        B3_GI(1, P##1, P##5, P##9, P##13, M[s2], M[s3]);        \
-        B3_GI(2, P##2, P##6, P##10, P##14, M[s4], M[s5]);       \
-        B3_GI(3, P##3, P##7, P##11, P##15, M[s6], M[s7]);       \
-        B3_GI(4, P##0, P##5, P##10, P##15, M[s8], M[s9]);       \
-        B3_GI(5, P##1, P##6, P##11, P##12, M[s10], M[s11]);     \
-        B3_GI(6, P##2, P##7, P##8, P##13, M[s12], M[s13]);      \
-        B3_GI(7, P##3, P##4, P##9, P##14, M[s14], M[s15]);      \
+        B3_G(P##0, P##4, P##8, P##12, M[s0], M[s1]);        \
+        B3_G(P##1, P##5, P##9, P##13, M[s2], M[s3]);        \
+        B3_G(P##2, P##6, P##10, P##14, M[s4], M[s5]);       \
+        B3_G(P##3, P##7, P##11, P##15, M[s6], M[s7]);       \
+        B3_G(P##0, P##5, P##10, P##15, M[s8], M[s9]);       \
+        B3_G(P##1, P##6, P##11, P##12, M[s10], M[s11]);     \
+        B3_G(P##2, P##7, P##8, P##13, M[s12], M[s13]);      \
+        B3_G(P##3, P##4, P##9, P##14, M[s14], M[s15]);      \
     } while (0)
 #define B3_ROUND2(...)                    \
     do {                                  \
@@ -284,10 +269,9 @@ __device__ __forceinline__ u32 rotr_fma(u32 x, u32 k2) { return x * k2 + __umulh
         B3_ROUND_P(b, mb, __VA_ARGS__);   \
     } while (0)
 
-template <int MODE, int RM = 0>
+template <int MODE>
 __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 ctra, u32 cvb[8], const u32 mb[16], u64 ctrb,
                                              u32 flags, u32 one) {
-    const u32 k12 = one << 20, k8 = one << 24, k7 = one << 25;
     u32 a0 = cva[0], a1 = cva[1], a2 = cva[2], a3 = cva[3], a4 = cva[4], a5 = cva[5], a6 = cva[6], a7 = cva[7];
     u32 a8 = B3_IV[0], a9 = B3_IV[1], a10 = B3_IV[2], a11 = B3_IV[3];
     u32 a12 = (u32)ctra, a13 = (u32)(ctra >> 32), a14 = 64u, a15 = flags;
@@ -315,13 +299,13 @@ __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 c
 // other kernels, and the multi kernel before the fifth pass) tests
 // `aligned` at each load inside the loop. Measured on an H200: 2.0-3.9 %
 // more throughput on 288 MiB (docs/benchmarks.md, "Fifth pass").
-template <int MODE, int AL = 0, int RM = 0>
+template <int MODE, int AL = 0>
 __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u64 ca, bool aligned, u32 one) {
     if (AL == 1) {
         if (aligned) {
-            b3_chunk2<MODE, 2, RM>(cva, cvb, pa, pb, ca, true, one);
+            b3_chunk2<MODE, 2>(cva, cvb, pa, pb, ca, true, one);
         } else {
-            b3_chunk2<MODE, 3, RM>(cva, cvb, pa, pb, ca, false, one);
+            b3_chunk2<MODE, 3>(cva, cvb, pa, pb, ca, false, one);
         }
         return;
     }
@@ -341,14 +325,14 @@ __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u6
             b3_load_full(mb, pb + 64 * (j + 1), aligned);
         }
         u32 flags = (j == 0 ? B3_CHUNK_START : 0u) | (j == 15 ? B3_CHUNK_END : 0u);
-        b3_compress2<MODE, RM>(cva, xa, ca, cvb, xb, ca + B3_GROUP / 2, flags, one);
+        b3_compress2<MODE>(cva, xa, ca, cvb, xb, ca + B3_GROUP / 2, flags, one);
     }
 }
 
 // The chunk values of the group's n chunks from first_chunk into s_cv, by
 // one warp (lane t): two chunks per thread (t and t + 32), hashed side by
 // side when both are whole: twice the independent instructions per thread.
-template <int MODE, int AL = 0, int RM = 0>
+template <int MODE, int AL = 0>
 __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_chunk, u32 n, u32 t, u32 (*s_cv)[9], u32 one) {
     const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
     const u8* base = (const u8*)it.data;
@@ -356,7 +340,7 @@ __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_c
     const u64 ca = first_chunk + t, cb = ca + B3_GROUP / 2;
     if (t + B3_GROUP / 2 < n && (cb + 1) * 1024 <= it.len) {
         u32 cva[8], cvb[8];
-        b3_chunk2<MODE, AL, RM>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
+        b3_chunk2<MODE, AL>(cva, cvb, base + ca * 1024, base + cb * 1024, ca, aligned, one);
 #pragma unroll
         for (int i = 0; i < 8; i++) { s_cv[t][i] = cva[i]; s_cv[t + B3_GROUP / 2][i] = cvb[i]; }
     } else {
@@ -377,6 +361,25 @@ __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_c
 // Index of the item that owns global group g: the last item whose group_first <= g.
 __device__ __forceinline__ u32 b3_find_item(const Blake3Item* items, u32 n_items, u32 g) {
     u32 lo = 0, hi = n_items;  // invariant: items[lo].group_first <= g < items[hi].group_first
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (items[mid].group_first <= g) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// b3_find_item for a kernel that knows the batch's group count: first the
+// proportional guess g * n_items / total_groups, which is the item when all
+// items have one size (one round trip for the guess and its successor
+// instead of log2(n_items) dependent loads), then the binary search in what
+// the guess leaves.
+__device__ __forceinline__ u32 b3_find_item_near(const Blake3Item* items, u32 n_items, u32 g, u32 total_groups) {
+    const u32 guess = (u32)((u64)g * n_items / total_groups);
+    const u32 f0 = items[guess].group_first;
+    const u32 f1 = guess + 1 < n_items ? items[guess + 1].group_first : total_groups;
+    if (f0 <= g && g < f1) return guess;
+    // invariant: items[lo].group_first <= g < items[hi].group_first (hi = n_items: none)
+    u32 lo = f0 <= g ? guess + 1 : 0, hi = f0 <= g ? n_items : guess;
     while (hi - lo > 1) {
         u32 mid = (lo + hi) / 2;
         if (items[mid].group_first <= g) lo = mid; else hi = mid;
@@ -614,9 +617,12 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
 // B3_MULTI groups per block of as many warps: warp w hashes group
 // blockIdx.x * B3_MULTI + w (two chunks per thread, as blake3_digest_pair),
 // then the block folds its groups side by side, then each warp climbs on
-// its own. Launch with ceil(groups / B3_MULTI) blocks of 32 B3_MULTI
-// threads; warps past the last group only take part in the fold's barriers.
-template <int MODE, int AL = 0, int RM = 0, bool CLIMB = true>
+// its own (CLIMB) or stores its group's value for b3_fold_sets (a later
+// launch; blake3_digest_multi). Launch with ceil(groups / B3_MULTI) blocks
+// of 32 B3_MULTI threads; warps past the last group only take part in the
+// fold's barriers. NEAR: the item search starts from the proportional
+// guess (b3_find_item_near).
+template <int MODE, int AL = 0, bool CLIMB = true, bool NEAR = true>
 __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
                                                 u32 one, u32* folds = nullptr) {
     constexpr int W = B3_MULTI;
@@ -628,7 +634,9 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
     const u32 g = blockIdx.x * W + w;
     const bool valid = g < total_groups;
     u32 item = 0;
-    if (valid && lane == 0) item = b3_find_item(items, n_items, g);
+    if (valid && lane == 0) {
+        item = NEAR ? b3_find_item_near(items, n_items, g, total_groups) : b3_find_item(items, n_items, g);
+    }
     item = __shfl_sync(0xffffffffu, item, 0);
     const Blake3Item it = items[item];
     const u32 local_group = g - it.group_first;
@@ -637,7 +645,7 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         const u64 chunks = it.len == 0 ? 1 : (it.len + 1023) / 1024;
         const u64 first_chunk = (u64)local_group * B3_GROUP;
         n = (u32)min((u64)B3_GROUP, chunks - first_chunk);
-        b3_pair_chunks<MODE, AL, RM>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
+        b3_pair_chunks<MODE, AL>(it, first_chunk, n, lane, s_cv + w * B3_GROUP, one);
     }
     // Each warp's count of values; bit 31 marks a group that is its item's
     // whole tree (root flag on its last merge).
@@ -666,43 +674,66 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
     b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one, folds);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
+// Programmatic dependent launch (sm_90 and later; no-ops where the launch
+// did not ask for it): the fold launch waits for the chunk launch's
+// completion (and its stores) only after the part of its work that reads
+// nothing the chunk launch writes. The chunk launch does not trigger its
+// dependents early (b3x_multi_trigger, which does, was no faster), so the
+// fold launch starts as its last block exits, without a launch gap.
+__device__ __forceinline__ void b3_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void b3_wait_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
-// The folds above the groups, as a launch of their own after a chunk
-// launch that stored every group's value (b3_digest_multi with CLIMB
-// false): warp j looks at global groups 32j .. 32j + 31 and, for each that
+// The folds above the groups, as a launch of their own after the chunk
+// launch (b3_digest_multi with CLIMB false), which stored every group's
+// value: warp j looks at global groups 32j .. 32j + 31 and, for each that
 // starts a set of 64 values of an item of several groups, folds that set in
 // registers (lane l merges values 2l and 2l + 1, then shuffles, as the
 // one-image kernel), then hands the result over to the next level as
 // b3_climb_warp does; the warp that counts a set last folds it, up to the
 // root. Plain additions (MODE 0): few warps, each on its own chain.
-// Launch with ceil(groups / 32) warps (blocks of 128 threads).
+// Launch with ceil(groups / 32) warps in blocks of 128 threads.
+//
+// Finding the sets: the items that can start one in the warp's 32 groups
+// are the item of group 32j and the (at most) 31 after it, one per lane;
+// an item's sets start 64 groups apart, so at most one of them falls in
+// the window. One table search per warp, then one load per lane.
 __device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
                                              u32 one) {
     const u32 lane = threadIdx.x % 32;
     const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const Blake3Item& last_item = items[n_items - 1];
     const u32 total_groups = last_item.group_first + last_item.groups;
-    const u32 g = warp * 32 + lane;
-    u32 item = 0;
+    const u32 g0 = warp * 32;
+    u32 first = 0, start = 0;
     bool leader = false;
-    if (g < total_groups) {
-        item = b3_find_item(items, n_items, g);
-        const Blake3Item& it = items[item];
-        leader = it.groups > 1 && (g - it.group_first) % B3_GROUP == 0;
+    if (g0 < total_groups) {
+        first = b3_find_item_near(items, n_items, g0, total_groups);
+        if (first + lane < n_items) {
+            const u32 gf = items[first + lane].group_first, n = items[first + lane].groups;
+            if (n > 1 && gf < g0 + 32) {
+                start = gf >= g0 ? gf : gf + (g0 - gf + B3_GROUP - 1) / B3_GROUP * B3_GROUP;
+                leader = start < g0 + 32 && start - gf < n;
+            }
+        }
     }
+    b3_wait_prerequisites();
     u32 mask = __ballot_sync(0xffffffffu, leader);
     while (mask != 0) {
         const u32 src = __ffs(mask) - 1;
         mask &= mask - 1;
-        const Blake3Item it = items[__shfl_sync(0xffffffffu, item, src)];
+        const Blake3Item it = items[first + src];
         u32* vals = cvs + it.cv_first * 8;
         u32* ctrs = counters + it.ctr_first;
         u32 count = it.groups;
-        u32 parent = (warp * 32 + src - it.group_first) / B3_GROUP;
+        u32 parent = (__shfl_sync(0xffffffffu, start, src) - it.group_first) / B3_GROUP;
         while (true) {
             // This warp owns set `parent` of the level of `count` values at vals.
             const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
@@ -716,6 +747,7 @@ __device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ item
             const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
             u32 v[8];
             if (siblings == 1) {
+                // A lone last value of a level is carried up unmerged.
 #pragma unroll
                 for (int i = 0; i < 8; i++) v[i] = l[i];
             } else {
@@ -734,40 +766,51 @@ __device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ item
             const u32 idx = parent;
             count = parents;
             parent = idx / B3_GROUP;
-            const u32 sib = min(B3_GROUP, count - parent * B3_GROUP);
-            if (!b3_hand_over(vals, ctrs, idx, parent, sib, v, lane)) break;
+            if (!b3_hand_over(vals, ctrs, idx, parent, min(B3_GROUP, count - parent * B3_GROUP), v, lane)) break;
+            // Orders the lanes' loads after lane 0's acquire.
             __syncwarp();
         }
     }
 }
 
-// Experiments (seventh pass), the signature of blake3_digest_multi: the
-// chunk launch of the two-launch scheme (no climb) and its fold launch;
-// and blake3_digest_multi with some rotations on the FMA pipe (B3_GI's
-// mask).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store(
+// The chunk launch of the default for large batches: every group's value
+// into the scratch (or the digest, for an item of one group), no climb.
+// (The digest needs both launches; the fold launch waits for this one.)
+// blake3_fold_sets, launched after it when some item has several groups,
+// folds the rest.
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, 0, false>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one);
 }
-extern "C" __global__ void __launch_bounds__(128) b3x_sets(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs,
-                                                          u32* counters, u32 one) {
+
+// The fold launch (see b3_fold_sets), with blake3_digest_multi's signature.
+extern "C" __global__ void __launch_bounds__(128) blake3_fold_sets(const Blake3Item* __restrict__ items, u32 n_items,
+                                                                  u32* cvs, u32* counters, u32 one) {
     b3_fold_sets(items, n_items, cvs, counters, one);
 }
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r7d(
+
+// For the bench's side by side (seventh pass): the chunk launch with the
+// early trigger of its dependents (at the start of every block, so that
+// the fold launch's blocks become resident while the chunk launch drains).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trigger(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, 0xF0>(items, n_items, cvs, counters, one);
+    b3_launch_dependents();
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one);
 }
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r7q(
+
+// For the bench's side by side (seventh pass): the chunk launch with the
+// plain table search (b3_find_item).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, 0x11>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 1, false, false>(items, n_items, cvs, counters, one);
 }
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_r127(
+
+// For the bench's side by side (seventh pass): blake3_digest_multi as it
+// was before, one launch whose warps climb (the warp that hands over a
+// set's value last folds the set).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_climb(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, 0x1111>(items, n_items, cvs, counters, one);
-}
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store_r7q(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, 0x11, false>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 1, true, false>(items, n_items, cvs, counters, one);
 }
 
 // Diagnostics for the bench: blake3_digest_multi with, per block, its start
@@ -782,7 +825,7 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
     const u64 c0 = clock64();
     if (threadIdx.x == 0) s_folds = 0;
     __syncthreads();
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one, &s_folds);
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one, &s_folds);
     __syncthreads();
     if (threadIdx.x == 0) {
         u32 smid;
@@ -797,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
 // before, its chunk loop testing the alignment at each load (AL 0).
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_branchy(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 0>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 0, true, false>(items, n_items, cvs, counters, one);
 }
 
 // One warp per group, two chunks per thread (launch with 32 threads per

@@ -218,15 +218,18 @@ impl Gpu {
         let table_dev = self.stream.clone_htod(bytemuck::cast_slice::<Blake3Item, u8>(&table))?;
         let cvs: CudaSlice<u32> = self.stream.alloc_zeros((8 * cv_next).max(8) as usize)?;
         let counters: CudaSlice<u32> = self.stream.alloc_zeros(ctr_next.max(1) as usize)?;
-        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next, keep: None };
+        let sets = ctr_next > 0;
+        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next, sets, keep: None };
         launch::check_digest_batch(&batch);
         Ok(batch)
     }
 
-    /// Launches a prepared batch (one launch; a batch may be launched again).
+    /// Launches a prepared batch (one launch, or two for a large batch with
+    /// items of several groups; a batch may be launched again).
     /// A batch of at most two groups per SM leaves SMs idle and waits on
     /// dependency chains, so it takes the latency kernel; larger ones take
-    /// the four-groups-per-block kernel.
+    /// the four-groups-per-block kernel and, when some item has several
+    /// groups, the fold launch after it.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
         launch::blake3_digest(self, batch, self.digest_variant(batch.groups))
     }
@@ -389,7 +392,7 @@ impl Gpu {
         }
         // The digests go straight into the mapped host buffer.
         let out_dev = a.host_dev + ARENA_OUT_OFF as u64;
-        let (table, groups, _, _) = build_table(items, out_dev)?;
+        let (table, groups, _, set_counters) = build_table(items, out_dev)?;
         launch::check_table(&table, out_dev, (a.work.len() - values_off) as u64 / 32, a.counters.len() as u64, groups);
         let table_bytes = bytemuck::cast_slice::<Blake3Item, u8>(&table);
         // SAFETY: the host buffer holds at least values_off >= table_off +
@@ -433,6 +436,7 @@ impl Gpu {
                 a.work_ptr + values_off as u64,
                 a.counters_ptr,
                 groups,
+                set_counters > 0,
                 variant,
             )
         }?;
@@ -743,6 +747,8 @@ pub struct DigestBatch {
     pub(super) counters: CudaSlice<u32>,
     pub(super) out: CudaSlice<u8>,
     pub(super) groups: u32,
+    /// Whether some item has several groups (sets of values to fold above them).
+    pub(super) sets: bool,
     /// The buffer the items live in, when the batch owns a reference to it.
     keep: Option<Arc<CudaSlice<u8>>>,
 }

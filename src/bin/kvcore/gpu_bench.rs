@@ -103,16 +103,17 @@ mod imp {
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
-                // Seventh pass: some rotations on the FMA pipe (one launch),
-                // and the two-launch scheme (chunks and group values, then
-                // the folds above), each chunk kernel followed by b3x_sets.
-                let sets_grid = batch.groups().div_ceil(128);
-                let cases: [(&str, Option<&str>); 6] = [
-                    ("b3x_multi_r7d", None),
-                    ("b3x_multi_r7q", None),
-                    ("b3x_multi_r127", None),
-                    ("b3x_multi_store", Some("b3x_sets")),
-                    ("b3x_multi_store_r7q", Some("b3x_sets")),
+                // Seventh pass: blake3_digest_multi as it was (one launch,
+                // warps climb); the chunk launch with the plain table search
+                // followed by the fold launch, without and with
+                // programmatic stream serialization; the chunk launch that
+                // triggers the fold launch early; then the library's
+                // launches again.
+                let cases: [(&str, Option<bool>); 5] = [
+                    ("b3x_multi_climb", None),
+                    ("b3x_multi_store", Some(false)),
+                    ("b3x_multi_store", Some(true)),
+                    ("b3x_multi_trigger", Some(true)),
                     ("blake3_digest_multi", None),
                 ];
                 for (k, second) in cases {
@@ -121,22 +122,23 @@ mod imp {
                         if k == "blake3_digest_multi" {
                             return kvcore::gpu::launch::blake3_digest(gpu, &batch, KernelId::Blake3Multi);
                         }
-                        kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)?;
+                        kvcore::gpu::launch::blake3_experiment(
+                            gpu,
+                            &batch,
+                            ModuleId::Blake3Pair,
+                            k,
+                            128,
+                            Some(g4),
+                            None,
+                        )?;
                         match second {
-                            Some(s) => kvcore::gpu::launch::blake3_experiment(
-                                gpu,
-                                &batch,
-                                ModuleId::Blake3Pair,
-                                s,
-                                128,
-                                Some(sets_grid),
-                                None,
-                            ),
+                            Some(pdl) => kvcore::gpu::launch::blake3_fold_sets(gpu, &batch, pdl),
                             None => Ok(()),
                         }
                     };
                     let name_k = match second {
-                        Some(s) => format!("{k}+{s}"),
+                        Some(false) => format!("{k}+sets"),
+                        Some(true) => format!("{k}+sets pdl"),
                         None if k == "blake3_digest_multi" => format!("{k} (again)"),
                         None => k.to_owned(),
                     };
