@@ -15,9 +15,9 @@
 // (blake3_fold_sets, with programmatic dependent launch) folds every set
 // above them with the same last-warp reduction. A block whose warp folded a
 // set under full load held its slot 15-30 us longer with three warps idle,
-// and the last sets' folds ran while the GPU drained: at 256 MiB the two
-// launches take 174-175 us where the one launch took 185
-// (docs/benchmarks.md, "Seventh pass").
+// and the last sets' folds ran while the GPU drained: on an H200, 256 MiB
+// as 85 images of 3 MiB or one item take 169.5-175 us in the two launches
+// against 181-183 us in one (docs/benchmarks.md, "Seventh pass").
 //
 // Why folding sets of 64 is the BLAKE3 tree: the tree is what merging values
 // level by level gives, pairing left to right and carrying an odd last value

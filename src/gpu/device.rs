@@ -238,7 +238,10 @@ impl Gpu {
     /// H200, docs/benchmarks.md): at most two groups per SM wait on their
     /// own dependency chains, so plain additions (one 3 MiB image: 29-31
     /// µs against 35-40 for the others); beyond, two chunks per thread and
-    /// four groups per block folded side by side (288 MiB: 1.44-1.49 TB/s
+    /// four groups per block folded side by side, the levels above the
+    /// groups in a fold launch of their own (256 MiB: 1.54-1.58 TB/s against
+    /// 1.47-1.48 in one launch, seventh pass; the one launch at 288 MiB,
+    /// fourth pass: 1.44-1.49 TB/s
     /// against 1.30-1.35 for one group per warp and 1.24-1.26 for one chunk
     /// per thread; 8 images of 3 MiB: 38-41 µs against 42-45 for one chunk
     /// per thread; 1 KiB items as fast as one group per warp).
@@ -436,10 +439,24 @@ impl Gpu {
                 a.work_ptr + values_off as u64,
                 a.counters_ptr,
                 groups,
-                set_counters > 0,
                 variant,
             )
         }?;
+        if variant == KernelId::Blake3Multi && set_counters > 0 {
+            // SAFETY: as above; the chunk launch of this table and scratch
+            // is the work just before it on the stream.
+            unsafe {
+                launch::fold_sets_raw(
+                    self,
+                    table_ptr,
+                    n as u32,
+                    a.work_ptr + values_off as u64,
+                    a.counters_ptr,
+                    groups,
+                    true,
+                )
+            }?;
+        }
         self.stream.synchronize()?;
         // SAFETY: the stream is idle, so the kernel's writes to the mapped
         // buffer are complete and visible; the pinned buffer lives while we

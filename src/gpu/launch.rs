@@ -208,8 +208,8 @@ pub fn blake3_fold_sets(gpu: &Gpu, batch: &DigestBatch, programmatic: bool) -> R
 /// inside live device memory and checked by `check_table` against the
 /// `values` and `counters` buffers (`counters` zero), with every item's
 /// bytes readable device memory; all of it must stay valid until the launch
-/// completes. `sets` says whether some item has several groups (then
-/// `blake3_digest_multi` is followed by its fold launch).
+/// completes. After `blake3_digest_multi`, the caller launches the fold
+/// launch ([`fold_sets_raw`]) when some item has several groups.
 pub(super) unsafe fn blake3_digest_raw(
     gpu: &Gpu,
     table: u64,
@@ -217,7 +217,6 @@ pub(super) unsafe fn blake3_digest_raw(
     values: u64,
     counters: u64,
     groups: u32,
-    sets: bool,
     variant: KernelId,
 ) -> Result<(), GpuError> {
     assert!(n_items > 0 && groups >= 1 && groups <= i32::MAX as u32, "a batch has items and its grid fits");
@@ -233,10 +232,6 @@ pub(super) unsafe fn blake3_digest_raw(
     // function's contract, and the kernel stays inside it as argued in
     // `blake3_digest`.
     unsafe { b.launch(cfg) }?;
-    if variant == KernelId::Blake3Multi && sets {
-        // SAFETY: this function's contract; the chunk launch is just above.
-        unsafe { fold_sets_raw(gpu, table, n_items, values, counters, groups, true) }?;
-    }
     Ok(())
 }
 
