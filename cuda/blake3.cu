@@ -1,4 +1,5 @@
-// BLAKE3-256 of many device-resident byte strings in one launch.
+// BLAKE3-256 of many device-resident byte strings in one launch (two for
+// the default large-batch path, blake3_digest_multi; see below).
 //
 // One thread per 1 KiB chunk, one thread block per group of 64 consecutive
 // chunks of one item. Each thread compresses its chunk (16 blocks, sequential
@@ -6,8 +7,17 @@
 // pairwise into the group's value in shared memory. Above that, values are
 // folded 64 at a time, level by level, by whichever block finishes a set last
 // (an atomic counter per set, after a fence: the classic last-block
-// reduction), so no second launch and no idle tree stage are needed. The top
-// fold carries the root flag; an item of one chunk sets it on its last block.
+// reduction), so no idle tree stage is needed. The top fold carries the root
+// flag; an item of one chunk sets it on its last block.
+//
+// blake3_digest_multi, the default for large batches, does not climb: its
+// warps store their groups' values, and a second, small launch
+// (blake3_fold_sets, with programmatic dependent launch) folds every set
+// above them with the same last-warp reduction. A block whose warp folded a
+// set under full load held its slot 15-30 us longer with three warps idle,
+// and the last sets' folds ran while the GPU drained: on an H200, 256 MiB
+// as 85 images of 3 MiB or one item take 169.5-175 us in the two launches
+// against 181-183 us in one (docs/benchmarks.md, "Seventh pass").
 //
 // Why folding sets of 64 is the BLAKE3 tree: the tree is what merging values
 // level by level gives, pairing left to right and carrying an odd last value
@@ -204,20 +214,54 @@ __device__ __forceinline__ bool b3_hand_over(u32* vals, u32* ctrs, u32 idx, u32 
     return __shfl_sync(0xffffffffu, last, 0) != 0;
 }
 
+// Value `lane` of k (k <= 32) held by the lanes in v: folds them into lane
+// 0's v; the last merge carries ROOT when `root`. Every lane of the warp
+// calls it (lanes past the values compute and drop garbage).
+__device__ __forceinline__ void b3_fold_lanes(u32 v[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    while (k > 1) {
+        u32 l[8], r[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            l[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane) & 31);
+            r[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane + 1) & 31);
+        }
+        u32 out[8];
+        b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+        const bool merged = lane < k / 2;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+        k = (k + 1) / 2;
+    }
+}
+
+// The first level over k values (k <= 64), lane l given values 2l (in l)
+// and 2l + 1 (in r): merges them, or keeps the left one when it is the odd
+// last value, into v. Returns the number of values left.
+__device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32 r[8], u32 k, bool root, u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    u32 out[8];
+    b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
+    const bool merged = lane < k / 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
+    return (k + 1) / 2;
+}
+
 #ifdef B3_PAIR
 // Two compressions side by side (states a and b), for ILP: the same
 // schedule as b3_compress, written once per state so that the compiler can
 // interleave the two independent dependency chains.
 #define B3_ROUND_P(P, M, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) \
     do {                                                        \
-        B3_G(P##0, P##4, P##8, P##12, M[s0], M[s1]);            \
-        B3_G(P##1, P##5, P##9, P##13, M[s2], M[s3]);            \
-        B3_G(P##2, P##6, P##10, P##14, M[s4], M[s5]);           \
-        B3_G(P##3, P##7, P##11, P##15, M[s6], M[s7]);           \
-        B3_G(P##0, P##5, P##10, P##15, M[s8], M[s9]);           \
-        B3_G(P##1, P##6, P##11, P##12, M[s10], M[s11]);         \
-        B3_G(P##2, P##7, P##8, P##13, M[s12], M[s13]);          \
-        B3_G(P##3, P##4, P##9, P##14, M[s14], M[s15]);          \
+        B3_G(P##0, P##4, P##8, P##12, M[s0], M[s1]);        \
+        B3_G(P##1, P##5, P##9, P##13, M[s2], M[s3]);        \
+        B3_G(P##2, P##6, P##10, P##14, M[s4], M[s5]);       \
+        B3_G(P##3, P##7, P##11, P##15, M[s6], M[s7]);       \
+        B3_G(P##0, P##5, P##10, P##15, M[s8], M[s9]);       \
+        B3_G(P##1, P##6, P##11, P##12, M[s10], M[s11]);     \
+        B3_G(P##2, P##7, P##8, P##13, M[s12], M[s13]);      \
+        B3_G(P##3, P##4, P##9, P##14, M[s14], M[s15]);      \
     } while (0)
 #define B3_ROUND2(...)                    \
     do {                                  \
@@ -317,6 +361,25 @@ __device__ __forceinline__ void b3_pair_chunks(const Blake3Item& it, u64 first_c
 // Index of the item that owns global group g: the last item whose group_first <= g.
 __device__ __forceinline__ u32 b3_find_item(const Blake3Item* items, u32 n_items, u32 g) {
     u32 lo = 0, hi = n_items;  // invariant: items[lo].group_first <= g < items[hi].group_first
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (items[mid].group_first <= g) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// b3_find_item for a kernel that knows the batch's group count: first the
+// proportional guess g * n_items / total_groups, which is the item when all
+// items have one size (one round trip for the guess and its successor
+// instead of log2(n_items) dependent loads), then the binary search in what
+// the guess leaves.
+__device__ __forceinline__ u32 b3_find_item_near(const Blake3Item* items, u32 n_items, u32 g, u32 total_groups) {
+    const u32 guess = (u32)((u64)g * n_items / total_groups);
+    const u32 f0 = items[guess].group_first;
+    const u32 f1 = guess + 1 < n_items ? items[guess + 1].group_first : total_groups;
+    if (f0 <= g && g < f1) return guess;
+    // invariant: items[lo].group_first <= g < items[hi].group_first (hi = n_items: none)
+    u32 lo = f0 <= g ? guess + 1 : 0, hi = f0 <= g ? n_items : guess;
     while (hi - lo > 1) {
         u32 mid = (lo + hi) / 2;
         if (items[mid].group_first <= g) lo = mid; else hi = mid;
@@ -554,9 +617,12 @@ __device__ __forceinline__ void b3_climb_warp(const Blake3Item& it, u32 local_gr
 // B3_MULTI groups per block of as many warps: warp w hashes group
 // blockIdx.x * B3_MULTI + w (two chunks per thread, as blake3_digest_pair),
 // then the block folds its groups side by side, then each warp climbs on
-// its own. Launch with ceil(groups / B3_MULTI) blocks of 32 B3_MULTI
-// threads; warps past the last group only take part in the fold's barriers.
-template <int MODE, int AL = 0>
+// its own (CLIMB) or stores its group's value for b3_fold_sets (a later
+// launch; blake3_digest_multi). Launch with ceil(groups / B3_MULTI) blocks
+// of 32 B3_MULTI threads; warps past the last group only take part in the
+// fold's barriers. NEAR: the item search starts from the proportional
+// guess (b3_find_item_near).
+template <int MODE, int AL = 0, bool CLIMB = true, bool NEAR = true>
 __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
                                                 u32 one, u32* folds = nullptr) {
     constexpr int W = B3_MULTI;
@@ -568,7 +634,9 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
     const u32 g = blockIdx.x * W + w;
     const bool valid = g < total_groups;
     u32 item = 0;
-    if (valid && lane == 0) item = b3_find_item(items, n_items, g);
+    if (valid && lane == 0) {
+        item = NEAR ? b3_find_item_near(items, n_items, g, total_groups) : b3_find_item(items, n_items, g);
+    }
     item = __shfl_sync(0xffffffffu, item, 0);
     const Blake3Item it = items[item];
     const u32 local_group = g - it.group_first;
@@ -598,12 +666,151 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
         if (lane < 8) ((u32*)it.out)[lane] = mine[0][lane];
         return;
     }
+    if (!CLIMB) {
+        // The group's value for b3_fold_sets (a later launch).
+        if (lane < 8) cvs[(it.cv_first + local_group) * 8 + lane] = mine[0][lane];
+        return;
+    }
     b3_climb_warp<MODE>(it, local_group, mine, cvs, counters, one, folds);
 }
 
+// Programmatic dependent launch (sm_90 and later; no-ops where the launch
+// did not ask for it): the fold launch waits for the chunk launch's
+// completion (and its stores) only after the part of its work that reads
+// nothing the chunk launch writes. The chunk launch does not trigger its
+// dependents early (b3x_multi_trigger, which does, was no faster), so the
+// fold launch starts as its last block exits, without a launch gap.
+__device__ __forceinline__ void b3_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void b3_wait_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The folds above the groups, as a launch of their own after the chunk
+// launch (b3_digest_multi with CLIMB false), which stored every group's
+// value: warp j looks at global groups 32j .. 32j + 31 and, for each that
+// starts a set of 64 values of an item of several groups, folds that set in
+// registers (lane l merges values 2l and 2l + 1, then shuffles, as the
+// one-image kernel), then hands the result over to the next level as
+// b3_climb_warp does; the warp that counts a set last folds it, up to the
+// root. Plain additions (MODE 0): few warps, each on its own chain.
+// Launch with ceil(groups / 32) warps in blocks of 128 threads.
+//
+// Finding the sets: the items that can start one in the warp's 32 groups
+// are the item of group 32j and the (at most) 31 after it, one per lane;
+// an item's sets start 64 groups apart, so at most one of them falls in
+// the window. One table search per warp, then one load per lane.
+__device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters,
+                                             u32 one) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const Blake3Item& last_item = items[n_items - 1];
+    const u32 total_groups = last_item.group_first + last_item.groups;
+    const u32 g0 = warp * 32;
+    u32 first = 0, start = 0;
+    bool leader = false;
+    if (g0 < total_groups) {
+        first = b3_find_item_near(items, n_items, g0, total_groups);
+        if (first + lane < n_items) {
+            const u32 gf = items[first + lane].group_first, n = items[first + lane].groups;
+            if (n > 1 && gf < g0 + 32) {
+                start = gf >= g0 ? gf : gf + (g0 - gf + B3_GROUP - 1) / B3_GROUP * B3_GROUP;
+                leader = start < g0 + 32 && start - gf < n;
+            }
+        }
+    }
+    b3_wait_prerequisites();
+    u32 mask = __ballot_sync(0xffffffffu, leader);
+    while (mask != 0) {
+        const u32 src = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const Blake3Item it = items[first + src];
+        u32* vals = cvs + it.cv_first * 8;
+        u32* ctrs = counters + it.ctr_first;
+        u32 count = it.groups;
+        u32 parent = (__shfl_sync(0xffffffffu, start, src) - it.group_first) / B3_GROUP;
+        while (true) {
+            // This warp owns set `parent` of the level of `count` values at vals.
+            const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
+            const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
+            const bool top = parents == 1;
+            const u32 a = min(2 * lane, siblings - 1), b = min(2 * lane + 1, siblings - 1);
+            const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
+            const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
+            const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
+            const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+            const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+            u32 v[8];
+            if (siblings == 1) {
+                // A lone last value of a level is carried up unmerged.
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = l[i];
+            } else {
+                b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
+            }
+            if (top) {
+                if (lane == 0) {
+                    uint4* o = (uint4*)it.out;
+                    o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+                    o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+                }
+                break;
+            }
+            vals += (u64)count * 8;
+            ctrs += parents;
+            const u32 idx = parent;
+            count = parents;
+            parent = idx / B3_GROUP;
+            if (!b3_hand_over(vals, ctrs, idx, parent, min(B3_GROUP, count - parent * B3_GROUP), v, lane)) break;
+            // Orders the lanes' loads after lane 0's acquire.
+            __syncwarp();
+        }
+    }
+}
+
+// The chunk launch of the default for large batches: every group's value
+// into the scratch (or the digest, for an item of one group), no climb.
+// (The digest needs both launches; the fold launch waits for this one.)
+// blake3_fold_sets, launched after it when some item has several groups,
+// folds the rest.
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) blake3_digest_multi(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one);
+}
+
+// The fold launch (see b3_fold_sets), with blake3_digest_multi's signature.
+extern "C" __global__ void __launch_bounds__(128) blake3_fold_sets(const Blake3Item* __restrict__ items, u32 n_items,
+                                                                  u32* cvs, u32* counters, u32 one) {
+    b3_fold_sets(items, n_items, cvs, counters, one);
+}
+
+// For the bench's side by side (seventh pass): the chunk launch with the
+// early trigger of its dependents (at the start of every block, so that
+// the fold launch's blocks become resident while the chunk launch drains).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trigger(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_launch_dependents();
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one);
+}
+
+// For the bench's side by side (seventh pass): the chunk launch with the
+// plain table search (b3_find_item).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, false, false>(items, n_items, cvs, counters, one);
+}
+
+// For the bench's side by side (seventh pass): blake3_digest_multi as it
+// was before, one launch whose warps climb (the warp that hands over a
+// set's value last folds the set).
+extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_climb(
+    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
+    b3_digest_multi<1, 1, true, false>(items, n_items, cvs, counters, one);
 }
 
 // Diagnostics for the bench: blake3_digest_multi with, per block, its start
@@ -618,7 +825,7 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
     const u64 c0 = clock64();
     if (threadIdx.x == 0) s_folds = 0;
     __syncthreads();
-    b3_digest_multi<1, 1>(items, n_items, cvs, counters, one, &s_folds);
+    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one, &s_folds);
     __syncthreads();
     if (threadIdx.x == 0) {
         u32 smid;
@@ -633,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
 // before, its chunk loop testing the alignment at each load (AL 0).
 extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_branchy(
     const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 0>(items, n_items, cvs, counters, one);
+    b3_digest_multi<1, 0, true, false>(items, n_items, cvs, counters, one);
 }
 
 // One warp per group, two chunks per thread (launch with 32 threads per
@@ -679,40 +886,6 @@ __device__ __forceinline__ u64 b3_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-
-// Value `lane` of k (k <= 32) held by the lanes in v: folds them into lane
-// 0's v; the last merge carries ROOT when `root`. Every lane of the warp
-// calls it (lanes past the values compute and drop garbage).
-__device__ __forceinline__ void b3_fold_lanes(u32 v[8], u32 k, bool root, u32 one) {
-    const u32 lane = threadIdx.x % 32;
-    while (k > 1) {
-        u32 l[8], r[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            l[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane) & 31);
-            r[i] = __shfl_sync(0xffffffffu, v[i], (2 * lane + 1) & 31);
-        }
-        u32 out[8];
-        b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
-        const bool merged = lane < k / 2;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
-        k = (k + 1) / 2;
-    }
-}
-
-// The first level over k values (k <= 64), lane l given values 2l (in l)
-// and 2l + 1 (in r): merges them, or keeps the left one when it is the odd
-// last value, into v. Returns the number of values left.
-__device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32 r[8], u32 k, bool root, u32 one) {
-    const u32 lane = threadIdx.x % 32;
-    u32 out[8];
-    b3_parent<0>(out, l, r, (root && k == 2) ? B3_ROOT : 0u, one);
-    const bool merged = lane < k / 2;
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = merged ? out[i] : l[i];
-    return (k + 1) / 2;
 }
 
 // The value of a whole (1024-byte), aligned, non-root chunk, by a loop

@@ -247,9 +247,12 @@ mod device {
             .enumerate()
             .map(|(i, &len)| (if i % 3 == 0 { (i as u64 * 7) % 61 } else { 0 }, len))
             .collect();
-        let batch = gpu.prepare_digests_in(Arc::clone(&dev), &items).unwrap();
+        let mut batch = gpu.prepare_digests_in(Arc::clone(&dev), &items).unwrap();
         for variant in KernelId::BLAKE3 {
-            // Launching the same batch again must work too: the kernel resets its counters.
+            // Launching the same batch again must work too: the kernel resets
+            // its counters. The digests are zeroed first, so that a kernel
+            // cannot pass on the digests of the one before.
+            gpu.clear_digests(&mut batch).unwrap();
             kvcore::gpu::launch::blake3_digest(gpu, &batch, variant).unwrap();
             let got = gpu.read_digests(&batch).unwrap();
             for ((off, len), d) in items.iter().zip(&got) {
@@ -289,12 +292,21 @@ mod device {
             }
         }
         // Several items through the reusable buffers of the one-call path,
-        // after smaller and larger calls used them.
+        // after smaller and larger calls used them; then enough groups for
+        // the four-groups-per-block kernel and its fold launch.
         let spans = [(0usize, 5 << 20), (7, 3000), (1 << 20, 129 << 10)];
         let views: Vec<_> = spans.iter().map(|(o, l)| dev.slice(*o..o + l)).collect();
         let several = gpu.digest_views(&views).unwrap();
         for ((o, l), d) in spans.iter().zip(&several) {
             assert_eq!(d, blake3::hash(&data[*o..o + l]).as_bytes(), "one call of several, length {l}");
+        }
+        let spans = [(3usize, 20 << 20), (0, 64 << 10), (5, (4 << 20) + 1), (0, 1 << 20)];
+        if spans.iter().all(|(o, l)| o + l <= data.len()) {
+            let views: Vec<_> = spans.iter().map(|(o, l)| dev.slice(*o..o + l)).collect();
+            let many = gpu.digest_views(&views).unwrap();
+            for ((o, l), d) in spans.iter().zip(&many) {
+                assert_eq!(d, blake3::hash(&data[*o..o + l]).as_bytes(), "one call of several, large, length {l}");
+            }
         }
         let past = gpu.prepare_digests_in(Arc::clone(&dev), &[(data.len() as u64 - 10, 11)]);
         assert!(past.is_err(), "a range past the buffer is refused");

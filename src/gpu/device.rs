@@ -218,15 +218,18 @@ impl Gpu {
         let table_dev = self.stream.clone_htod(bytemuck::cast_slice::<Blake3Item, u8>(&table))?;
         let cvs: CudaSlice<u32> = self.stream.alloc_zeros((8 * cv_next).max(8) as usize)?;
         let counters: CudaSlice<u32> = self.stream.alloc_zeros(ctr_next.max(1) as usize)?;
-        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next, keep: None };
+        let sets = ctr_next > 0;
+        let batch = DigestBatch { table, table_dev, cvs, counters, out, groups: group_next, sets, keep: None };
         launch::check_digest_batch(&batch);
         Ok(batch)
     }
 
-    /// Launches a prepared batch (one launch; a batch may be launched again).
+    /// Launches a prepared batch (one launch, or two for a large batch with
+    /// items of several groups; a batch may be launched again).
     /// A batch of at most two groups per SM leaves SMs idle and waits on
     /// dependency chains, so it takes the latency kernel; larger ones take
-    /// the four-groups-per-block kernel.
+    /// the four-groups-per-block kernel and, when some item has several
+    /// groups, the fold launch after it.
     pub fn launch_digests(&self, batch: &DigestBatch) -> Result<(), GpuError> {
         launch::blake3_digest(self, batch, self.digest_variant(batch.groups))
     }
@@ -235,12 +238,22 @@ impl Gpu {
     /// H200, docs/benchmarks.md): at most two groups per SM wait on their
     /// own dependency chains, so plain additions (one 3 MiB image: 29-31
     /// µs against 35-40 for the others); beyond, two chunks per thread and
-    /// four groups per block folded side by side (288 MiB: 1.44-1.49 TB/s
+    /// four groups per block folded side by side, the levels above the
+    /// groups in a fold launch of their own (256 MiB: 1.54-1.58 TB/s against
+    /// 1.47-1.48 in one launch, seventh pass; the one launch at 288 MiB,
+    /// fourth pass: 1.44-1.49 TB/s
     /// against 1.30-1.35 for one group per warp and 1.24-1.26 for one chunk
     /// per thread; 8 images of 3 MiB: 38-41 µs against 42-45 for one chunk
     /// per thread; 1 KiB items as fast as one group per warp).
     pub fn digest_variant(&self, groups: u32) -> KernelId {
         if groups <= 2 * self.sm_count { KernelId::Blake3Latency } else { KernelId::Blake3Multi }
+    }
+
+    /// Zeroes the batch's digests (benchmarks: so that a kernel that writes
+    /// none cannot pass for correct on the previous launch's digests).
+    pub fn clear_digests(&self, batch: &mut DigestBatch) -> Result<(), GpuError> {
+        self.stream.memset_zeros(&mut batch.out)?;
+        Ok(())
     }
 
     /// Waits for the batch and returns its digests in item order.
@@ -382,7 +395,7 @@ impl Gpu {
         }
         // The digests go straight into the mapped host buffer.
         let out_dev = a.host_dev + ARENA_OUT_OFF as u64;
-        let (table, groups, _, _) = build_table(items, out_dev)?;
+        let (table, groups, _, set_counters) = build_table(items, out_dev)?;
         launch::check_table(&table, out_dev, (a.work.len() - values_off) as u64 / 32, a.counters.len() as u64, groups);
         let table_bytes = bytemuck::cast_slice::<Blake3Item, u8>(&table);
         // SAFETY: the host buffer holds at least values_off >= table_off +
@@ -429,6 +442,21 @@ impl Gpu {
                 variant,
             )
         }?;
+        if variant == KernelId::Blake3Multi && set_counters > 0 {
+            // SAFETY: as above; the chunk launch of this table and scratch
+            // is the work just before it on the stream.
+            unsafe {
+                launch::fold_sets_raw(
+                    self,
+                    table_ptr,
+                    n as u32,
+                    a.work_ptr + values_off as u64,
+                    a.counters_ptr,
+                    groups,
+                    true,
+                )
+            }?;
+        }
         self.stream.synchronize()?;
         // SAFETY: the stream is idle, so the kernel's writes to the mapped
         // buffer are complete and visible; the pinned buffer lives while we
@@ -743,6 +771,8 @@ pub struct DigestBatch {
     pub(super) counters: CudaSlice<u32>,
     pub(super) out: CudaSlice<u8>,
     pub(super) groups: u32,
+    /// Whether some item has several groups (sets of values to fold above them).
+    pub(super) sets: bool,
     /// The buffer the items live in, when the batch owns a reference to it.
     keep: Option<Arc<CudaSlice<u8>>>,
 }

@@ -126,7 +126,9 @@ pub enum KernelId {
     Blake3Pair,
     /// As `Blake3Pair`, four groups (warps) per block whose folds share the
     /// block's lanes: the fold of a group costs 2.5 warp compressions
-    /// instead of 6. The default for large batches.
+    /// instead of 6. The default for large batches. Its warps do not climb:
+    /// they store their groups' values, and `Blake3FoldSets`, launched after
+    /// it when some item has several groups, folds the levels above.
     Blake3Multi,
     /// A wave of block copies.
     KvBlockCopy,
@@ -142,11 +144,14 @@ pub enum KernelId {
     /// ([`KernelOptions`]); its own entry point so that its registers do not
     /// weigh on `KvBlockCopy`.
     KvBlockCopySplit,
+    /// The second launch of `Blake3Multi` (same signature): the folds of
+    /// every item's sets of 64 values, level by level, up to the digests.
+    Blake3FoldSets,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 8] = [
+    pub const ALL: [KernelId; 9] = [
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
@@ -155,16 +160,18 @@ impl KernelId {
         KernelId::Blake3One,
         KernelId::KvSegCopy,
         KernelId::KvBlockCopySplit,
+        KernelId::Blake3FoldSets,
     ];
 
     /// The kernels the default paths launch.
-    pub const USED: [KernelId; 6] = [
+    pub const USED: [KernelId; 7] = [
         KernelId::Blake3Latency,
         KernelId::Blake3One,
         KernelId::Blake3Multi,
         KernelId::KvBlockCopy,
         KernelId::KvSegCopy,
         KernelId::KvBlockCopySplit,
+        KernelId::Blake3FoldSets,
     ];
 
     /// The BLAKE3 kernels that take an item table (one signature, one table layout).
@@ -175,7 +182,7 @@ impl KernelId {
     pub fn blake3_block(self) -> u32 {
         match self {
             KernelId::Blake3Pair => 32,
-            KernelId::Blake3Multi => 32 * BLAKE3_MULTI_GROUPS,
+            KernelId::Blake3Multi | KernelId::Blake3FoldSets => 32 * BLAKE3_MULTI_GROUPS,
             _ => 64,
         }
     }
@@ -193,7 +200,7 @@ impl KernelId {
     pub fn module(self) -> ModuleId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
-            KernelId::Blake3Pair | KernelId::Blake3Multi => ModuleId::Blake3Pair,
+            KernelId::Blake3Pair | KernelId::Blake3Multi | KernelId::Blake3FoldSets => ModuleId::Blake3Pair,
             KernelId::KvBlockCopy | KernelId::KvSegCopy | KernelId::KvBlockCopySplit => ModuleId::BlockCopy,
             KernelId::Blake3One => ModuleId::Blake3One,
         }
@@ -210,6 +217,7 @@ impl KernelId {
             KernelId::Blake3One => "blake3_digest_one_flag",
             KernelId::KvSegCopy => "kv_seg_copy",
             KernelId::KvBlockCopySplit => "kv_block_copy_split",
+            KernelId::Blake3FoldSets => "blake3_fold_sets",
         }
     }
 

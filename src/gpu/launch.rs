@@ -88,8 +88,9 @@ fn assert_whole(batch: &DigestBatch) {
 /// `(const Blake3Item* items, u32 n_items, u32* cvs, u32* counters, u32
 /// one)`: a whole digest batch in one launch, one block per group of 64
 /// chunks (64 threads, or 32 for the pair kernel, two chunks each) or per
-/// four groups (`_multi`: 128 threads, two chunks each); `variant` is one
-/// of the BLAKE3 kernels.
+/// four groups (`_multi`: 128 threads, two chunks each, followed, when some
+/// item has several groups, by the fold launch `blake3_fold_sets`);
+/// `variant` is one of the BLAKE3 kernels.
 ///
 /// Preconditions: the device table equals the host table, groups are
 /// numbered consecutively, outputs and scratch ranges (values and counters,
@@ -116,7 +117,87 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     // inside buffers the batch owns. Item addresses are valid device memory by
     // the contract of `Gpu::prepare_digests`, the only constructor of a batch.
     unsafe { b.launch(cfg) }?;
+    if variant == KernelId::Blake3Multi && batch.sets {
+        let (table, _t) = batch.table_dev.device_ptr(stream);
+        let (values, _v) = batch.cvs.device_ptr(stream);
+        let (counters, _c) = batch.counters.device_ptr(stream);
+        // SAFETY: the batch's own table and scratch, checked as above; the
+        // launch before it stored every group's value.
+        unsafe { fold_sets_raw(gpu, table, n_items, values, counters, batch.groups, true) }?;
+    }
     Ok(())
+}
+
+/// The fold launch after `blake3_digest_multi` (`blake3_fold_sets`, same
+/// signature): one warp per 32 groups, in blocks of 128 threads. With
+/// `programmatic`, launched with programmatic stream serialization (the
+/// kernel waits for the chunk launch itself, after searching the table), so
+/// that its blocks can be scheduled while the chunk launch drains.
+///
+/// # Safety
+/// As [`blake3_digest_raw`], and the chunk launch of the same table and
+/// scratch (`blake3_digest_multi`) must be the work before it on the stream.
+pub(super) unsafe fn fold_sets_raw(
+    gpu: &Gpu,
+    table: u64,
+    n_items: u32,
+    values: u64,
+    counters: u64,
+    groups: u32,
+    programmatic: bool,
+) -> Result<(), GpuError> {
+    use cudarc::driver::sys;
+    assert!(n_items > 0 && groups >= 1 && groups <= i32::MAX as u32, "a batch has items and its grid fits");
+    let f = gpu.function(KernelId::Blake3FoldSets)?;
+    let block = KernelId::Blake3FoldSets.blake3_block();
+    let grid = groups.div_ceil(block);
+    let one = 1u32;
+    let (mut t, mut n, mut v, mut c, mut o) = (table, n_items, values, counters, one);
+    let mut params: [*mut std::ffi::c_void; 5] = [
+        (&mut t as *mut u64).cast(),
+        (&mut n as *mut u32).cast(),
+        (&mut v as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut o as *mut u32).cast(),
+    ];
+    // SAFETY: a plain-old-data C struct, all zeroes a valid value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: gpu.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(programmatic),
+    };
+    // SAFETY: each parameter points to a local of the type of the kernel
+    // parameter at its position (pointers as 64-bit values), alive for the
+    // call (the driver copies them); the attribute outlives the call; what
+    // the pointers name is valid by this function's contract, and the kernel
+    // reads the table, reads and writes its items' scratch ranges and writes
+    // their 32 output bytes only.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
+    Ok(())
+}
+
+/// Benchmarks only: the fold launch of `batch` alone (after a chunk launch
+/// of `blake3_digest_multi` on it), with or without programmatic stream
+/// serialization.
+pub fn blake3_fold_sets(gpu: &Gpu, batch: &DigestBatch, programmatic: bool) -> Result<(), GpuError> {
+    assert_whole(batch);
+    let stream = gpu.stream();
+    let (table, _t) = batch.table_dev.device_ptr(stream);
+    let (values, _v) = batch.cvs.device_ptr(stream);
+    let (counters, _c) = batch.counters.device_ptr(stream);
+    // SAFETY: the batch's own table and scratch (its invariant, as in
+    // `blake3_digest`); the caller launched the chunk kernel before it.
+    unsafe { fold_sets_raw(gpu, table, batch.table.len() as u32, values, counters, batch.groups, programmatic) }
 }
 
 /// The launch of [`blake3_digest`] on raw device addresses (the reusable
@@ -127,7 +208,8 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
 /// inside live device memory and checked by `check_table` against the
 /// `values` and `counters` buffers (`counters` zero), with every item's
 /// bytes readable device memory; all of it must stay valid until the launch
-/// completes.
+/// completes. After `blake3_digest_multi`, the caller launches the fold
+/// launch ([`fold_sets_raw`]) when some item has several groups.
 pub(super) unsafe fn blake3_digest_raw(
     gpu: &Gpu,
     table: u64,

@@ -57,7 +57,7 @@ mod imp {
     fn digests(gpu: &Arc<Gpu>, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
         let mut out = Vec::new();
         for (name, items) in digest_cases(host.len() as u64) {
-            let batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
+            let mut batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
             let bytes = batch.bytes() as f64;
             gpu.launch_digests(&batch)?;
             let got = gpu.read_digests(&batch)?;
@@ -103,6 +103,52 @@ mod imp {
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
+                // Seventh pass: blake3_digest_multi as it was (one launch,
+                // warps climb); the chunk launch with the plain table search
+                // followed by the fold launch, without and with
+                // programmatic stream serialization; the chunk launch that
+                // triggers the fold launch early; then the library's
+                // launches again.
+                let cases: [(&str, Option<bool>); 5] = [
+                    ("b3x_multi_climb", None),
+                    ("b3x_multi_store", Some(false)),
+                    ("b3x_multi_store", Some(true)),
+                    ("b3x_multi_trigger", Some(true)),
+                    ("blake3_digest_multi", None),
+                ];
+                for (k, second) in cases {
+                    gpu.clear_digests(&mut batch)?;
+                    let run = || {
+                        if k == "blake3_digest_multi" {
+                            return kvcore::gpu::launch::blake3_digest(gpu, &batch, KernelId::Blake3Multi);
+                        }
+                        kvcore::gpu::launch::blake3_experiment(
+                            gpu,
+                            &batch,
+                            ModuleId::Blake3Pair,
+                            k,
+                            128,
+                            Some(g4),
+                            None,
+                        )?;
+                        match second {
+                            Some(pdl) => kvcore::gpu::launch::blake3_fold_sets(gpu, &batch, pdl),
+                            None => Ok(()),
+                        }
+                    };
+                    let name_k = match second {
+                        Some(false) => format!("{k}+sets"),
+                        Some(true) => format!("{k}+sets pdl"),
+                        None if k == "blake3_digest_multi" => format!("{k} (again)"),
+                        None => k.to_owned(),
+                    };
+                    run()?;
+                    let ok = gpu.read_digests(&batch)? == got;
+                    let t = time_ms(gpu, 3, 30, run)?;
+                    let tbps = bytes / (t * 1e-3) / 1e12;
+                    println!("blake3 {name:<24} {name_k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
+                    experiments.insert(name_k, json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
+                }
             }
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
