@@ -86,7 +86,8 @@ fn assert_whole(batch: &DigestBatch) {
 
 /// `blake3_digest_latency` / `_throughput` / `_pair` / `_multi`
 /// `(const Blake3Item* items, u32 n_items, u32* cvs, u32* counters, u32
-/// one)`: a whole digest batch in one launch, one block per group of 64
+/// one)`: a whole digest batch in one launch (two for `_multi`, see
+/// below), one block per group of 64
 /// chunks (64 threads, or 32 for the pair kernel, two chunks each) or per
 /// four groups (`_multi`: 128 threads, two chunks each, followed, when some
 /// item has several groups, by the fold launch `blake3_fold_sets`);

@@ -5,7 +5,8 @@
 //!
 //! | kernel | what | CPU twin |
 //! |---|---|---|
-//! | `blake3_digest_*` | BLAKE3-256 of many device-resident byte strings, one launch | [`digest::digest_grouped_cpu`] |
+//! | `blake3_digest_*` | BLAKE3-256 of many device-resident byte strings, one launch (`_multi`, the default for large batches: hashes and group values) | [`digest::digest_grouped_cpu`] |
+//! | `blake3_fold_sets` | the tree above the groups, for `_multi` batches with an item of several groups (the second of at most two launches) | the same |
 //! | `blake3_digest_one_flag` | the same for one item passed by value, with a completion flag (the one-image call) | the same |
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
 //! | `kv_block_copy_split` | the same for a wave that offloads and onboards at once, each direction with its own blocks and loads in flight | the same |
