@@ -662,9 +662,23 @@ mod imp {
         let tier = Arc::new(HostTier::new(gpu, g, blocks_host)?);
         let mut rng = StdRng::seed_from_u64(10);
         let pool_bytes = (blocks_device as u64 * 32 * g.block_bytes) as usize;
-        let (engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
+        let (mut engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
+        // KVCORE_GPU_BENCH_REPLAY_PATHS: the host paths to replay with
+        // (comma-separated: auto, kernel, staged, copy-engines; default auto).
+        let paths: Vec<HostCopyPath> = std::env::var("KVCORE_GPU_BENCH_REPLAY_PATHS")
+            .unwrap_or_else(|_| "auto".to_owned())
+            .split(',')
+            .map(|p| match p.trim() {
+                "kernel" => Ok(HostCopyPath::Kernel),
+                "staged" => Ok(HostCopyPath::Staged),
+                "copy-engines" => Ok(HostCopyPath::CopyEngines),
+                "auto" => Ok(HostCopyPath::Auto),
+                other => Err(GpuError::InvalidArgument(format!("unknown replay path {other:?}"))),
+            })
+            .collect::<Result<_, _>>()?;
         let mut out = Vec::new();
-        for pass in 0..2 {
+        for (pass, path) in (0..2).flat_map(|p| paths.iter().map(move |x| (p, *x))) {
+            engine.set_host_path(path);
             for (name, offload_first, steps) in &logs {
                 let (mut off, mut on, mut other, mut ideal) = (0f64, 0f64, 0f64, 0f64);
                 for step in steps {
@@ -694,7 +708,7 @@ mod imp {
                 let secs = t0.elapsed().as_secs_f64();
                 let rate = (off + on) / secs / 1e9;
                 println!(
-                    "replay {name} (offload_first {offload_first}) pass {pass}: {} steps, {launches} launches, {:.1} GiB off + {:.1} GiB on in {:.3} s = {rate:.1} GB/s; copy-engine bound {:.3} s ({:.2} of it)",
+                    "replay {name} (offload_first {offload_first}) {path:?} pass {pass}: {} steps, {launches} launches, {:.1} GiB off + {:.1} GiB on in {:.3} s = {rate:.1} GB/s; copy-engine bound {:.3} s ({:.2} of it)",
                     steps.len(),
                     off / (1u64 << 30) as f64,
                     on / (1u64 << 30) as f64,
@@ -702,7 +716,7 @@ mod imp {
                     ideal,
                     ideal / secs
                 );
-                out.push(json!({"log": name, "offload_first": offload_first, "pass": pass, "steps": steps.len(),
+                out.push(json!({"log": name, "offload_first": offload_first, "pass": pass, "path": format!("{path:?}"), "steps": steps.len(),
                     "launches": launches, "offload_bytes": off, "onboard_bytes": on, "device_bytes": other,
                     "seconds": secs, "GBps": rate, "bound_seconds": ideal, "ratio_to_bound": ideal / secs,
                     "block_bytes": g.block_bytes, "regions": 32}));

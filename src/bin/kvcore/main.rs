@@ -40,7 +40,9 @@ enum Command {
     /// offloads' host pages in long runs and the onboards' scattered and the
     /// reverse (`KVCORE_GPU_BENCH_RUNS=mixed`: more of these), `replay` the
     /// `kvcore sim --record-copies` logs named in `KVCORE_GPU_BENCH_REPLAY`
-    /// (comma-separated; `KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB`, default 128);
+    /// (comma-separated; `KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB`, default 128;
+    /// `KVCORE_GPU_BENCH_REPLAY_PATHS`, default `auto`, also `kernel`,
+    /// `staged`, `copy-engines`);
     /// `KVCORE_GPU_BENCH_BLOCKS` sets their block sizes in KiB (default
     /// `8,16`; `8,16,64` for `host-runs`);
     /// `KVCORE_GPU_BENCH_DIGEST_MIB` sets the digest data (default 288).
