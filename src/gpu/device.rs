@@ -440,23 +440,9 @@ impl Gpu {
                 a.counters_ptr,
                 groups,
                 variant,
+                set_counters > 0,
             )
         }?;
-        if variant == KernelId::Blake3Multi && set_counters > 0 {
-            // SAFETY: as above; the chunk launch of this table and scratch
-            // is the work just before it on the stream.
-            unsafe {
-                launch::fold_sets_raw(
-                    self,
-                    table_ptr,
-                    n as u32,
-                    a.work_ptr + values_off as u64,
-                    a.counters_ptr,
-                    groups,
-                    true,
-                )
-            }?;
-        }
         self.stream.synchronize()?;
         // SAFETY: the stream is idle, so the kernel's writes to the mapped
         // buffer are complete and visible; the pinned buffer lives while we

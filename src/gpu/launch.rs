@@ -119,12 +119,7 @@ pub fn blake3_digest(gpu: &Gpu, batch: &DigestBatch, variant: KernelId) -> Resul
     // the contract of `Gpu::prepare_digests`, the only constructor of a batch.
     unsafe { b.launch(cfg) }?;
     if variant == KernelId::Blake3Multi && batch.sets {
-        let (table, _t) = batch.table_dev.device_ptr(stream);
-        let (values, _v) = batch.cvs.device_ptr(stream);
-        let (counters, _c) = batch.counters.device_ptr(stream);
-        // SAFETY: the batch's own table and scratch, checked as above; the
-        // launch before it stored every group's value.
-        unsafe { fold_sets_raw(gpu, table, n_items, values, counters, batch.groups, true) }?;
+        blake3_fold_sets(gpu, batch, true)?;
     }
     Ok(())
 }
@@ -209,8 +204,9 @@ pub fn blake3_fold_sets(gpu: &Gpu, batch: &DigestBatch, programmatic: bool) -> R
 /// inside live device memory and checked by `check_table` against the
 /// `values` and `counters` buffers (`counters` zero), with every item's
 /// bytes readable device memory; all of it must stay valid until the launch
-/// completes. After `blake3_digest_multi`, the caller launches the fold
-/// launch ([`fold_sets_raw`]) when some item has several groups.
+/// completes. `sets` says whether some item has several groups: then
+/// `blake3_digest_multi` is followed by the fold launch ([`fold_sets_raw`]).
+#[allow(clippy::too_many_arguments, reason = "raw addresses of one batch, as the kernel takes them")]
 pub(super) unsafe fn blake3_digest_raw(
     gpu: &Gpu,
     table: u64,
@@ -219,6 +215,7 @@ pub(super) unsafe fn blake3_digest_raw(
     counters: u64,
     groups: u32,
     variant: KernelId,
+    sets: bool,
 ) -> Result<(), GpuError> {
     assert!(n_items > 0 && groups >= 1 && groups <= i32::MAX as u32, "a batch has items and its grid fits");
     assert!(KernelId::BLAKE3.contains(&variant), "a BLAKE3 kernel has the BLAKE3 signature");
@@ -233,6 +230,11 @@ pub(super) unsafe fn blake3_digest_raw(
     // function's contract, and the kernel stays inside it as argued in
     // `blake3_digest`.
     unsafe { b.launch(cfg) }?;
+    if variant == KernelId::Blake3Multi && sets {
+        // SAFETY: this function's contract, and the chunk launch of the same
+        // table and scratch was just enqueued before it on the stream.
+        unsafe { fold_sets_raw(gpu, table, n_items, values, counters, groups, true) }?;
+    }
     Ok(())
 }
 
