@@ -248,6 +248,27 @@ __device__ __forceinline__ u32 b3_fold_first(u32 v[8], const u32 l[8], const u32
     return (k + 1) / 2;
 }
 
+// Set `parent` of a level whose values lie at vals (its `siblings` values,
+// 1 to 64, written by other blocks): lane l loads values 2l and 2l + 1 past
+// L1 and the warp folds them into lane 0's v (the last merge carries ROOT
+// when `top`); a lone value is carried up unmerged. Every lane of the warp
+// calls it, after the hand-over that made the set complete.
+__device__ __forceinline__ void b3_fold_stored_set(u32 v[8], const u32* vals, u32 parent, u32 siblings, bool top,
+                                                   u32 lane, u32 one) {
+    const u32 a = min(2 * lane, siblings - 1), b = min(2 * lane + 1, siblings - 1);
+    const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
+    const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
+    const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
+    const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+    const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+    if (siblings == 1) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = l[i];
+    } else {
+        b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
+    }
+}
+
 #ifdef B3_PAIR
 // Two compressions side by side (states a and b), for ILP: the same
 // schedule as b3_compress, written once per state so that the compiler can
@@ -739,20 +760,8 @@ __device__ __forceinline__ void b3_fold_sets(const Blake3Item* __restrict__ item
             const u32 siblings = min(B3_GROUP, count - parent * B3_GROUP);
             const u32 parents = (count + B3_GROUP - 1) / B3_GROUP;
             const bool top = parents == 1;
-            const u32 a = min(2 * lane, siblings - 1), b = min(2 * lane + 1, siblings - 1);
-            const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
-            const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
-            const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
-            const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
             u32 v[8];
-            if (siblings == 1) {
-                // A lone last value of a level is carried up unmerged.
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[i] = l[i];
-            } else {
-                b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
-            }
+            b3_fold_stored_set(v, vals, parent, siblings, top, lane, one);
             if (top) {
                 if (lane == 0) {
                     uint4* o = (uint4*)it.out;
@@ -993,20 +1002,8 @@ __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_gr
             // Orders the lanes' loads after lane 0's acquire.
             __syncwarp();
             t4 = b3_ns();
-            const u32 a = min(2 * t, siblings - 1), b = min(2 * t + 1, siblings - 1);
-            const uint4* pa = (const uint4*)&vals[((u64)parent * B3_GROUP + a) * 8];
-            const uint4* pb = (const uint4*)&vals[((u64)parent * B3_GROUP + b) * 8];
-            const uint4 la = __ldcg(pa), lb = __ldcg(pa + 1), ra = __ldcg(pb), rb = __ldcg(pb + 1);
-            const u32 l[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            const u32 r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
             const bool top = parents == 1;
-            if (siblings == 1) {
-                // A lone last value of a level is carried up unmerged.
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[i] = l[i];
-            } else {
-                b3_fold_lanes(v, b3_fold_first(v, l, r, siblings, top, one), top, one);
-            }
+            b3_fold_stored_set(v, vals, parent, siblings, top, t, one);
             if (top) {
                 done = true;
                 break;
