@@ -595,8 +595,8 @@ mod imp {
                     let wave = gpu.prepare_wave(&engine, ops.clone())?;
                     let t = time_ms(gpu, 2, 7, || launch_copy_wave(gpu, &engine, &wave, Some(16)))?;
                     let rate = moved / (t * 1e-3) / 1e9;
-                    let staged = wave.staged_runs() != (0, 0);
                     let (so, si) = wave.staged_runs();
+                    let staged = so + si > 0;
                     println!(
                         "runs   block {:>6} B  host runs of {:>3}/{:>3} pages  {:<9} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
                         bb,
