@@ -18,6 +18,11 @@
 //! pages do; no SM is used for the PCIe side, and long runs reach the full
 //! PCIe rate both ways at once.
 //!
+//! Benchmark-only modules measure paths the library does not take:
+//! [`host_explore`] (kernel and copy-engine variants for fully scattered
+//! blocks) and [`host_bounce`] (CPU threads gathering scattered host pages
+//! into pinned bounce slots for the copy engines).
+//!
 //! Why twins: the crate must build and pass every test where no CUDA exists,
 //! and a kernel is only trusted when it agrees bit for bit with a CPU
 //! computation that follows the same decomposition. The twins are also what
@@ -34,6 +39,8 @@ pub mod pool;
 mod device;
 #[cfg(feature = "cuda")]
 pub mod dma;
+#[cfg(feature = "cuda")]
+pub mod host_bounce;
 #[cfg(feature = "cuda")]
 pub mod host_explore;
 #[cfg(feature = "cuda")]

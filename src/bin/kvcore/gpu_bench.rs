@@ -787,6 +787,15 @@ mod imp {
             return write_report(report, out_path);
         }
 
+        if only == "host-bounce" {
+            // CPU threads gather and scatter scattered host pages through
+            // pinned bounce slots; the copy engines move only whole slots.
+            let pages: Vec<usize> = block_sizes(&[8, 16, 64]).iter().map(|b| *b as usize).collect();
+            let half = if quick { 256 << 20 } else { 1 << 30 };
+            let v = kvcore::gpu::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, if quick { 1 } else { 3 })?;
+            report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
+            return write_report(report, out_path);
+        }
         if only == "replay" {
             let files: Vec<String> = std::env::var("KVCORE_GPU_BENCH_REPLAY")
                 .unwrap_or_default()

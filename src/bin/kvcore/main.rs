@@ -42,9 +42,10 @@ enum Command {
     /// `kvcore sim --record-copies` logs named in `KVCORE_GPU_BENCH_REPLAY`
     /// (comma-separated; `KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB`, default 128;
     /// `KVCORE_GPU_BENCH_REPLAY_PATHS`, default `auto`, also `kernel`,
-    /// `staged`, `copy-engines`);
+    /// `staged`, `copy-engines`), `host-bounce` CPU threads gathering and
+    /// scattering host pages through pinned bounce slots for the copy engines;
     /// `KVCORE_GPU_BENCH_BLOCKS` sets their block sizes in KiB (default
-    /// `8,16`; `8,16,64` for `host-runs`);
+    /// `8,16`; `8,16,64` for `host-runs` and `host-bounce`);
     /// `KVCORE_GPU_BENCH_DIGEST_MIB` sets the digest data (default 288).
     GpuBench {
         /// Where to write the JSON report (stdout when absent).
