@@ -14,8 +14,9 @@
 /// The key value that marks a free slot.
 const EMPTY: u64 = u64::MAX;
 
-/// Slots below which a full table grows four-fold instead of two-fold.
-const GROW_FOUR_SLOTS: usize = 1 << 16;
+/// Slots below which a full table grows four-fold instead of two-fold,
+/// unless it was made with [`U64Table::with_four_fold_below`].
+pub const GROW_FOUR_SLOTS: usize = 1 << 16;
 
 /// Hints the CPU to fetch the cache line holding `value` into every cache
 /// level. A hint only: it never faults and nothing waits for it, so a loop
@@ -34,6 +35,8 @@ pub struct U64Table<V: Copy> {
     slots: Vec<(u64, V)>,
     /// log2 of the slot count (0 when no slot is allocated).
     bits: u32,
+    /// Slots below which a full table grows four-fold.
+    four_below: usize,
     len: usize,
     /// The entry whose key is `EMPTY`, if any.
     side: Option<V>,
@@ -55,7 +58,16 @@ fn home(key: u64, bits: u32) -> usize {
 impl<V: Copy + Default> U64Table<V> {
     /// An empty table; nothing is allocated until the first insert.
     pub fn new() -> Self {
-        Self { slots: Vec::new(), bits: 0, len: 0, side: None }
+        Self::with_four_fold_below(GROW_FOUR_SLOTS)
+    }
+
+    /// An empty table that grows four-fold while it has fewer than `slots`
+    /// slots (two-fold from there): fewer growths, so fewer keys moved, for
+    /// a table of which a process keeps one, where the memory this may cost
+    /// (up to `2 * slots` slots more than two-fold growth would hold)
+    /// matters less.
+    pub fn with_four_fold_below(slots: usize) -> Self {
+        Self { slots: Vec::new(), bits: 0, four_below: slots, len: 0, side: None }
     }
 
     /// Entries held.
@@ -159,13 +171,13 @@ impl<V: Copy + Default> U64Table<V> {
     /// Grows a full table: four-fold while it is small, then two-fold.
     ///
     /// Why: each growth moves every key (in place, see `resize`); growing
-    /// four-fold up to `GROW_FOUR_SLOTS` cuts the small steps, at the cost
-    /// of at most that many slots (1 MiB) of slack in a table that stops
-    /// growing there.
+    /// four-fold up to `GROW_FOUR_SLOTS` (or the table's own bound) cuts the
+    /// small steps, at the cost of at most that many slots (1 MiB by
+    /// default) of slack in a table that stops growing there.
     #[cold]
     fn grow(&mut self) {
         let n = self.slots.len();
-        self.resize(if n < GROW_FOUR_SLOTS { (n * 4).max(16) } else { n * 2 });
+        self.resize(if n < self.four_below { (n * 4).max(16) } else { n * 2 });
     }
 
     /// The slot holding `key`, if any.
@@ -359,6 +371,24 @@ mod tests {
     fn key_at(slot: u64, bits: u32, salt: u64) -> u64 {
         let product = slot << (64 - bits) | (salt & ((1u64 << (64 - bits)) - 1));
         product.wrapping_mul(inverse())
+    }
+
+    /// A full table grows four-fold below its bound and two-fold from it.
+    #[test]
+    fn growth_factor_follows_the_bound() {
+        let caps = |mut t: U64Table<u64>| {
+            let mut seen = vec![];
+            for k in 1..=1000u64 {
+                t.insert(k.wrapping_mul(0x2545_F491_4F6C_DD1D), k);
+                if seen.last() != Some(&t.capacity()) {
+                    seen.push(t.capacity());
+                }
+            }
+            seen
+        };
+        assert_eq!(caps(U64Table::with_four_fold_below(256)), vec![16, 64, 256, 512, 1024, 2048]);
+        assert_eq!(caps(U64Table::with_four_fold_below(1 << 20)), vec![16, 64, 256, 1024, 4096]);
+        assert_eq!(caps(U64Table::new()), vec![16, 64, 256, 1024, 4096]);
     }
 
     proptest! {
