@@ -200,9 +200,10 @@ struct HolderIndex {
 /// Slots below which the holder index grows four-fold (1 Mi slots, 16 MiB).
 ///
 /// Why larger than a worker table's bound: an indexer has one holder index
-/// but a table per worker, so the memory this may cost (at most 8 MiB more
-/// than two-fold growth would hold: a 16 MiB table where 8 MiB would do)
-/// is small next to the workers' tables, while the keys that its two-fold
+/// but a table per worker, so the memory this may cost (a 16 MiB table
+/// where two-fold growth from empty would hold 8 MiB; after an
+/// `Indexer::reserve` to an odd power of two, up to 16 MiB more) is small
+/// next to the workers' tables, while the keys that its two-fold
 /// growths would move are the sum of every worker's blocks. Measured: 18-20
 /// % faster applies into fresh tables (docs/benchmarks.md, "Router").
 const HOLDER_FOUR_BELOW: usize = 1 << 20;

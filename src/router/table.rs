@@ -66,8 +66,8 @@ impl<V: Copy + Default> U64Table<V> {
     /// An empty table that grows four-fold while it has fewer than `slots`
     /// slots (two-fold from there): fewer growths, so fewer keys moved, for
     /// a table of which a process keeps one, where the memory this may cost
-    /// (up to `2 * slots` slots more than two-fold growth would hold)
-    /// matters less.
+    /// (up to `slots` slots more than two-fold growth would hold) matters
+    /// less.
     pub fn with_four_fold_below(slots: usize) -> Self {
         Self { slots: Vec::new(), bits: 0, four_below: slots, len: 0, side: None }
     }
