@@ -454,13 +454,7 @@ mod staged {
     /// small slots (many pieces, slots reused) agrees too.
     #[test]
     fn staged_path_scatters_device_pages_bit_exactly() {
-        let gpu = match Gpu::probe(0) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("skipping: no GPU ({e})");
-                return;
-            }
-        };
+        let Some(gpu) = gpu() else { return };
         let mut rng = StdRng::seed_from_u64(31);
         let g = BlockGeometry { regions: 3, block_bytes: 16384, planes: 2, tokens_per_block: 16 };
         let (dev_n, host_n) = (256u32, 128u32);
@@ -523,13 +517,7 @@ mod staged {
     /// the CPU twin leaves them every time.
     #[test]
     fn mixed_run_waves_agree_on_every_path() {
-        let gpu = match Gpu::probe(0) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("skipping: no GPU ({e})");
-                return;
-            }
-        };
+        let Some(gpu) = gpu() else { return };
         let mut rng = StdRng::seed_from_u64(33);
         let g = BlockGeometry { regions: 3, block_bytes: 65536, planes: 2, tokens_per_block: 16 };
         let (dev_n, host_n) = (128u32, 128u32);
