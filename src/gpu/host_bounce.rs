@@ -21,6 +21,9 @@
 use std::time::Instant;
 
 use cudarc::driver::{CudaEvent, DevicePtr, sys};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 
 use super::{Gpu, GpuError};
 
@@ -42,16 +45,10 @@ pub struct BounceCase {
 /// Bytes of one bounce slot.
 const SLOT: usize = 2 << 20;
 
-/// A random permutation of `0..n` (xorshift, fixed seed).
+/// A random permutation of `0..n`, the same for the same seed.
 fn permutation(n: usize, seed: u64) -> Vec<u32> {
     let mut v: Vec<u32> = (0..n as u32).collect();
-    let mut x = seed | 1;
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
+    v.shuffle(&mut StdRng::seed_from_u64(seed));
     v
 }
 
@@ -228,6 +225,5 @@ pub fn run(
             }
         }
     }
-    drop((tier, bounce));
     Ok(out)
 }
