@@ -1098,6 +1098,24 @@ mod tests {
         })
     }
 
+    /// The holder index grows four-fold past the worker tables' bound: with
+    /// 51 200 keys it went 65 536 -> 262 144 slots (two-fold would have
+    /// stopped at 131 072), while a worker's table of 12 800 keys follows
+    /// the default rule.
+    #[test]
+    fn holder_index_grows_four_fold_past_the_worker_bound() {
+        use crate::router::workload::{WorkloadSpec, generate};
+        let spec = WorkloadSpec { sequences: 400, seq_tokens: 4096, workers: 4, ..Default::default() };
+        let w = generate(&spec);
+        let mut ix = Indexer::new(IndexerConfig { block_size: spec.block_size, ..Default::default() });
+        let ids: Vec<WorkerId> = (0..spec.workers).map(|i| ix.add_worker(&i.to_string())).collect();
+        ix.apply_all(w.events.iter().map(|(wi, e)| (ids[*wi], e)));
+        assert_eq!(ix.index.len(), 51_200);
+        assert_eq!(ix.index.map.capacity(), 1 << 18);
+        assert_eq!(ix.workers[0].keyed.len(), 12_800);
+        assert_eq!(ix.workers[0].keyed.capacity(), 1 << 16);
+    }
+
     fn removed(hashes: &[i64], medium: &str) -> WireEvent {
         WireEvent::BlockRemoved(WireBlockRemoved { block_hashes: hashes.to_vec(), medium: Some(medium.into()) })
     }

@@ -18,7 +18,7 @@ const EMPTY: u64 = 0;
 
 /// Slots below which a full table grows four-fold instead of two-fold,
 /// unless it was made with [`U64Table::with_four_fold_below`].
-pub const GROW_FOUR_SLOTS: usize = 1 << 16;
+const GROW_FOUR_SLOTS: usize = 1 << 16;
 
 /// Hints the CPU to fetch the cache line holding `value` into every cache
 /// level. A hint only: it never faults and nothing waits for it, so a loop
