@@ -150,22 +150,25 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
     assert!(bad.validate().is_err(), "planes must divide the block");
 }
 
+/// The GPU, or `None` (and a line saying so) where there is none: the
+/// device tests then pass without running.
+#[cfg(feature = "cuda")]
+fn gpu() -> Option<std::sync::Arc<kvcore::gpu::Gpu>> {
+    match kvcore::gpu::Gpu::probe(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("skipping: no GPU ({e})");
+            None
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod device {
     use super::*;
     use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
     use kvcore::gpu::{CopyOp, DeviceBytes, Gpu, HostCopyPath, HostTier, OneItemPath, StagingConfig, launch_copy_wave};
     use std::sync::Arc;
-
-    fn gpu() -> Option<Arc<Gpu>> {
-        match Gpu::probe(0) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                eprintln!("skipping: no GPU ({e})");
-                None
-            }
-        }
-    }
 
     /// Every kernel source compiles with NVRTC for Hopper (needs libnvrtc,
     /// not a device); skipped where libnvrtc is absent.
@@ -444,7 +447,7 @@ mod device {
 #[cfg(feature = "cuda")]
 mod staged {
     use super::*;
-    use kvcore::gpu::{CopyOp, Gpu, HostCopyPath, StagingConfig, launch_copy_wave};
+    use kvcore::gpu::{CopyOp, HostCopyPath, StagingConfig, launch_copy_wave};
     use rand::seq::SliceRandom;
 
     /// Offload and onboard at once with device pages in random order and
