@@ -129,6 +129,21 @@ enum kvc_status
      */
     KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST = 204,
     /**
+     * No GPU is open on the engine (`kvc_engine_gpu_open` was not called or
+     * failed), or none could be opened: no CUDA driver, no such device, or
+     * kvcore built without CUDA. The message says which.
+     */
+    KVC_STATUS_GPU_UNAVAILABLE = 300,
+    /**
+     * A CUDA call or a kernel compilation failed (the message holds the
+     * driver's error).
+     */
+    KVC_STATUS_GPU_FAILED = 301,
+    /**
+     * `kvc_engine_copy_blocks` on an engine with no KV pool attached.
+     */
+    KVC_STATUS_KV_POOL_NOT_ATTACHED = 302,
+    /**
      * `kvc_engine_publisher_start` on an engine whose publisher already runs.
      */
     KVC_STATUS_PUBLISHER_RUNNING = 400,
@@ -214,6 +229,14 @@ enum kvc_image_content
      * A BLAKE3-256 digest computed by the caller: exactly 32 bytes.
      */
     KVC_IMAGE_CONTENT_DIGEST = 1,
+    /**
+     * Device-resident content: `content` is the device address
+     * (`CUdeviceptr`) of the item's bytes and `content_len` their length;
+     * kvcore computes their BLAKE3-256 digest on the GPU opened with
+     * `kvc_engine_gpu_open`, every device item of the request in one batch.
+     * The digest equals that of `KVC_IMAGE_CONTENT_BYTES` for the same bytes.
+     */
+    KVC_IMAGE_CONTENT_DEVICE = 2,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -286,6 +309,59 @@ typedef uint32_t kvc_medium;
  * `kvc_engine_free`.
  */
 typedef struct kvc_engine kvc_engine;
+
+/**
+ * The caller's paged KV pool, for `kvc_engine_attach_kv_pool`.
+ *
+ * Region r (a layer, or a layer's K or V tensor) starts at device address
+ * `region_bases[r]`; its page p is the `block_bytes` bytes at
+ * `region_bases[r] + p * block_bytes`. A page holds `planes` equal planes
+ * (for example 2 for K and V interleaved per block), each with the block's
+ * `block_size_tokens` tokens in order. A partial-reuse copy of k tokens
+ * moves the first k tokens of every plane of every region.
+ */
+typedef struct kvc_kv_pool {
+    /**
+     * One device address per region; read during the call only.
+     */
+    const uint64_t *region_bases;
+    /**
+     * Number of regions (at least 1).
+     */
+    uint32_t regions;
+    /**
+     * Planes per page (at least 1; `block_bytes` must be a multiple of
+     * `planes * block_size_tokens`).
+     */
+    uint32_t planes;
+    /**
+     * Bytes of one page in one region.
+     */
+    uint64_t block_bytes;
+    /**
+     * Pages in each region; must equal `kvc_config.blocks_device`.
+     */
+    uint32_t blocks;
+    /**
+     * Zero.
+     */
+    uint32_t reserved;
+} kvc_kv_pool;
+
+/**
+ * A device-resident byte string: a device address (`CUdeviceptr`) and a
+ * length in bytes.
+ */
+typedef struct kvc_device_bytes {
+    /**
+     * Device address of the first byte (any alignment; 16-byte aligned is fastest).
+     */
+    uint64_t ptr;
+    /**
+     * Length in bytes (0 is the empty string, whatever `ptr` is).
+     */
+    uint64_t len;
+} kvc_device_bytes;
 
 /**
  * Engine configuration. Fill it with `kvc_config_default`, then change the
@@ -504,7 +580,8 @@ typedef struct kvc_image_item {
      */
     uint32_t content_kind;
     /**
-     * Content bytes or digest; read during the call only.
+     * Content bytes or digest (host memory), or a device address for
+     * `KVC_IMAGE_CONTENT_DEVICE`; read during the call only.
      */
     const uint8_t *content;
     /**
@@ -854,6 +931,101 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Opens CUDA device `ordinal` for this engine: loads `libcuda` and
+ * `libnvrtc`, retains the device's primary context and compiles kvcore's
+ * kernels (a few hundred milliseconds, once). Opening the same ordinal again
+ * does nothing.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_GPU_UNAVAILABLE` (no CUDA driver, no such device, built
+ * without CUDA: the message says which); `KVC_STATUS_GPU_FAILED` (kernel
+ * compilation failed); `KVC_STATUS_INVALID_ARGUMENT` (another ordinal is
+ * already open); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine.
+ */
+kvc_status kvc_engine_gpu_open(struct kvc_engine *engine, uint32_t ordinal);
+
+/**
+ * Attaches the caller's paged KV pool (see `kvc_kv_pool`) to the engine
+ * whose GPU is open, and allocates the pinned host tier of
+ * `kvc_config.blocks_host` pages of the same geometry (none when 0). From
+ * then on `kvc_engine_copy_blocks` performs each step's copies. Attach
+ * before the first request: the engine's bookkeeping and the pool's
+ * contents must start together.
+ *
+ * Every region is checked to lie inside one CUDA allocation. The regions
+ * must not overlap; a region may be a view into a larger tensor.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT` (geometry that does not divide evenly,
+ * `blocks` other than `blocks_device`, a region outside CUDA's allocations,
+ * overlapping regions, non-zero `reserved`, a pool already attached, or
+ * requests already admitted); `KVC_STATUS_GPU_UNAVAILABLE` (no GPU open);
+ * `KVC_STATUS_GPU_FAILED` (the host tier could not be allocated);
+ * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`. A refused attach changes
+ * nothing.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `pool` is NULL or a valid `kvc_kv_pool`
+ * whose `region_bases` holds `regions` readable entries. The pool's memory
+ * must stay allocated until the engine is freed, and no one else may write
+ * a page while a `kvc_engine_copy_blocks` call copies it.
+ */
+kvc_status kvc_engine_attach_kv_pool(struct kvc_engine *engine, const struct kvc_kv_pool *pool);
+
+/**
+ * Performs the block copies of the last closed step on the attached pool
+ * (offloads to the host tier, onboards from it, partial-reuse copies), in
+ * the order `kvc_engine_block_copies` lists them, one launch or copy-engine
+ * batch per wave, and returns when they are complete on the device: the
+ * forward pass may read the pages. `*launches_out` receives the number of
+ * waves run; a second call for the same step runs none.
+ *
+ * How host copies move: by default per wave the copy engines (long runs of
+ * consecutive pages), the copy engines through a device staging buffer, or
+ * kvcore's copy kernel on at most 16 thread blocks (docs/benchmarks.md).
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_KV_POOL_NOT_ATTACHED`; `KVC_STATUS_GPU_FAILED` (a CUDA call
+ * failed: the copies stay pending and listed, and the call may be retried);
+ * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `launches_out` is NULL or valid for
+ * one write.
+ */
+kvc_status kvc_engine_copy_blocks(struct kvc_engine *engine, size_t *launches_out);
+
+/**
+ * BLAKE3-256 of device-resident byte strings (image tensors), all in one
+ * batch on the open GPU; the digest of item i goes to
+ * `digests_out[32 * i .. 32 * i + 32]`. The digests are those of the
+ * `blake3` reference for the same bytes, and are what an image item of
+ * kind `KVC_IMAGE_CONTENT_DEVICE` is keyed by. Returns when done; the items
+ * need to live only for the call.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT` (a range outside CUDA's allocations, a NULL
+ * array with a non-zero length); `KVC_STATUS_BUFFER_TOO_SMALL`
+ * (`digests_len` under `32 * items_len`; nothing written);
+ * `KVC_STATUS_GPU_UNAVAILABLE` (no GPU open); `KVC_STATUS_GPU_FAILED`;
+ * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `items` holds `items_len` readable
+ * records (or is NULL with 0), each naming device memory that nobody
+ * writes during the call; `digests_out` is valid for writing `digests_len`
+ * bytes (or NULL with 0).
+ */
+kvc_status kvc_engine_digest_device(struct kvc_engine *engine, const struct kvc_device_bytes *items, size_t items_len, uint8_t *digests_out, size_t digests_len);
+
+/**
  * Writes the default configuration into `*config_out`: 32-token blocks,
  * 4096 device blocks, no host tier, reuse and events on, the Qwen image
  * placeholder, aggregated serving, no model type, no publisher endpoint.
@@ -1070,6 +1242,9 @@ kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf,
  * `KVC_STATUS_UUID_COUNT_MISMATCH`; `KVC_STATUS_REQUEST_TOO_LONG`;
  * `KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST`; `KVC_STATUS_TOO_MANY_REQUESTS`;
  * `KVC_STATUS_TOO_MANY_ITEMS`; `KVC_STATUS_OUT_OF_BLOCKS`;
+ * for `KVC_IMAGE_CONTENT_DEVICE` items also `KVC_STATUS_GPU_UNAVAILABLE`
+ * (no GPU open), `KVC_STATUS_GPU_FAILED`, and
+ * `KVC_STATUS_INVALID_ARGUMENT` for a range outside CUDA's allocations;
  * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`; `KVC_STATUS_PANIC`.
  * An oversized UUID (over 256 bytes) is not an error: see `kvc_request.uuids`.
  * A refused request leaves the engine unchanged, except that
@@ -1080,7 +1255,8 @@ kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf,
  * # Safety
  *
  * `engine` is NULL or a live engine; `request` is NULL or a valid
- * `kvc_request` whose pointer and length pairs describe readable memory;
+ * `kvc_request` whose pointer and length pairs describe readable memory
+ * (device memory, unchanged during the call, for `KVC_IMAGE_CONTENT_DEVICE`);
  * `admission_out` is NULL or valid for one `kvc_admission` write.
  */
 kvc_status kvc_engine_add_request(struct kvc_engine *engine, const struct kvc_request *request, struct kvc_admission *admission_out);

@@ -17,6 +17,7 @@ use crate::config::EngineConfig;
 use crate::engine::Engine;
 
 use super::boundary::{ffi_boundary, try_out, try_ref, try_slice_out, with_engine};
+use super::gpu::GpuState;
 use super::status::{Failure, kvc_status};
 use super::step::{kvc_block_copy, kvc_event};
 
@@ -49,6 +50,8 @@ pub(crate) struct EngineState {
     pub events: VecDeque<kvc_event>,
     /// Closed batches encoded as wire payloads, not yet drained.
     pub wire: VecDeque<Vec<u8>>,
+    /// The GPU path: the open device, the attached KV pool, pending copies.
+    pub gpu: GpuState,
 }
 
 /// How KV data moves between workers (`kvc_config.kv_transfer_role`). Anything
@@ -269,6 +272,7 @@ pub unsafe extern "C" fn kvc_engine_new(config: *const kvc_config, engine_out: *
                 copies: Vec::new(),
                 events: VecDeque::new(),
                 wire: VecDeque::new(),
+                gpu: GpuState::default(),
             };
             out.write(Box::into_raw(Box::new(kvc_engine { state: Mutex::new(state) })));
             Ok(())

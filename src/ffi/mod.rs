@@ -13,6 +13,7 @@
 //! | `handle.rs` | `kvc_config`, `kvc_engine_new`/`_free`, `kvc_engine_last_error`, `kvc_engine_model_info` |
 //! | `request.rs` | add, UUID list, info, block table, grow, commit, finish, cancel |
 //! | `step.rs` | step, block copies, event records, evict, clear, counters |
+//! | `gpu.rs` | GPU open, KV pool attach, block copies on the pool, digests of device-resident images |
 //! | `publisher.rs` | wire-encoded drain, ZMQ publisher start/stop/endpoint/stats |
 //! | `version.rs` | `KVCORE_VERSION_*`, `kvc_version` |
 //!
@@ -29,6 +30,7 @@
 #![allow(non_camel_case_types, reason = "C type names are written exactly as they appear in the header")]
 
 pub(crate) mod boundary;
+pub mod gpu;
 pub mod handle;
 pub mod publisher;
 pub mod request;

@@ -10,6 +10,7 @@ use crate::ids::{FfiId, RequestId};
 use crate::tables::TokenRun;
 
 use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
+use super::gpu::kvc_device_bytes;
 use super::handle::kvc_engine;
 use super::status::{Failure, kvc_status};
 
@@ -43,6 +44,12 @@ pub enum kvc_image_content {
     Bytes = 0,
     /// A BLAKE3-256 digest computed by the caller: exactly 32 bytes.
     Digest = 1,
+    /// Device-resident content: `content` is the device address
+    /// (`CUdeviceptr`) of the item's bytes and `content_len` their length;
+    /// kvcore computes their BLAKE3-256 digest on the GPU opened with
+    /// `kvc_engine_gpu_open`, every device item of the request in one batch.
+    /// The digest equals that of `KVC_IMAGE_CONTENT_BYTES` for the same bytes.
+    Device = 2,
 }
 
 /// An image item of a request: its content (or digest) and where its tokens sit.
@@ -51,7 +58,8 @@ pub enum kvc_image_content {
 pub struct kvc_image_item {
     /// A `kvc_image_content` value.
     pub content_kind: u32,
-    /// Content bytes or digest; read during the call only.
+    /// Content bytes or digest (host memory), or a device address for
+    /// `KVC_IMAGE_CONTENT_DEVICE`; read during the call only.
     pub content: *const u8,
     /// Length of `content` (32 for a digest).
     pub content_len: usize,
@@ -170,23 +178,40 @@ fn optional_utf8<'a>(b: kvc_bytes, name: &'static str) -> Result<Option<&'a str>
         .transpose()
 }
 
+/// The device-resident items of a request (`KVC_IMAGE_CONTENT_DEVICE`), in
+/// item order, for one digest batch.
+fn device_items(r: &kvc_request) -> Result<Vec<kvc_device_bytes>, Failure> {
+    let items_c: &[kvc_image_item] = try_slice!(r.items, r.items_len, "request.items");
+    Ok(items_c
+        .iter()
+        .filter(|it| it.content_kind == kvc_image_content::Device as u32)
+        .map(|it| kvc_device_bytes { ptr: it.content as u64, len: it.content_len as u64 })
+        .collect())
+}
+
 /// Builds the engine's request from the C one, checking every pointer.
-fn request_spec<'a>(r: &kvc_request) -> Result<RequestSpec<'a>, Failure> {
+/// `device_digests` holds the digests of the request's device-resident items,
+/// in item order.
+fn request_spec<'a>(r: &kvc_request, device_digests: &'a [[u8; 32]]) -> Result<RequestSpec<'a>, Failure> {
     let tokens: &[u32] = try_slice!(r.tokens, r.tokens_len, "request.tokens");
     let items_c: &[kvc_image_item] = try_slice!(r.items, r.items_len, "request.items");
     let mut items = Vec::with_capacity(items_c.len());
+    let mut device_next = device_digests.iter();
     for (k, it) in items_c.iter().enumerate() {
-        let content: &[u8] = try_slice!(it.content, it.content_len, "request.items[].content");
-        let content = match it.content_kind {
-            0 => MmContent::Bytes(content),
-            1 => MmContent::Digest(content),
-            other => {
-                return Err(Failure::new(
-                    kvc_status::InvalidArgument,
-                    format!("image item {k} has unknown content_kind {other}"),
-                ));
-            }
-        };
+        let content =
+            match it.content_kind {
+                0 => MmContent::Bytes(try_slice!(it.content, it.content_len, "request.items[].content")),
+                1 => MmContent::Digest(try_slice!(it.content, it.content_len, "request.items[].content")),
+                2 => MmContent::Digest(device_next.next().ok_or_else(|| {
+                    Failure::new(kvc_status::Internal, format!("image item {k} has no device digest"))
+                })?),
+                other => {
+                    return Err(Failure::new(
+                        kvc_status::InvalidArgument,
+                        format!("image item {k} has unknown content_kind {other}"),
+                    ));
+                }
+            };
         let runs: &[kvc_token_run] = try_slice!(it.runs, it.runs_len, "request.items[].runs");
         items
             .push(MmItemSpec { content, runs: runs.iter().map(|r| TokenRun { start: r.start, len: r.len }).collect() });
@@ -231,6 +256,9 @@ fn request_spec<'a>(r: &kvc_request) -> Result<RequestSpec<'a>, Failure> {
 /// `KVC_STATUS_UUID_COUNT_MISMATCH`; `KVC_STATUS_REQUEST_TOO_LONG`;
 /// `KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST`; `KVC_STATUS_TOO_MANY_REQUESTS`;
 /// `KVC_STATUS_TOO_MANY_ITEMS`; `KVC_STATUS_OUT_OF_BLOCKS`;
+/// for `KVC_IMAGE_CONTENT_DEVICE` items also `KVC_STATUS_GPU_UNAVAILABLE`
+/// (no GPU open), `KVC_STATUS_GPU_FAILED`, and
+/// `KVC_STATUS_INVALID_ARGUMENT` for a range outside CUDA's allocations;
 /// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`; `KVC_STATUS_PANIC`.
 /// An oversized UUID (over 256 bytes) is not an error: see `kvc_request.uuids`.
 /// A refused request leaves the engine unchanged, except that
@@ -241,7 +269,8 @@ fn request_spec<'a>(r: &kvc_request) -> Result<RequestSpec<'a>, Failure> {
 /// # Safety
 ///
 /// `engine` is NULL or a live engine; `request` is NULL or a valid
-/// `kvc_request` whose pointer and length pairs describe readable memory;
+/// `kvc_request` whose pointer and length pairs describe readable memory
+/// (device memory, unchanged during the call, for `KVC_IMAGE_CONTENT_DEVICE`);
 /// `admission_out` is NULL or valid for one `kvc_admission` write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvc_engine_add_request(
@@ -255,7 +284,9 @@ pub unsafe extern "C" fn kvc_engine_add_request(
             let out = try_out!(admission_out);
             // A malformed C description never reaches the engine, so it is not
             // counted in `requests_rejected` (which counts the engine's refusals).
-            let spec = request_spec(r)?;
+            // Device-resident images are hashed first, all in one batch.
+            let device_digests = st.gpu.digests(&device_items(r)?)?;
+            let spec = request_spec(r, &device_digests)?;
             let a = st.engine.add_request(&spec)?;
             out.write(kvc_admission {
                 request_id: a.id.to_ffi(),

@@ -69,6 +69,15 @@ pub enum kvc_status {
     RequestTooLong = 203,
     /// The request has more than `mm_items_per_request_max` image items.
     TooManyItemsPerRequest = 204,
+    /// No GPU is open on the engine (`kvc_engine_gpu_open` was not called or
+    /// failed), or none could be opened: no CUDA driver, no such device, or
+    /// kvcore built without CUDA. The message says which.
+    GpuUnavailable = 300,
+    /// A CUDA call or a kernel compilation failed (the message holds the
+    /// driver's error).
+    GpuFailed = 301,
+    /// `kvc_engine_copy_blocks` on an engine with no KV pool attached.
+    KvPoolNotAttached = 302,
     /// `kvc_engine_publisher_start` on an engine whose publisher already runs.
     PublisherRunning = 400,
     /// The publisher could not start: an endpoint ZMQ refused, a rank that
@@ -108,6 +117,9 @@ impl kvc_status {
             (S::TooManyItems, c"the image item table is full"),
             (S::RequestTooLong, c"the request is longer than tokens_per_request_max"),
             (S::TooManyItemsPerRequest, c"the request has too many image items"),
+            (S::GpuUnavailable, c"no GPU is available or open"),
+            (S::GpuFailed, c"a CUDA call failed"),
+            (S::KvPoolNotAttached, c"no KV pool is attached"),
             (S::PublisherRunning, c"a publisher is already running"),
             (S::PublisherStartFailed, c"the publisher could not start"),
             (S::PublisherNotRunning, c"no publisher is running"),

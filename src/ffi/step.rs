@@ -256,6 +256,7 @@ pub unsafe extern "C" fn kvc_engine_step(engine: *mut kvc_engine, copies_out: *m
         with_engine(engine, |st| {
             let out = try_out!(copies_out);
             let copies = st.engine.step();
+            st.gpu.set_pending(&copies);
             let wave_ends = copy_waves(&copies);
             st.copies.clear();
             st.copies.extend(copies.iter().enumerate().map(|(i, c)| kvc_block_copy {

@@ -191,6 +191,53 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 
+    /// Checks that `[ptr, ptr + len)` lies inside one live allocation that
+    /// CUDA knows (device memory of any context, or mapped pinned host
+    /// memory), so that a kernel given it cannot fault on a made-up or freed
+    /// address. The C API checks every device address it is given with this.
+    /// An empty range passes whatever `ptr` is. What it cannot see: memory
+    /// freed after the check.
+    pub fn check_device_range(&self, ptr: u64, len: u64, what: &str) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let bad = |why: String| Err(GpuError::InvalidArgument(format!("{what}: {why}")));
+        let Some(end) = ptr.checked_add(len) else {
+            return bad(format!("{len} bytes from {ptr:#x} pass the end of the address space"));
+        };
+        self.ctx.bind_to_thread()?;
+        let (mut start, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: each call writes one value of the attribute's type (a
+        // CUdeviceptr for RANGE_START_ADDR, a size_t for RANGE_SIZE) through
+        // a valid out-pointer, and only reads `ptr` as a number: an address
+        // that no allocation holds gets an error code, not a fault.
+        let found = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut start as *mut sys::CUdeviceptr).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                ptr,
+            )
+            .result()
+            .and_then(|()| {
+                sys::cuPointerGetAttribute(
+                    (&mut size as *mut usize).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                    ptr,
+                )
+                .result()
+            })
+        };
+        if let Err(e) = found {
+            return bad(format!("{ptr:#x} is not in memory CUDA has allocated ({e})"));
+        }
+        if end > start + size as u64 {
+            return bad(format!(
+                "{len} bytes from {ptr:#x} pass the end of their allocation ({size} bytes from {start:#x})"
+            ));
+        }
+        Ok(())
+    }
+
     /// The module cache of this context.
     pub fn modules(&self) -> &ModuleCache {
         &self.modules
