@@ -578,3 +578,298 @@ mod staged {
         }
     }
 }
+
+/// The GPU path through the C API, as a C++ serving stack drives it: open
+/// the device, attach a pool the test allocates, serve prompts so that
+/// blocks are offloaded, onboarded and partly reused, with
+/// `kvc_engine_copy_blocks` doing the copies; hash device-resident images.
+#[cfg(feature = "cuda")]
+mod c_api {
+    use super::*;
+    use kvcore::ffi::gpu::*;
+    use kvcore::ffi::handle::*;
+    use kvcore::ffi::request::*;
+    use kvcore::ffi::status::kvc_status;
+    use kvcore::ffi::step::*;
+    use std::mem::MaybeUninit;
+    use std::ptr;
+
+    const TOKENS: u32 = 16;
+    const PLANES: u32 = 2;
+    const TOKEN_BYTES: usize = 32;
+    const REGIONS: u32 = 4;
+    const DEV_BLOCKS: u32 = 8;
+    const BLOCK_BYTES: usize = PLANES as usize * TOKENS as usize * TOKEN_BYTES;
+
+    fn engine(blocks_host: u32) -> *mut kvc_engine {
+        let mut c = MaybeUninit::<kvc_config>::uninit();
+        // SAFETY: `c` is writable; it is read only after the successful call.
+        let mut c = unsafe {
+            assert_eq!(kvc_config_default(c.as_mut_ptr()), kvc_status::Ok);
+            c.assume_init()
+        };
+        c.block_size_tokens = TOKENS;
+        c.blocks_device = DEV_BLOCKS;
+        c.blocks_host = blocks_host;
+        c.partial_reuse = true;
+        let mut e = ptr::null_mut();
+        // SAFETY: a valid config with NULL strings; `e` writable.
+        assert_eq!(unsafe { kvc_engine_new(&c, &mut e) }, kvc_status::Ok);
+        e
+    }
+
+    fn message(e: *mut kvc_engine) -> String {
+        let mut buf = [0 as std::ffi::c_char; 512];
+        let mut n = 0usize;
+        // SAFETY: live engine, 512 writable bytes, `n` writable.
+        unsafe { kvc_engine_last_error(e, buf.as_mut_ptr(), buf.len(), &mut n) };
+        buf[..n].iter().map(|c| *c as u8 as char).collect()
+    }
+
+    fn request(tokens: &[u32], items: &[kvc_image_item], uuids: &[kvc_bytes]) -> kvc_request {
+        kvc_request {
+            tokens: tokens.as_ptr(),
+            tokens_len: tokens.len(),
+            lora_id: 0,
+            has_lora_id: false,
+            dummy: false,
+            lora_name: kvc_bytes { ptr: ptr::null(), len: 0 },
+            cache_salt: kvc_bytes { ptr: ptr::null(), len: 0 },
+            items: items.as_ptr(),
+            items_len: items.len(),
+            uuids: if uuids.is_empty() { ptr::null() } else { uuids.as_ptr() },
+            uuids_len: uuids.len(),
+        }
+    }
+
+    /// The KV a forward pass would write for the last token of `prefix` in
+    /// one plane of one region: a function of the whole prefix, so that a
+    /// page holds the right bytes only if it came from the same prefix.
+    fn token_kv(prefix: &[u32], region: u32, plane: u32) -> [u8; TOKEN_BYTES] {
+        let mut h = blake3::Hasher::new();
+        h.update(bytemuck::cast_slice(prefix));
+        h.update(&[region as u8, plane as u8]);
+        *h.finalize().as_bytes()
+    }
+
+    fn token_at(pool: &mut [u8], page: u32, pos: usize, region: u32, plane: u32) -> &mut [u8] {
+        let region_bytes = DEV_BLOCKS as usize * BLOCK_BYTES;
+        let at = region as usize * region_bytes
+            + page as usize * BLOCK_BYTES
+            + plane as usize * (TOKENS as usize * TOKEN_BYTES)
+            + (pos % TOKENS as usize) * TOKEN_BYTES;
+        &mut pool[at..at + TOKEN_BYTES]
+    }
+
+    /// Serves 60 prompts one after another (fresh documents, repeats, and
+    /// shared prefixes that end inside a block) on an engine of 8 device
+    /// and 16 host blocks with a pool attached. After each step's
+    /// `kvc_engine_copy_blocks`, every token the engine reports as cached
+    /// must hold, in every region and plane, the KV its own prefix
+    /// produced: whether the block stayed, came back from the host tier
+    /// (offload then onboard, by kvcore's copies) or had its leading tokens
+    /// copied in (partial reuse). The "forward pass" writes the rest.
+    #[test]
+    fn pool_serves_prefixes_through_offload_onboard_and_partial_reuse() {
+        let Some(gpu) = gpu() else { return };
+        let e = engine(16);
+        let pool_buf = gpu.stream().alloc_zeros::<u8>(REGIONS as usize * DEV_BLOCKS as usize * BLOCK_BYTES).unwrap();
+        let base = {
+            use cudarc::driver::DevicePtr;
+            pool_buf.device_ptr(gpu.stream()).0
+        };
+        let bases: Vec<u64> =
+            (0..REGIONS as u64).map(|r| base + r * (DEV_BLOCKS as u64 * BLOCK_BYTES as u64)).collect();
+        let pool = kvc_kv_pool {
+            region_bases: bases.as_ptr(),
+            regions: REGIONS,
+            planes: PLANES,
+            block_bytes: BLOCK_BYTES as u64,
+            blocks: DEV_BLOCKS,
+            reserved: 0,
+        };
+        let mut pool_buf = pool_buf;
+        let mut rng = StdRng::seed_from_u64(61);
+        let docs: Vec<Vec<u32>> = (0..6).map(|_| (0..48).map(|_| rng.random_range(1..5000)).collect()).collect();
+        let mut launches_total = 0usize;
+        let mut cached_checked = 0usize;
+        // SAFETY: live engine; every pointer passed is valid for its call;
+        // the pool buffer outlives the engine (freed at the end, after it).
+        unsafe {
+            let bad = kvc_kv_pool { blocks: DEV_BLOCKS + 1, ..pool };
+            assert_eq!(kvc_engine_attach_kv_pool(e, &pool), kvc_status::GpuUnavailable, "no GPU open yet");
+            assert_eq!(kvc_engine_gpu_open(e, 0), kvc_status::Ok, "{}", message(e));
+            assert_eq!(kvc_engine_attach_kv_pool(e, &bad), kvc_status::InvalidArgument);
+            let wild = [0x10u64, base, base + 8192, base + 16384];
+            let off = kvc_kv_pool { region_bases: wild.as_ptr(), ..pool };
+            assert_eq!(kvc_engine_attach_kv_pool(e, &off), kvc_status::InvalidArgument, "a region at 0x10");
+            let past = [base, base + 8192, base + 16384, base + 24576 + 64];
+            let off = kvc_kv_pool { region_bases: past.as_ptr(), ..pool };
+            assert_eq!(kvc_engine_attach_kv_pool(e, &off), kvc_status::InvalidArgument, "past the allocation");
+            assert!(message(e).contains("pass the end"), "{}", message(e));
+            let overlap = [base, base + 4096, base + 16384, base + 24576];
+            let off = kvc_kv_pool { region_bases: overlap.as_ptr(), ..pool };
+            assert_eq!(kvc_engine_attach_kv_pool(e, &off), kvc_status::InvalidArgument, "overlapping regions");
+            assert_eq!(kvc_engine_attach_kv_pool(e, &pool), kvc_status::Ok, "{}", message(e));
+            assert_eq!(kvc_engine_attach_kv_pool(e, &pool), kvc_status::InvalidArgument, "attached twice");
+            for i in 0..60 {
+                let doc = &docs[rng.random_range(0..docs.len())];
+                let tokens: Vec<u32> = match i % 3 {
+                    0 => doc.clone(),
+                    // A shared prefix that ends inside a block, then a new tail.
+                    1 => {
+                        let keep = rng.random_range(17..40);
+                        doc[..keep].iter().copied().chain((0..20).map(|_| rng.random_range(1..5000))).collect()
+                    }
+                    _ => doc[..rng.random_range(20..48)].to_vec(),
+                };
+                let mut adm = MaybeUninit::<kvc_admission>::uninit();
+                let st = kvc_engine_add_request(e, &request(&tokens, &[], &[]), adm.as_mut_ptr());
+                assert_eq!(st, kvc_status::Ok, "request {i}: {}", message(e));
+                let adm = adm.assume_init();
+                let (mut n, mut launches) = (0usize, 0usize);
+                assert_eq!(kvc_engine_step(e, &mut n), kvc_status::Ok);
+                assert_eq!(kvc_engine_copy_blocks(e, &mut launches), kvc_status::Ok, "{}", message(e));
+                launches_total += launches;
+                let mut again = 7usize;
+                assert_eq!(kvc_engine_copy_blocks(e, &mut again), kvc_status::Ok);
+                assert_eq!(again, 0, "a step's copies run once");
+                let mut pages = vec![0u32; 8];
+                assert_eq!(
+                    kvc_engine_block_table(e, adm.request_id, pages.as_mut_ptr(), pages.len(), &mut n),
+                    kvc_status::Ok
+                );
+                pages.truncate(n);
+                let mut host = gpu.stream().clone_dtoh(&pool_buf).unwrap();
+                gpu.synchronize().unwrap();
+                for pos in 0..tokens.len() {
+                    let page = pages[pos / TOKENS as usize];
+                    for r in 0..REGIONS {
+                        for p in 0..PLANES {
+                            let want = token_kv(&tokens[..=pos], r, p);
+                            let slot = token_at(&mut host, page, pos, r, p);
+                            if pos < adm.tokens_cached as usize {
+                                assert!(
+                                    slot == want,
+                                    "request {i}: cached token {pos} (page {page}, region {r}, plane {p})"
+                                );
+                                cached_checked += 1;
+                            } else {
+                                slot.copy_from_slice(&want);
+                            }
+                        }
+                    }
+                }
+                gpu.stream().memcpy_htod(&host, &mut pool_buf).unwrap();
+                gpu.synchronize().unwrap();
+                assert_eq!(kvc_engine_commit(e, adm.request_id, tokens.len() as u64), kvc_status::Ok);
+                assert_eq!(kvc_engine_finish(e, adm.request_id), kvc_status::Ok);
+            }
+            let mut c = MaybeUninit::<kvc_counters>::uninit();
+            assert_eq!(kvc_engine_counters(e, c.as_mut_ptr()), kvc_status::Ok);
+            let c = c.assume_init();
+            eprintln!(
+                "offloaded {}, onboarded {}, partially reused {}, launches {launches_total}, cached token slots checked {cached_checked}",
+                c.blocks_offloaded, c.blocks_onboarded, c.blocks_partially_reused
+            );
+            assert!(c.blocks_offloaded > 0 && c.blocks_onboarded > 0 && c.blocks_partially_reused > 0, "{c:?}");
+            assert!(launches_total > 0 && cached_checked > 0);
+            kvc_engine_free(e);
+        }
+    }
+
+    /// `kvc_engine_digest_device` equals the `blake3` crate for lengths
+    /// around chunk boundaries at odd offsets, refuses ranges outside CUDA's
+    /// allocations without harming the context, and an image item given by
+    /// device address keys blocks exactly as the same bytes given from host
+    /// memory do, while other pixels under the same UUID reuse nothing.
+    #[test]
+    fn device_images_hash_like_host_bytes() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(62);
+        let mut data = vec![0u8; 5 << 20];
+        rng.fill_bytes(&mut data);
+        let buf = gpu.stream().clone_htod(&data).unwrap();
+        gpu.synchronize().unwrap();
+        let base = {
+            use cudarc::driver::DevicePtr;
+            buf.device_ptr(gpu.stream()).0
+        };
+        let spans: [(u64, u64); 6] = [(0, 0), (1, 1023), (5, 1024), (16, 1025), (4096, 3 << 20), (7, (5 << 20) - 7)];
+        let items: Vec<kvc_device_bytes> =
+            spans.iter().map(|(o, l)| kvc_device_bytes { ptr: base + o, len: *l }).collect();
+        let e = engine(0);
+        let mut out = vec![0u8; 32 * items.len()];
+        // SAFETY: live engine; `items` and `out` valid for their lengths; the
+        // device buffer lives past every call.
+        unsafe {
+            assert_eq!(kvc_engine_gpu_open(e, 0), kvc_status::Ok, "{}", message(e));
+            let st = kvc_engine_digest_device(e, items.as_ptr(), items.len(), out.as_mut_ptr(), out.len());
+            assert_eq!(st, kvc_status::Ok, "{}", message(e));
+            for (k, (o, l)) in spans.iter().enumerate() {
+                let want = blake3::hash(&data[*o as usize..(*o + *l) as usize]);
+                assert_eq!(&out[32 * k..32 * k + 32], want.as_bytes(), "offset {o} length {l}");
+            }
+            for bad in
+                [kvc_device_bytes { ptr: 0x10, len: 16 }, kvc_device_bytes { ptr: base + (5 << 20) - 8, len: 16 }]
+            {
+                let mut d = [0xEEu8; 32];
+                assert_eq!(kvc_engine_digest_device(e, &bad, 1, d.as_mut_ptr(), 32), kvc_status::InvalidArgument);
+                assert!(d.iter().all(|b| *b == 0xEE));
+            }
+            let st = kvc_engine_digest_device(e, items.as_ptr(), 2, out.as_mut_ptr(), 64);
+            assert_eq!(st, kvc_status::Ok, "the context survives refused ranges: {}", message(e));
+        }
+        // One image at tokens 4..36 of a 64-token prompt (blocks of 16).
+        let placeholder = 151_655u32;
+        let tokens: Vec<u32> = (0..64).map(|i| if (4..36).contains(&i) { placeholder } else { 100 + i }).collect();
+        let runs = [kvc_token_run { start: 4, len: 32 }];
+        let uuid = b"img-1";
+        let uuids = [kvc_bytes { ptr: uuid.as_ptr(), len: uuid.len() }];
+        let pixels = &data[4096..4096 + (3 << 20)];
+        let item = |kind: kvc_image_content, content: *const u8| kvc_image_item {
+            content_kind: kind as u32,
+            content,
+            content_len: pixels.len(),
+            runs: runs.as_ptr(),
+            runs_len: 1,
+        };
+        let serve = |e: *mut kvc_engine, it: kvc_image_item| -> (u32, Vec<[u8; 32]>) {
+            let mut adm = MaybeUninit::<kvc_admission>::uninit();
+            let mut records = vec![bytemuck::Zeroable::zeroed(); 16];
+            let (mut n, mut copies) = (0usize, 0usize);
+            // SAFETY: live engine; the request's pointers live for the call.
+            unsafe {
+                let st = kvc_engine_add_request(e, &request(&tokens, &[it], &uuids), adm.as_mut_ptr());
+                assert_eq!(st, kvc_status::Ok, "{}", message(e));
+                let adm = adm.assume_init();
+                assert_eq!(kvc_engine_commit(e, adm.request_id, tokens.len() as u64), kvc_status::Ok);
+                assert_eq!(kvc_engine_finish(e, adm.request_id), kvc_status::Ok);
+                assert_eq!(kvc_engine_step(e, &mut copies), kvc_status::Ok);
+                let st = kvc_engine_drain_events(e, records.as_mut_ptr(), records.len(), &mut n);
+                assert_eq!(st, kvc_status::Ok);
+                let records: &[kvc_event] = &records[..n];
+                let stored = records.iter().filter(|r| r.kind == kvc_event_kind::BlockStored as u32);
+                (adm.tokens_cached, stored.map(|r| r.block_key).collect())
+            }
+        };
+        let host_engine = engine(0);
+        let (_, host_keys) = serve(host_engine, item(kvc_image_content::Bytes, pixels.as_ptr()));
+        let (cached, device_keys) = serve(e, item(kvc_image_content::Device, (base + 4096) as usize as *const u8));
+        assert_eq!(cached, 0);
+        assert_eq!(host_keys.len(), 4);
+        assert_eq!(device_keys, host_keys, "a device item keys blocks like its bytes from host memory");
+        let (cached, _) = serve(e, item(kvc_image_content::Device, (base + 4096) as usize as *const u8));
+        // Three whole blocks, and 15 tokens of the last by partial reuse (at
+        // least one prompt token is always computed).
+        assert_eq!(cached, 63, "the same pixels again: every prompt token but the last is reused");
+        let (cached, other_keys) = serve(e, item(kvc_image_content::Device, (base + 4097) as usize as *const u8));
+        assert_eq!(cached, 4, "other pixels under the same UUID: only the 4 text tokens before the image are reused");
+        assert!(other_keys.iter().all(|k| !host_keys.contains(k)));
+        // SAFETY: both from kvc_engine_new, freed once.
+        unsafe {
+            kvc_engine_free(e);
+            kvc_engine_free(host_engine);
+        }
+    }
+}
