@@ -88,6 +88,16 @@ public:
                          std::move(runs), std::move(uuid));
     }
 
+    // Adds an image whose bytes live on the GPU (a CUdeviceptr and a length):
+    // kvcore hashes them on the device opened by Engine::gpu_open.
+    Request &image_device(uint64_t device_ptr, size_t len, std::vector<kvc_token_run> runs,
+                          std::optional<std::string> uuid = std::nullopt) {
+        add_image(KVC_IMAGE_CONTENT_DEVICE, {}, std::move(runs), std::move(uuid));
+        images_.back().device_ptr = device_ptr;
+        images_.back().device_len = len;
+        return *this;
+    }
+
     // Sends a UUID list even if no image was given a UUID (all entries absent).
     Request &with_uuid_list() {
         uuid_list_ = true;
@@ -105,8 +115,12 @@ public:
         c_items_.clear();
         c_uuids_.clear();
         for (const Image &im : images_) {
-            c_items_.push_back(kvc_image_item{static_cast<uint32_t>(im.kind), im.content.data(), im.content.size(),
-                                              im.runs.data(), im.runs.size()});
+            const bool device = im.kind == KVC_IMAGE_CONTENT_DEVICE;
+            const uint8_t *content =
+                device ? reinterpret_cast<const uint8_t *>(static_cast<uintptr_t>(im.device_ptr)) : im.content.data();
+            c_items_.push_back(kvc_image_item{static_cast<uint32_t>(im.kind), content,
+                                              device ? im.device_len : im.content.size(), im.runs.data(),
+                                              im.runs.size()});
             c_uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : kvc_bytes{nullptr, 0});
         }
         kvc_request r{};
@@ -132,6 +146,8 @@ private:
         std::vector<uint8_t> content;
         std::vector<kvc_token_run> runs;
         std::optional<std::string> uuid;
+        uint64_t device_ptr = 0;  // KVC_IMAGE_CONTENT_DEVICE only
+        size_t device_len = 0;
     };
 
     static kvc_bytes bytes_of(const std::string &s) {
@@ -142,7 +158,7 @@ private:
     Request &add_image(kvc_image_content kind, std::vector<uint8_t> content, std::vector<kvc_token_run> runs,
                        std::optional<std::string> uuid) {
         uuid_list_ = uuid_list_ || uuid.has_value();
-        images_.push_back(Image{kind, std::move(content), std::move(runs), std::move(uuid)});
+        images_.push_back(Image{kind, std::move(content), std::move(runs), std::move(uuid), 0, 0});
         return *this;
     }
 
@@ -265,6 +281,41 @@ public:
             check(kvc_engine_block_copies(engine_, copies.data(), copies.size(), &n));
         }
         return copies;
+    }
+
+    // GPU path (docs/c-api.md, "The GPU path"). Opens CUDA device `ordinal`
+    // and compiles kvcore's kernels; throws with KVC_STATUS_GPU_UNAVAILABLE
+    // where there is no driver or device.
+    void gpu_open(uint32_t ordinal = 0) { check(kvc_engine_gpu_open(engine_, ordinal)); }
+
+    // Attaches the paged KV pool: one device address per region, `planes`
+    // planes per page, `block_bytes` per page and region, `blocks` pages
+    // (the engine's device blocks). Before the first request.
+    void attach_kv_pool(const std::vector<uint64_t>& region_bases, uint32_t planes, uint64_t block_bytes,
+                        uint32_t blocks) {
+        kvc_kv_pool pool{};
+        pool.region_bases = region_bases.data();
+        pool.regions = static_cast<uint32_t>(region_bases.size());
+        pool.planes = planes;
+        pool.block_bytes = block_bytes;
+        pool.blocks = blocks;
+        check(kvc_engine_attach_kv_pool(engine_, &pool));
+    }
+
+    // Performs the last step's block copies on the attached pool; returns
+    // the number of waves run (0 when already done).
+    size_t copy_blocks() {
+        size_t launches = 0;
+        check(kvc_engine_copy_blocks(engine_, &launches));
+        return launches;
+    }
+
+    // BLAKE3-256 of device-resident byte strings, in order.
+    std::vector<std::array<uint8_t, 32>> digest_device(const std::vector<kvc_device_bytes>& items) {
+        std::vector<std::array<uint8_t, 32>> out(items.size());
+        check(kvc_engine_digest_device(engine_, items.data(), items.size(),
+                                       out.empty() ? nullptr : out.front().data(), 32 * out.size()));
+        return out;
     }
 
     // Takes every drainable event record.

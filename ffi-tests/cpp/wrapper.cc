@@ -174,8 +174,40 @@ static void publisher() {
     expect_error([&] { engine.stop_publisher(); }, KVC_STATUS_PUBLISHER_NOT_RUNNING, __LINE__);
 }
 
+// The GPU methods: without an open GPU they throw with their statuses and
+// the engine goes on serving; gpu_open either opens device 0 or throws
+// GPU_UNAVAILABLE (tests/gpu.rs covers an open device with a real pool).
+static void gpu() {
+    kvc_config c;
+    kvc_config_default(&c);
+    c.block_size_tokens = 4;
+    c.blocks_device = 8;
+    kvc::Engine engine(c);
+    expect_error([&] { engine.copy_blocks(); }, KVC_STATUS_KV_POOL_NOT_ATTACHED, __LINE__);
+    expect_error([&] { engine.digest_device({kvc_device_bytes{0x7f0000001000ull, 64}}); },
+                 KVC_STATUS_GPU_UNAVAILABLE, __LINE__);
+    CHECK(engine.digest_device({}).empty());
+    expect_error([&] { engine.attach_kv_pool({0x7f0000000000ull}, 1, 64, 8); }, KVC_STATUS_GPU_UNAVAILABLE,
+                 __LINE__);
+    const std::vector<uint32_t> prompt = {1, 2, 151655, 151655, 5};
+    kvc::Request device_image(prompt);
+    device_image.image_device(0x7f0000001000ull, 64, {kvc_token_run{2, 2}}, std::string("img"));
+    expect_error([&] { engine.add(device_image); }, KVC_STATUS_GPU_UNAVAILABLE, __LINE__);
+    CHECK(engine.counters().requests_live == 0);
+    kvc::Request host_image(prompt);
+    host_image.image_bytes(std::vector<uint8_t>(64, 3), {kvc_token_run{2, 2}}, std::string("img"));
+    engine.add(host_image);
+    CHECK(engine.counters().requests_live == 1);
+    try {
+        engine.gpu_open(0);
+    } catch (const kvc::Error &e) {
+        CHECK(e.status() == KVC_STATUS_GPU_UNAVAILABLE);
+    }
+}
+
 int main() {
     serving_loop();
+    gpu();
     errors();
     ownership();
     publisher();
