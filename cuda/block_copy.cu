@@ -2,9 +2,11 @@
 // the device pool and the pinned host tier (offload, onboard) or within the
 // device pool (partial reuse copies a leading-token prefix).
 //
-// Layout (see KvPoolLayout in src/gpu/pool.rs): each region (a layer, or a
+// Layout (see KvPool in src/gpu/pool.rs): each region (a layer, or a
 // layer's K or V tensor) has a base address; page p of a region starts at
-// base + p * block_bytes. A block is `planes` equal planes, each holding the
+// base + p * stride, where the stride is the pool's: block_bytes for the
+// device pool (region-major), regions * block_bytes for a block-major host
+// tier. A block is `planes` equal planes, each holding the
 // block's tokens in order, token_bytes each. A full copy moves block_bytes in
 // one run; a prefix copy of k tokens moves the first k * token_bytes bytes of
 // every plane.
@@ -67,7 +69,8 @@ template <int U>
 __device__ __forceinline__ void copy_ops(
     const CopyOp* __restrict__ ops, u32 op_begin, u32 op_end, u32 block, u32 grid,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
-    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16) {
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u64 device_stride,
+    u64 host_stride) {
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)block * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)grid * blockDim.x) >> 5;
@@ -79,8 +82,8 @@ __device__ __forceinline__ void copy_ops(
         const CopyOp op = ops[op_index];
         const u64 sb = (op.media & 1) ? host_bases[region] : device_bases[region];
         const u64 db = (op.media & 2) ? host_bases[region] : device_bases[region];
-        const u8* src = (const u8*)(sb + (u64)op.src_page * block_bytes);
-        u8* dst = (u8*)(db + (u64)op.dst_page * block_bytes);
+        const u8* src = (const u8*)(sb + (u64)op.src_page * ((op.media & 1) ? host_stride : device_stride));
+        u8* dst = (u8*)(db + (u64)op.dst_page * ((op.media & 2) ? host_stride : device_stride));
         if (op.tokens >= tokens_per_block) {
             if (vec16) copy_run_vec<U>((uint4*)dst, (const uint4*)src, block_bytes / 16, lane);
             else copy_run_bytes(dst, src, block_bytes, lane);
@@ -101,10 +104,11 @@ __device__ __forceinline__ void copy_ops(
 extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
-    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at,
+    u64 device_stride, u64 host_stride) {
     (void)split_at;
     copy_ops<COPY_UNROLL>(ops, 0, n_ops, blockIdx.x, gridDim.x, device_bases, host_bases, regions, block_bytes, planes,
-                          token_bytes, tokens_per_block, vec16);
+                          token_bytes, tokens_per_block, vec16, device_stride, host_stride);
 }
 
 // A split wave (host writes in [0, split_at), the rest reading the host tier)
@@ -114,19 +118,20 @@ extern "C" __global__ void __launch_bounds__(1024) kv_block_copy(
 extern "C" __global__ void __launch_bounds__(1024) kv_block_copy_split(
     const CopyOp* __restrict__ ops, u32 n_ops,
     const u64* __restrict__ device_bases, const u64* __restrict__ host_bases, u32 regions,
-    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at) {
+    u64 block_bytes, u32 planes, u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at,
+    u64 device_stride, u64 host_stride) {
     if (!(split_at > 0 && split_at < n_ops && gridDim.x >= 2)) {
         copy_ops<COPY_UNROLL>(ops, 0, n_ops, blockIdx.x, gridDim.x, device_bases, host_bases, regions, block_bytes,
-                              planes, token_bytes, tokens_per_block, vec16);
+                              planes, token_bytes, tokens_per_block, vec16, device_stride, host_stride);
         return;
     }
     const u32 first = write_blocks(gridDim.x);
     if (blockIdx.x < first) {
         copy_ops<COPY_UNROLL_WRITE>(ops, 0, split_at, blockIdx.x, first, device_bases, host_bases, regions,
-                                    block_bytes, planes, token_bytes, tokens_per_block, vec16);
+                                    block_bytes, planes, token_bytes, tokens_per_block, vec16, device_stride, host_stride);
     } else {
         copy_ops<COPY_UNROLL_READ>(ops, split_at, n_ops, blockIdx.x - first, gridDim.x - first, device_bases,
-                                   host_bases, regions, block_bytes, planes, token_bytes, tokens_per_block, vec16);
+                                   host_bases, regions, block_bytes, planes, token_bytes, tokens_per_block, vec16, device_stride, host_stride);
     }
 }
 

@@ -31,12 +31,24 @@ struct Twins {
 }
 
 fn twins(gpu: &kvcore::gpu::Gpu, rng: &mut StdRng, g: BlockGeometry, dev_n: u32, host_n: u32) -> Twins {
+    twins_in(gpu, rng, g, dev_n, host_n, kvcore::gpu::HostLayout::default())
+}
+
+/// As [`twins`], with the host tier in `layout`.
+fn twins_in(
+    gpu: &kvcore::gpu::Gpu,
+    rng: &mut StdRng,
+    g: BlockGeometry,
+    dev_n: u32,
+    host_n: u32,
+    layout: kvcore::gpu::HostLayout,
+) -> Twins {
     use std::sync::Arc;
     let cpu_dev = random_pool(rng, &g, dev_n);
     let cpu_host = random_pool(rng, &g, host_n);
     let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
-    let mut tier = kvcore::gpu::HostTier::new(gpu, g, host_n).unwrap();
-    tier.bytes_mut().unwrap().copy_from_slice(&cpu_host.data.concat());
+    let mut tier = kvcore::gpu::HostTier::with_layout(gpu, g, host_n, layout).unwrap();
+    tier.fill_from_regions(&cpu_host.data).unwrap();
     let tier = Arc::new(tier);
     let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
     Twins { cpu_dev, cpu_host, dev_buf, tier, engine }
@@ -56,7 +68,7 @@ fn assert_pools_agree(
     let got_dev = gpu.stream().clone_dtoh(dev_buf).unwrap();
     gpu.synchronize().unwrap();
     assert!(got_dev == cpu_dev.data.concat(), "device pool differs from the CPU twin ({what})");
-    assert!(tier.bytes().unwrap() == cpu_host.data.concat(), "host tier differs from the CPU twin ({what})");
+    assert!(tier.to_regions().unwrap() == cpu_host.data, "host tier differs from the CPU twin ({what})");
 }
 
 /// Random copies between the two tiers, full and prefix, with pages reused
@@ -167,7 +179,9 @@ fn gpu() -> Option<std::sync::Arc<kvcore::gpu::Gpu>> {
 mod device {
     use super::*;
     use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
-    use kvcore::gpu::{CopyOp, DeviceBytes, Gpu, HostCopyPath, HostTier, OneItemPath, StagingConfig, launch_copy_wave};
+    use kvcore::gpu::{
+        CopyOp, DeviceBytes, Gpu, HostCopyPath, HostLayout, HostTier, OneItemPath, StagingConfig, launch_copy_wave,
+    };
     use std::sync::Arc;
 
     /// Every kernel source compiles with NVRTC for Hopper (needs libnvrtc,
@@ -317,7 +331,8 @@ mod device {
 
     /// Batched block copies on the GPU (full and prefix, both tiers, chained
     /// pages) leave exactly the bytes the CPU twin leaves, whichever of the
-    /// kernel and the copy engines moves the host tier's bytes.
+    /// kernel and the copy engines moves the host tier's bytes, with the host
+    /// tier block-major (the default) or region-major.
     #[test]
     fn block_copy_matches_cpu_twin() {
         let Some(gpu) = gpu() else { return };
@@ -333,10 +348,12 @@ mod device {
             HostCopyPath::Staged,
             HostCopyPath::Auto,
         ];
-        for (g, path) in geometries.iter().flat_map(|g| paths.iter().map(move |p| (*g, *p))) {
+        let layouts = [HostLayout::BlockMajor, HostLayout::RegionMajor];
+        let cases = geometries.iter().flat_map(|g| paths.iter().flat_map(move |p| layouts.map(|l| (*g, *p, l))));
+        for (g, path, layout) in cases {
             let (dev_n, host_n) = (64u32, 48u32);
             let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
-                twins(&gpu, &mut rng, g, dev_n, host_n);
+                twins_in(&gpu, &mut rng, g, dev_n, host_n, layout);
             engine.set_host_path(path);
             if path == HostCopyPath::Staged {
                 // Small slots: many pieces per wave, each slot reused, the
@@ -349,7 +366,61 @@ mod device {
                 gpu.copy_blocks(&engine, &copies).unwrap();
                 copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
             }
-            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("{g:?}, {path:?}"));
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("{g:?}, {path:?}, {layout:?}"));
+        }
+    }
+
+    /// A two-way wave of 16 MiB each way with device and host pages in
+    /// random order and 256 KiB blocks (4 regions of 64 KiB): with a
+    /// block-major tier every block is one host run, so `Auto` stages both
+    /// directions (one copy-engine run per block, pieces of 8 MiB); with a
+    /// region-major tier each (block, region) is a 64 KiB run of its own and
+    /// the wave stays on the kernel. Half the size each way stays on the
+    /// kernel either way. The pools end as the CPU twin leaves them.
+    #[test]
+    fn auto_stages_large_two_way_waves_of_a_block_major_tier() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(22);
+        let g = BlockGeometry { regions: 4, block_bytes: 65536, planes: 2, tokens_per_block: 16 };
+        let (dev_n, host_n) = (160u32, 160u32);
+        for layout in [HostLayout::BlockMajor, HostLayout::RegionMajor] {
+            let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, engine } =
+                twins_in(&gpu, &mut rng, g, dev_n, host_n, layout);
+            use rand::seq::SliceRandom;
+            let mut dev: Vec<u32> = (0..dev_n).collect();
+            dev.shuffle(&mut rng);
+            // Offloads into even host pages, onboards from odd ones, each in
+            // random order: no two pages of a direction are neighbours.
+            let mut even: Vec<u32> = (0..host_n).step_by(2).collect();
+            let mut odd: Vec<u32> = (1..host_n).step_by(2).collect();
+            even.shuffle(&mut rng);
+            odd.shuffle(&mut rng);
+            for per_way in [64usize, 32] {
+                let mut copies = Vec::new();
+                for i in 0..per_way {
+                    copies.push(BlockCopy {
+                        src: page(Medium::Gpu, dev[i]),
+                        dst: page(Medium::Cpu, even[i]),
+                        tokens: 16,
+                    });
+                    copies.push(BlockCopy {
+                        src: page(Medium::Cpu, odd[i]),
+                        dst: page(Medium::Gpu, dev[80 + i]),
+                        tokens: 16,
+                    });
+                }
+                let waves = plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
+                assert_eq!(waves.len(), 1);
+                let wave = gpu.prepare_wave(&engine, waves[0].clone()).unwrap();
+                let want = if layout == HostLayout::BlockMajor && per_way == 64 { (64, 64) } else { (0, 0) };
+                assert_eq!(wave.staged_runs(), want, "{layout:?}, {per_way} blocks each way");
+                assert_eq!(wave.dma_runs(), (0, 0));
+                launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
+                copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
+                let what = format!("{layout:?}, {per_way} each way");
+                assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &what);
+                dev.rotate_left(7);
+            }
         }
     }
 
@@ -407,9 +478,12 @@ mod device {
     }
 
     /// The automatic host path hands long in-order runs to the copy engines
-    /// and short scattered ones to the kernel, and both leave the right bytes:
-    /// 40 consecutive 8 KiB pages offloaded merge into one 320 KiB run per
-    /// region, while 3 scattered pages stay on the kernel.
+    /// and short scattered ones to the kernel, and both leave the right bytes
+    /// where the layout says: with a region-major tier, 40 consecutive 8 KiB
+    /// pages offloaded merge into one 320 KiB run per region for the copy
+    /// engine; with a block-major tier no direct run exists and the one-way
+    /// wave stays on the kernel; 3 scattered pages stay on the kernel either
+    /// way.
     #[test]
     fn auto_host_path_picks_by_run_length() {
         let Some(gpu) = gpu() else { return };
@@ -418,27 +492,47 @@ mod device {
         let (dev_n, host_n) = (64u32, 48u32);
         let cpu_dev = random_pool(&mut rng, &g, dev_n);
         let dev_buf = Arc::new(gpu.stream().clone_htod(&cpu_dev.data.concat()).unwrap());
-        let tier = Arc::new(HostTier::new(&gpu, g, host_n).unwrap());
-        let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
-        assert_eq!(engine.host_path(), HostCopyPath::Auto, "the automatic path is the default");
         let long: Vec<CopyOp> = (0..40).map(|i| CopyOp { src_page: i, dst_page: i, tokens: 16, media: 2 }).collect();
         let short: Vec<CopyOp> = [(50, 41), (45, 44), (60, 47)]
             .map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 16, media: 2 })
             .to_vec();
-        let long_wave = gpu.prepare_wave(&engine, long.clone()).unwrap();
-        let short_wave = gpu.prepare_wave(&engine, short.clone()).unwrap();
-        assert_eq!(long_wave.dma_runs(), (4, 0), "one merged run per region for the copy engine");
-        assert_eq!(short_wave.dma_runs(), (0, 0), "short runs stay on the kernel");
-        launch_copy_wave(&gpu, &engine, &long_wave, None).unwrap();
-        launch_copy_wave(&gpu, &engine, &short_wave, None).unwrap();
-        gpu.synchronize().unwrap();
-        let host = tier.bytes().unwrap();
-        let bb = g.block_bytes as usize;
-        for op in long.iter().chain(&short) {
-            for r in 0..g.regions as usize {
-                let h = r * host_n as usize * bb + op.dst_page as usize * bb;
-                let d = op.src_page as usize * bb;
-                assert!(host[h..h + bb] == cpu_dev.data[r][d..d + bb], "page {} region {r}", op.src_page);
+        for layout in [HostLayout::RegionMajor, HostLayout::BlockMajor] {
+            let tier = Arc::new(HostTier::with_layout(&gpu, g, host_n, layout).unwrap());
+            let engine = gpu.attach_in(Arc::clone(&dev_buf), g, dev_n, Some(Arc::clone(&tier))).unwrap();
+            assert_eq!(engine.host_path(), HostCopyPath::Auto, "the automatic path is the default");
+            let long_wave = gpu.prepare_wave(&engine, long.clone()).unwrap();
+            let short_wave = gpu.prepare_wave(&engine, short.clone()).unwrap();
+            if layout == HostLayout::RegionMajor {
+                assert_eq!(long_wave.dma_runs(), (4, 0), "one merged run per region for the copy engine");
+                assert_eq!(long_wave.staged_runs(), (0, 0));
+            } else {
+                // A block's regions are not consecutive on the device, so no
+                // direct run; a one-way wave stays on the kernel.
+                assert_eq!(long_wave.dma_runs(), (0, 0));
+                assert_eq!(long_wave.staged_runs(), (0, 0), "one way: the kernel");
+            }
+            assert_eq!(short_wave.dma_runs(), (0, 0), "short runs stay on the kernel");
+            assert_eq!(short_wave.staged_runs(), (0, 0), "32 KiB blocks alone stay on the kernel");
+            launch_copy_wave(&gpu, &engine, &long_wave, None).unwrap();
+            launch_copy_wave(&gpu, &engine, &short_wave, None).unwrap();
+            gpu.synchronize().unwrap();
+            let host = tier.bytes().unwrap();
+            let bb = g.block_bytes as usize;
+            for op in long.iter().chain(&short) {
+                for r in 0..g.regions as usize {
+                    let h = tier.offset(r, op.dst_page);
+                    let want = match layout {
+                        HostLayout::RegionMajor => r * host_n as usize * bb + op.dst_page as usize * bb,
+                        HostLayout::BlockMajor => (op.dst_page as usize * g.regions as usize + r) * bb,
+                    };
+                    assert_eq!(h, want, "{layout:?}: where page {} of region {r} lives", op.dst_page);
+                    let d = op.src_page as usize * bb;
+                    assert!(
+                        host[h..h + bb] == cpu_dev.data[r][d..d + bb],
+                        "{layout:?}: page {} region {r}",
+                        op.src_page
+                    );
+                }
             }
         }
     }
@@ -447,23 +541,27 @@ mod device {
 #[cfg(feature = "cuda")]
 mod staged {
     use super::*;
-    use kvcore::gpu::{CopyOp, HostCopyPath, StagingConfig, launch_copy_wave};
+    use kvcore::gpu::{CopyOp, HostCopyPath, HostLayout, StagingConfig, launch_copy_wave};
     use rand::seq::SliceRandom;
 
     /// Offload and onboard at once with device pages in random order and
     /// host pages in order: the automatic path takes the staged copy engines
-    /// (one host run per region and direction), and both pools end exactly
-    /// as the CPU twin leaves them; the same kind of wave forced through
-    /// small slots (many pieces, slots reused) agrees too.
+    /// (one host run per region and direction with a region-major tier, one
+    /// per direction with a block-major one), and both pools end exactly as
+    /// the CPU twin leaves them; the same kind of wave forced through small
+    /// slots (many pieces, slots reused) agrees too.
     #[test]
     fn staged_path_scatters_device_pages_bit_exactly() {
         let Some(gpu) = gpu() else { return };
         let mut rng = StdRng::seed_from_u64(31);
         let g = BlockGeometry { regions: 3, block_bytes: 16384, planes: 2, tokens_per_block: 16 };
         let (dev_n, host_n) = (256u32, 128u32);
-        for slot_bytes in [8u64 << 20, 7 * 16384] {
+        let cases = [8u64 << 20, 7 * 16384]
+            .into_iter()
+            .flat_map(|s| [HostLayout::RegionMajor, HostLayout::BlockMajor].map(|l| (s, l)));
+        for (slot_bytes, layout) in cases {
             let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
-                twins(&gpu, &mut rng, g, dev_n, host_n);
+                twins_in(&gpu, &mut rng, g, dev_n, host_n, layout);
             for copy_streams in [0, 5] {
                 let bad = StagingConfig { copy_streams, ..StagingConfig::default() };
                 assert!(engine.set_staging(&gpu, bad).is_err(), "{copy_streams} copy streams are refused");
@@ -471,11 +569,9 @@ mod staged {
             }
             let copy_streams = if slot_bytes == 8 << 20 { 1 } else { 3 };
             engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4, copy_streams }).unwrap();
+            // 3 MiB each way is below `Auto`'s size for the staged path.
             let auto = slot_bytes == 8 << 20;
-            if !auto {
-                // Runs of 7 pages are below the automatic path's threshold.
-                engine.set_host_path(HostCopyPath::Staged);
-            }
+            engine.set_host_path(HostCopyPath::Staged);
             let mut perm: Vec<u32> = (0..dev_n).collect();
             perm.shuffle(&mut rng);
             // Offload 64 device pages to host pages 0..64; onboard host pages 64..128 to 64 others.
@@ -499,25 +595,35 @@ mod staged {
             let (o, i) = wave.staged_runs();
             assert!(o > 0 && i > 0, "the staged copy engines move both directions ({o}, {i})");
             assert_eq!(wave.dma_runs(), (0, 0), "no direct copy-engine runs");
-            if auto {
-                assert_eq!(engine.host_path(), HostCopyPath::Auto);
-                assert_eq!((o, i), (3, 3), "one run of 64 host pages per region and direction");
-            } else {
-                assert!(o >= 3 * 64 / 7, "pieces of 7 pages ({o} runs)");
+            match (auto, layout) {
+                (true, HostLayout::RegionMajor) => {
+                    assert_eq!((o, i), (3, 3), "one run of 64 host pages per region and direction");
+                }
+                (true, HostLayout::BlockMajor) => {
+                    assert_eq!((o, i), (1, 1), "one run of 64 host pages (all regions) per direction");
+                }
+                (false, HostLayout::RegionMajor) => assert!(o >= 3 * 64 / 7, "pieces of 7 pages ({o} runs)"),
+                (false, HostLayout::BlockMajor) => {
+                    assert_eq!((o, i), (28, 28), "pieces of 7 (page, region) segments, one host run each");
+                }
             }
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();
             copy_blocks_cpu(&g, &mut cpu_dev, Some(&mut cpu_host), &copies).unwrap();
-            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("slot {slot_bytes}"));
+            assert_pools_agree(&gpu, &dev_buf, &tier, &cpu_dev, &cpu_host, &format!("slot {slot_bytes}, {layout:?}"));
         }
     }
 
     /// Waves whose directions have different host runs: offloads into
     /// consecutive host pages with onboards from scattered ones (every other
     /// page, whole 64 KiB blocks), the reverse, and the scattered onboards
-    /// alone. `Auto` keeps all three on the kernel; the staged path, forced,
-    /// moves the first with one run a region out and one a page and region
-    /// in, on two copy-engine streams a direction. Both pools end exactly as
-    /// the CPU twin leaves them every time.
+    /// alone. With a region-major tier `Auto` keeps all three on the kernel;
+    /// the staged path, forced, moves the first with one run a region out
+    /// and one a page and region in, on two copy-engine streams a direction.
+    /// With a block-major tier a scattered page is one 192 KiB run, and the
+    /// forced staged path moves one run per page (or one for all the
+    /// consecutive ones); `Auto` keeps these 6 MiB waves on the kernel with
+    /// either layout. Both pools end exactly as the CPU twin leaves them
+    /// every time.
     #[test]
     fn mixed_run_waves_agree_on_every_path() {
         let Some(gpu) = gpu() else { return };
@@ -526,11 +632,13 @@ mod staged {
         let (dev_n, host_n) = (128u32, 128u32);
         // (long offloads, with offloads): the wave's shape.
         let shapes = [(true, true), (false, true), (true, false)];
-        for ((long_offload, with_offloads), path) in
-            shapes.into_iter().flat_map(|s| [(s, HostCopyPath::Auto), (s, HostCopyPath::Staged)])
-        {
+        let layouts = [HostLayout::RegionMajor, HostLayout::BlockMajor];
+        let cases = shapes.into_iter().flat_map(|s| {
+            [HostCopyPath::Auto, HostCopyPath::Staged].into_iter().flat_map(move |p| layouts.map(|l| (s, p, l)))
+        });
+        for ((long_offload, with_offloads), path, layout) in cases {
             let Twins { mut cpu_dev, mut cpu_host, dev_buf, tier, mut engine } =
-                twins(&gpu, &mut rng, g, dev_n, host_n);
+                twins_in(&gpu, &mut rng, g, dev_n, host_n, layout);
             engine.set_host_path(path);
             if path == HostCopyPath::Staged {
                 let cfg = StagingConfig { slots: 4, copy_streams: 2, ..StagingConfig::default() };
@@ -563,13 +671,17 @@ mod staged {
             let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
             assert_eq!(waves.len(), 1, "no page is both read and written");
             let wave = gpu.prepare_wave(&engine, waves[0].clone()).unwrap();
-            let want = match (path, long_offload, with_offloads) {
-                (HostCopyPath::Auto, ..) => (0, 0),
-                (_, true, true) => (3, 96),
-                (_, false, true) => (96, 3),
-                _ => (0, 3 * 32),
+            let want = match (layout, path, long_offload, with_offloads) {
+                // 6 MiB a direction: below `Auto`'s size for the staged path.
+                (_, HostCopyPath::Auto, ..) => (0, 0),
+                (HostLayout::RegionMajor, _, true, true) => (3, 96),
+                (HostLayout::RegionMajor, _, false, true) => (96, 3),
+                (HostLayout::RegionMajor, ..) => (0, 3 * 32),
+                (HostLayout::BlockMajor, _, true, true) => (1, 32),
+                (HostLayout::BlockMajor, _, false, true) => (32, 1),
+                (HostLayout::BlockMajor, ..) => (0, 32),
             };
-            let what = format!("{path:?}, long offloads {long_offload}, offloads {with_offloads}");
+            let what = format!("{path:?}, {layout:?}, long offloads {long_offload}, offloads {with_offloads}");
             assert_eq!(wave.staged_runs(), want, "staged runs ({what})");
             assert_eq!(wave.dma_runs(), (0, 0), "no direct copy-engine runs");
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();

@@ -256,7 +256,7 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
                     0 => None,
                     n => Some(std::sync::Arc::new(HostTier::new(&gpu, geometry, n).map_err(gpu_failure)?)),
                 };
-                let device = KvPool { region_bases: bases.to_vec(), blocks: p.blocks, geometry };
+                let device = KvPool::region_major(bases.to_vec(), p.blocks, geometry);
                 // SAFETY: every region was found inside a live CUDA allocation
                 // and no two overlap (checked above); the caller's contract
                 // (this export's `# Safety`) keeps the memory allocated for

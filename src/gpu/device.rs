@@ -568,10 +568,10 @@ impl Gpu {
     /// base addresses.
     ///
     /// # Safety
-    /// Each of `device.region_bases` must be the device address of
-    /// `device.blocks * block_bytes` bytes of this context's device memory,
-    /// regions must not overlap, and the memory must outlive the returned
-    /// engine's launches.
+    /// For every region r and page p < `device.blocks`, the `block_bytes`
+    /// bytes at `device.page_addr(r, p)` must be device memory of this
+    /// context, no two (region, page) pairs may overlap, and the memory must
+    /// outlive the returned engine's launches.
     pub unsafe fn attach(&self, device: KvPool, host: Option<Arc<HostTier>>) -> Result<CopyEngine, GpuError> {
         device.validate()?;
         if let Some(h) = &host
@@ -583,10 +583,13 @@ impl Gpu {
         }
         let host_bases =
             host.as_ref().map(|h| h.pool.region_bases.clone()).unwrap_or_else(|| device.region_bases.clone());
+        let host_stride = host.as_ref().map_or(device.page_stride, |h| h.pool.page_stride);
         let g = device.geometry;
         let vec16 = g.block_bytes.is_multiple_of(16)
             && g.plane_bytes().is_multiple_of(16)
             && g.token_bytes().is_multiple_of(16)
+            && device.page_stride.is_multiple_of(16)
+            && host_stride.is_multiple_of(16)
             && device.region_bases.iter().chain(&host_bases).all(|b| b % 16 == 0);
         let device_bases_dev = self.stream.clone_htod(&device.region_bases)?;
         let host_bases_dev = self.stream.clone_htod(&host_bases)?;
@@ -602,6 +605,7 @@ impl Gpu {
             device,
             host,
             host_bases,
+            host_stride,
             device_bases_dev,
             host_bases_dev,
             vec16,
@@ -622,7 +626,8 @@ impl Gpu {
         launch::check_wave(engine, &all)?;
         let total = all.len();
         let g = &engine.device.geometry;
-        let runs_of = |ops: &[CopyOp]| dma::runs(g, ops, &engine.device.region_bases, &engine.host_bases);
+        let ends = engine.ends();
+        let runs_of = |ops: &[CopyOp]| dma::runs(g, ops, &ends);
         let (writes, reads): (Vec<CopyOp>, Vec<CopyOp>) =
             all.iter().filter(|op| op.touches_host()).partition(|op| op.media & 2 != 0);
         let offload: Vec<CopyOp> = writes.iter().copied().filter(|op| op.media == 2).collect();
@@ -630,7 +635,7 @@ impl Gpu {
         let staged_of = |ops: &[CopyOp], to_host: bool| -> Option<StagedList> {
             let st = engine.staging.as_ref()?;
             let slots = if to_host { &st.out_slots } else { &st.in_slots };
-            dma::staged(g, ops, &engine.device.region_bases, &engine.host_bases, to_host, slots, st.config.slot_bytes)
+            dma::staged(g, ops, &ends, to_host, slots, st.config.slot_bytes)
         };
         let none = || (RunList::default(), RunList::default(), StagedList::default(), StagedList::default());
         let (dma_out, dma_in, st_out, st_in) = match engine.host_path {
@@ -651,25 +656,50 @@ impl Gpu {
                 // when every direction present merges into long runs, directly
                 // (both ends consecutive) or through the staging buffer (host
                 // pages consecutive, device pages anywhere).
-                let (o, i) = (runs_of(&writes), runs_of(&reads));
+                // With a block-major host tier and a region-major device pool
+                // (different page strides, several regions) no two (page,
+                // region) pieces continue each other at both ends, so a
+                // direct run is one piece, long only if a piece is: else
+                // skip building the lists.
+                let direct_possible =
+                    engine.device.page_stride == engine.host_stride || g.regions == 1 || g.block_bytes >= dma::LONG_RUN;
+                let (o, i) = if direct_possible {
+                    (runs_of(&writes), runs_of(&reads))
+                } else {
+                    (RunList::default(), RunList::default())
+                };
                 let long = |l: &RunList| l.is_empty() || l.bytes() >= dma::LONG_RUN * l.len() as u64;
                 let staged_long = |l: &Option<StagedList>| {
-                    l.as_ref().is_some_and(|l| l.is_empty() || l.bytes() >= dma::STAGED_LONG_RUN * l.host_runs() as u64)
+                    l.as_ref()
+                        .is_some_and(|l| !l.is_empty() && l.bytes() >= dma::STAGED_LONG_RUN * l.host_runs() as u64)
                 };
-                if long(&o) && long(&i) {
+                if direct_possible && long(&o) && long(&i) {
                     (o, i, StagedList::default(), StagedList::default())
                 } else {
-                    let (so, si) = (staged_of(&offload, true), staged_of(&onboard, false));
                     // Host-to-host copies (media 3) have no staged form.
                     let no_host_to_host = writes.iter().all(|op| op.media == 2);
-                    // Offloads in long runs with scattered onboards go to
-                    // the kernel too: the staged path won on 1 GiB waves of
-                    // that shape with 64 KiB blocks, but a replay of the
-                    // engine's own copies ran 2 % slower with that rule and
-                    // one direction on each path was slower than either
-                    // (docs/benchmarks.md, "Offloads in runs, onboards
-                    // scattered").
-                    if no_host_to_host && staged_long(&so) && staged_long(&si) {
+                    // The staged path pays a fixed cost a wave (planning on
+                    // the CPU, the gather or scatter launch, events) and
+                    // gains only when both directions share PCIe: one way,
+                    // the kernel is within 5 % of the copy engines, and in
+                    // the replay of the engine's own copies every staged
+                    // one-way or small wave cost time (docs/benchmarks.md,
+                    // "Block-major host tier"). So it takes two-way waves of
+                    // at least `dma::STAGED_MIN_BYTES` each way whose host
+                    // runs are long.
+                    let bytes = |ops: &[CopyOp]| -> u64 {
+                        ops.iter().map(|op| g.copy_bytes(op.tokens) * g.regions as u64).sum()
+                    };
+                    let big = !offload.is_empty()
+                        && !onboard.is_empty()
+                        && bytes(&offload) >= dma::STAGED_MIN_BYTES
+                        && bytes(&onboard) >= dma::STAGED_MIN_BYTES;
+                    let (so, si) = if no_host_to_host && big {
+                        (staged_of(&offload, true), staged_of(&onboard, false))
+                    } else {
+                        (None, None)
+                    };
+                    if staged_long(&so) && staged_long(&si) {
                         (RunList::default(), RunList::default(), so.unwrap_or_default(), si.unwrap_or_default())
                     } else {
                         none()
@@ -732,11 +762,11 @@ impl Gpu {
             return Err(GpuError::InvalidArgument("the pool does not fit in the buffer".to_owned()));
         }
         let base = buf.device_ptr(&self.stream).0;
-        let pool = KvPool {
-            region_bases: (0..geometry.regions as u64).map(|r| base + r * region_bytes).collect(),
+        let pool = KvPool::region_major(
+            (0..geometry.regions as u64).map(|r| base + r * region_bytes).collect(),
             blocks,
             geometry,
-        };
+        );
         // SAFETY: the regions were checked to tile `buf` without overlap, and
         // the engine holds `buf` (Arc) for as long as it exists.
         let mut engine = unsafe { self.attach(pool, host)? };
@@ -840,6 +870,22 @@ impl DigestBatch {
     pub const GROUP_CHUNKS: u64 = GROUP_CHUNKS;
 }
 
+/// How the host tier lays out its pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostLayout {
+    /// A page's regions side by side (page p, region r at byte
+    /// `(p * regions + r) * block_bytes`): a whole-block copy is one run of
+    /// host memory, so the staged path moves even fully scattered blocks in
+    /// runs of `regions * block_bytes` (docs/benchmarks.md, "Block-major
+    /// host tier").
+    #[default]
+    BlockMajor,
+    /// Each region's pages back to back, like the device pool (page p,
+    /// region r at `(r * blocks + p) * block_bytes`): a block is `regions`
+    /// separate runs.
+    RegionMajor,
+}
+
 /// The pinned host tier: one page-locked allocation, device-mapped so that the
 /// copy kernel reads and writes it over PCIe directly. Allocated without the
 /// write-combined flag, because the CPU may read it (write-combined memory is
@@ -848,12 +894,27 @@ impl DigestBatch {
 pub struct HostTier {
     buf: PinnedHostSlice<u8>,
     pool: KvPool,
+    layout: HostLayout,
+    /// The mapped address of the first byte (the pool's addresses minus this
+    /// are offsets into `buf`).
+    mapped: u64,
 }
 
 impl HostTier {
-    /// Allocates `blocks` host pages of `geometry` in every region. Wrap it
-    /// in an `Arc` to attach it.
+    /// Allocates `blocks` host pages of `geometry` in every region, laid out
+    /// block-major ([`HostLayout::BlockMajor`]). Wrap it in an `Arc` to
+    /// attach it.
     pub fn new(gpu: &Gpu, geometry: BlockGeometry, blocks: u32) -> Result<HostTier, GpuError> {
+        Self::with_layout(gpu, geometry, blocks, HostLayout::default())
+    }
+
+    /// As [`HostTier::new`], with the layout chosen.
+    pub fn with_layout(
+        gpu: &Gpu,
+        geometry: BlockGeometry,
+        blocks: u32,
+        layout: HostLayout,
+    ) -> Result<HostTier, GpuError> {
         geometry.validate()?;
         let region_bytes = geometry
             .block_bytes
@@ -878,8 +939,21 @@ impl HostTier {
         // SAFETY: host_ptr is the start of a live DEVICEMAP pinned allocation
         // (just made), and dev is a valid out-pointer.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host_ptr.cast(), 0) }.result()?;
-        let region_bases = (0..geometry.regions as u64).map(|r| dev + r * region_bytes).collect();
-        Ok(HostTier { buf, pool: KvPool { region_bases, blocks, geometry } })
+        let bb = geometry.block_bytes;
+        let pool = match layout {
+            HostLayout::BlockMajor => KvPool {
+                region_bases: (0..geometry.regions as u64).map(|r| dev + r * bb).collect(),
+                blocks,
+                geometry,
+                page_stride: bb * geometry.regions as u64,
+            },
+            HostLayout::RegionMajor => KvPool::region_major(
+                (0..geometry.regions as u64).map(|r| dev + r * region_bytes).collect(),
+                blocks,
+                geometry,
+            ),
+        };
+        Ok(HostTier { buf, pool, layout, mapped: dev })
     }
 
     /// The tier as a pool (device-mapped addresses).
@@ -887,8 +961,18 @@ impl HostTier {
         &self.pool
     }
 
-    /// The tier's bytes, region after region. Kernels write it without the
-    /// slice knowing: synchronize the stream first.
+    /// The tier's layout.
+    pub fn layout(&self) -> HostLayout {
+        self.layout
+    }
+
+    /// The offset in [`HostTier::bytes`] of page `page` of region `region`.
+    pub fn offset(&self, region: usize, page: u32) -> usize {
+        (self.pool.page_addr(region, page) - self.mapped) as usize
+    }
+
+    /// The tier's bytes in its layout. Kernels write it without the slice
+    /// knowing: synchronize the stream first.
     pub fn bytes(&self) -> Result<&[u8], GpuError> {
         Ok(self.buf.as_slice()?)
     }
@@ -896,6 +980,37 @@ impl HostTier {
     /// The tier's bytes for writing, before it is shared with an engine.
     pub fn bytes_mut(&mut self) -> Result<&mut [u8], GpuError> {
         Ok(self.buf.as_mut_slice()?)
+    }
+
+    /// The tier's bytes region after region (each region's pages back to
+    /// back, as [`CpuKvPool`](super::CpuKvPool) holds them), whatever the
+    /// layout. Synchronize the stream first.
+    pub fn to_regions(&self) -> Result<Vec<Vec<u8>>, GpuError> {
+        let bytes = self.bytes()?;
+        let (g, bb) = (&self.pool.geometry, self.pool.geometry.block_bytes as usize);
+        Ok((0..g.regions as usize)
+            .map(|r| {
+                (0..self.pool.blocks).flat_map(|p| &bytes[self.offset(r, p)..self.offset(r, p) + bb]).copied().collect()
+            })
+            .collect())
+    }
+
+    /// Writes the tier from bytes region after region (the inverse of
+    /// [`HostTier::to_regions`]), before it is shared with an engine.
+    pub fn fill_from_regions(&mut self, regions: &[Vec<u8>]) -> Result<(), GpuError> {
+        let (g, bb) = (self.pool.geometry, self.pool.geometry.block_bytes as usize);
+        if regions.len() != g.regions as usize || regions.iter().any(|r| r.len() != bb * self.pool.blocks as usize) {
+            return Err(GpuError::InvalidArgument("region bytes do not match the tier's size".to_owned()));
+        }
+        let offsets: Vec<Vec<usize>> =
+            (0..g.regions as usize).map(|r| (0..self.pool.blocks).map(|p| self.offset(r, p)).collect()).collect();
+        let bytes = self.bytes_mut()?;
+        for (r, data) in regions.iter().enumerate() {
+            for (p, at) in offsets[r].iter().enumerate() {
+                bytes[*at..*at + bb].copy_from_slice(&data[p * bb..(p + 1) * bb]);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -972,8 +1087,11 @@ pub enum HostCopyPath {
     /// Per wave: the copy engines when the host copies of every direction
     /// present merge into runs of at least [`dma::LONG_RUN`] bytes on
     /// average (no SM used, full copy-engine rate); else the staged path
-    /// when their host pages alone merge into runs of at least
-    /// [`dma::STAGED_LONG_RUN`] bytes on average; else the kernel.
+    /// for a wave that offloads and onboards at least
+    /// [`dma::STAGED_MIN_BYTES`] each and whose host pages alone merge into
+    /// runs of at least [`dma::STAGED_LONG_RUN`] bytes on average (with the
+    /// block-major host tier, every whole block is such a run once it has
+    /// 256 KiB over its regions); else the kernel.
     #[default]
     Auto,
 }
@@ -986,6 +1104,8 @@ pub struct CopyEngine {
     pub(super) host: Option<Arc<HostTier>>,
     /// The host tier's region bases (the device pool's when there is none).
     host_bases: Vec<u64>,
+    /// The host tier's page stride (the device pool's when there is none).
+    pub(super) host_stride: u64,
     host_path: HostCopyPath,
     /// Streams of the copy engines: writes to the host tier, reads from it.
     dma_out: Arc<CudaStream>,
@@ -1111,6 +1231,16 @@ impl CopyEngine {
     /// The device pool.
     pub fn device(&self) -> &KvPool {
         &self.device
+    }
+
+    /// Bases and strides of both ends, as the run builders take them.
+    pub(super) fn ends(&self) -> dma::Ends<'_> {
+        dma::Ends {
+            device_bases: &self.device.region_bases,
+            device_stride: self.device.page_stride,
+            host_bases: &self.host_bases,
+            host_stride: self.host_stride,
+        }
     }
 
     /// The host tier.

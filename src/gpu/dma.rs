@@ -58,19 +58,37 @@ impl RunList {
     }
 }
 
+/// Where pages are: each end's region bases and page stride. Bases are
+/// device addresses; the host tier's are its device-mapped addresses, which
+/// unified addressing makes valid for the copy engines too.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ends<'a> {
+    pub(super) device_bases: &'a [u64],
+    pub(super) device_stride: u64,
+    pub(super) host_bases: &'a [u64],
+    pub(super) host_stride: u64,
+}
+
+impl Ends<'_> {
+    /// The address of `page` of `region` in the host tier (`host`) or the device pool.
+    fn addr(&self, host: bool, region: usize, page: u32) -> u64 {
+        if host {
+            self.host_bases[region] + page as u64 * self.host_stride
+        } else {
+            self.device_bases[region] + page as u64 * self.device_stride
+        }
+    }
+}
+
 /// Builds the runs of `ops` (region after region, copies in order, so that
-/// consecutive pages merge). Bases are device addresses; the host tier's are
-/// its device-mapped addresses, which unified addressing makes valid for the
-/// copy engines too.
-pub(super) fn runs(g: &BlockGeometry, ops: &[CopyOp], device_bases: &[u64], host_bases: &[u64]) -> RunList {
+/// consecutive pages merge).
+pub(super) fn runs(g: &BlockGeometry, ops: &[CopyOp], ends: &Ends<'_>) -> RunList {
     let mut list = RunList::default();
     let plane = g.plane_bytes();
     for r in 0..g.regions as usize {
         for op in ops {
-            let sb = if op.media & 1 != 0 { host_bases[r] } else { device_bases[r] };
-            let db = if op.media & 2 != 0 { host_bases[r] } else { device_bases[r] };
-            let src = sb + op.src_page as u64 * g.block_bytes;
-            let dst = db + op.dst_page as u64 * g.block_bytes;
+            let src = ends.addr(op.media & 1 != 0, r, op.src_page);
+            let dst = ends.addr(op.media & 2 != 0, r, op.dst_page);
             if op.tokens >= g.tokens_per_block {
                 list.push(dst, src, g.block_bytes);
             } else {
@@ -143,35 +161,59 @@ impl StagedList {
 pub(super) fn staged(
     g: &BlockGeometry,
     ops: &[CopyOp],
-    device_bases: &[u64],
-    host_bases: &[u64],
+    ends: &Ends<'_>,
     to_host: bool,
     slots: &[u64],
     slot_bytes: u64,
 ) -> Option<StagedList> {
-    // (host address, device address, length), one per (copy, region, plane run).
-    let mut entries: Vec<(u64, u64, u64)> = Vec::with_capacity(ops.len() * g.regions as usize);
+    // (host address, device address, length), one per (copy, region, plane
+    // run), wanted in host address order. Sorting the copies by host page
+    // and walking them page-major (a block-major tier: a page's regions lie
+    // within one page stride) or region-major (each region's pages apart)
+    // gives that order without sorting every entry (a 1 GiB wave of 8 KiB
+    // blocks has 65 536); a final check sorts only if a layout fits neither.
     let plane = g.plane_bytes();
-    for r in 0..g.regions as usize {
-        for op in ops {
-            let (host_page, dev_page) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
-            let h = host_bases[r] + host_page as u64 * g.block_bytes;
-            let d = device_bases[r] + dev_page as u64 * g.block_bytes;
-            if op.tokens >= g.tokens_per_block {
-                entries.push((h, d, g.block_bytes));
-            } else {
-                let n = op.tokens as u64 * g.token_bytes();
+    let host_page = |op: &CopyOp| if to_host { op.dst_page } else { op.src_page };
+    let mut sorted: Vec<CopyOp> = ops.to_vec();
+    sorted.sort_by_key(host_page);
+    let mut regions: Vec<usize> = (0..g.regions as usize).collect();
+    regions.sort_by_key(|r| ends.host_bases[*r]);
+    let (lo, hi) = (ends.host_bases[regions[0]], ends.host_bases[*regions.last().expect("at least one region")]);
+    let page_major = hi - lo + g.block_bytes <= ends.host_stride;
+    let mut entries: Vec<(u64, u64, u64)> = Vec::with_capacity(ops.len() * g.regions as usize);
+    let mut push = |op: &CopyOp, r: usize| {
+        let (hp, dp) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
+        let (h, d) = (ends.addr(true, r, hp), ends.addr(false, r, dp));
+        if op.tokens >= g.tokens_per_block {
+            entries.push((h, d, g.block_bytes));
+        } else {
+            let n = op.tokens as u64 * g.token_bytes();
+            if n > 0 {
                 for p in 0..g.planes as u64 {
                     entries.push((h + p * plane, d + p * plane, n));
                 }
             }
         }
+    };
+    if page_major {
+        for op in &sorted {
+            for r in &regions {
+                push(op, *r);
+            }
+        }
+    } else {
+        for r in &regions {
+            for op in &sorted {
+                push(op, *r);
+            }
+        }
     }
-    entries.retain(|e| e.2 > 0);
     if entries.iter().any(|e| e.2 > slot_bytes) || slots.is_empty() {
         return None;
     }
-    entries.sort_unstable_by_key(|e| e.0);
+    if !entries.is_sorted_by_key(|e| e.0) {
+        entries.sort_unstable_by_key(|e| e.0);
+    }
     let mut list = StagedList::default();
     let mut fill = slot_bytes; // forces a first piece
     for (h, d, len) in entries {
@@ -207,6 +249,15 @@ pub(super) fn staged(
 /// staged against 80 (and 71-78 against 78-79 in an earlier pass on other
 /// machines: even). The threshold sits between 128 and 256 KiB.
 pub const STAGED_LONG_RUN: u64 = 192 << 10;
+
+/// Bytes each direction of a two-way wave must move for
+/// [`HostCopyPath::Auto`](super::HostCopyPath) to take the staged path.
+/// Measured on an H200 (docs/benchmarks.md, "Block-major host tier"), the
+/// wall clock of preparing, launching and finishing fully scattered
+/// two-way waves of 64 KiB blocks: the staged path 10 % behind the kernel
+/// at 8 MiB each way, even from 16 MiB; and every one-way wave, and the
+/// replayed engine waves of about 2 MiB, ran slower staged.
+pub const STAGED_MIN_BYTES: u64 = 16 << 20;
 
 /// Average run length (bytes) from which the copy engines beat the kernel
 /// for a wave's host copies ([`HostCopyPath::Auto`](super::HostCopyPath)).
@@ -287,7 +338,8 @@ mod tests {
             CopyOp { src_page: 1, dst_page: 4, tokens: 4, media: 2 },
             CopyOp { src_page: 5, dst_page: 0, tokens: 1, media: 1 },
         ];
-        let l = runs(&g, &ops, &dev, &host);
+        let ends = Ends { device_bases: &dev, device_stride: 64, host_bases: &host, host_stride: 64 };
+        let l = runs(&g, &ops, &ends);
         // Per region: one merged run of two pages, then two plane runs of 8 bytes.
         assert_eq!(l.sizes, vec![128, 8, 8, 128, 8, 8]);
         assert_eq!(l.dsts[0], 0x9000 + 3 * 64);
@@ -303,12 +355,13 @@ mod tests {
     fn staged_runs_follow_host_pages() {
         let g = BlockGeometry { regions: 1, block_bytes: 64, planes: 1, tokens_per_block: 4 };
         let (dev, host) = ([0x1000u64], [0x9000u64]);
+        let ends = Ends { device_bases: &dev, device_stride: 64, host_bases: &host, host_stride: 64 };
         // Offload device pages 7, 2, 5, 0 to host pages 3, 1, 2, 0 (in host order: 0..=3).
         let ops: Vec<CopyOp> = [(7, 3), (2, 1), (5, 2), (0, 0)]
             .map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 4, media: 2 })
             .to_vec();
         let slots = [0x100000u64, 0x200000];
-        let l = staged(&g, &ops, &dev, &host, true, &slots, 192).unwrap();
+        let l = staged(&g, &ops, &ends, true, &slots, 192).unwrap();
         assert_eq!(l.pieces(), 2, "three blocks fill a slot of 192 bytes");
         assert_eq!(l.host_runs(), 2, "one run per piece");
         let p0 = &l.pieces[0];
@@ -319,9 +372,43 @@ mod tests {
         assert_eq!(l.bytes(), 4 * 64);
         // Onboard: the segments scatter from the slot into the device pages.
         let on: Vec<CopyOp> = ops.iter().map(|o| CopyOp { src_page: o.dst_page, dst_page: o.src_page, ..*o }).collect();
-        let l = staged(&g, &on, &dev, &host, false, &slots, 4096).unwrap();
+        let l = staged(&g, &on, &ends, false, &slots, 4096).unwrap();
         assert_eq!((l.pieces(), l.host_runs()), (1, 1));
         assert_eq!(l.segs[3], Seg { dst: 0x1000 + 7 * 64, src: 0x100000 + 3 * 64, len: 64 });
-        assert!(staged(&g, &ops, &dev, &host, true, &slots, 32).is_none(), "a block larger than a slot");
+        assert!(staged(&g, &ops, &ends, true, &slots, 32).is_none(), "a block larger than a slot");
+    }
+
+    /// With a block-major host tier (page stride = regions * block_bytes), a
+    /// block's regions are adjacent in host memory: the staged plan of fully
+    /// scattered blocks merges each block's regions into one copy-engine run
+    /// of regions * block_bytes, while a region-major tier gives one run per
+    /// region and block.
+    #[test]
+    fn block_major_host_pages_are_one_run_each() {
+        let g = BlockGeometry { regions: 4, block_bytes: 64, planes: 1, tokens_per_block: 4 };
+        let dev: Vec<u64> = (0..4).map(|r| 0x10_0000 + r * 64 * 16).collect();
+        let block_major: Vec<u64> = (0..4).map(|r| 0x90_0000 + r * 64).collect();
+        let region_major: Vec<u64> = (0..4).map(|r| 0x90_0000 + r * 64 * 16).collect();
+        // Offload device pages 3, 9, 0 to host pages 11, 2, 7: no two consecutive.
+        let ops: Vec<CopyOp> =
+            [(3, 11), (9, 2), (0, 7)].map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 4, media: 2 }).to_vec();
+        let slots = [0x500_0000u64];
+        let bm = Ends { device_bases: &dev, device_stride: 64, host_bases: &block_major, host_stride: 256 };
+        let l = staged(&g, &ops, &bm, true, &slots, 1 << 20).unwrap();
+        assert_eq!(l.host_runs(), 3, "one run per block");
+        assert!(l.pieces[0].runs.sizes.iter().all(|s| *s == 256));
+        assert_eq!(l.pieces[0].runs.dsts, vec![0x90_0000 + 2 * 256, 0x90_0000 + 7 * 256, 0x90_0000 + 11 * 256]);
+        // The gather reads each region of each device page once.
+        assert_eq!(l.segs.len(), 12);
+        assert_eq!(l.segs[1], Seg { dst: 0x500_0000 + 64, src: dev[1] + 9 * 64, len: 64 });
+        let rm = Ends { device_bases: &dev, device_stride: 64, host_bases: &region_major, host_stride: 64 };
+        assert_eq!(
+            staged(&g, &ops, &rm, true, &slots, 1 << 20).unwrap().host_runs(),
+            12,
+            "one run per region and block"
+        );
+        // Direct runs need both ends consecutive: scattered device pages
+        // merge nothing whatever the host layout.
+        assert_eq!(runs(&g, &ops, &bm).len(), 12);
     }
 }

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
 
-use super::device::HostTier;
+use super::device::{HostLayout, HostTier};
 use super::dma::{RunList, Seg};
 use super::kernels::{KernelOptions, arch_for};
 use super::measure::{median, time_ms};
@@ -395,7 +395,7 @@ pub fn run(gpu: &Arc<Gpu>, sizes: &[u64], reps: usize, full: bool) -> Result<Vec
         let regions = 32u32;
         let g = BlockGeometry { regions, block_bytes: bb, planes: 2, tokens_per_block: 16 };
         let n = ((1u64 << 30) / (bb * regions as u64)) as u32;
-        let mut tier = HostTier::new(gpu, g, n)?;
+        let mut tier = HostTier::with_layout(gpu, g, n, HostLayout::RegionMajor)?;
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ bb;
         let mut next = || {
             x ^= x << 13;

@@ -754,14 +754,16 @@ pub fn kv_block_copy(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave, grid: Opti
         .arg(&token_bytes)
         .arg(&tpb)
         .arg(&vec16)
-        .arg(&wave.split_at);
+        .arg(&wave.split_at)
+        .arg(&engine.device.page_stride)
+        .arg(&engine.host_stride);
     // SAFETY: the argument list matches the .cu signature. Every address the
-    // kernel forms is base[region] + page * block_bytes + (at most block_bytes),
-    // with page inside its pool (checked when the wave was made for this
-    // engine, whose id is asserted above), so it stays inside a region that
-    // `Gpu::attach` (device pool, by its contract) or `HostTier::new` (pinned,
-    // owned by the engine through an Arc) made valid for blocks * block_bytes
-    // bytes. 16-byte accesses are used only when `vec16` proved every base and
+    // kernel forms is base[region] + page * stride + (at most block_bytes),
+    // the stride being its pool's, with page inside its pool (checked when
+    // the wave was made for this engine, whose id is asserted above), so it
+    // stays inside the page that `Gpu::attach` (device pool, by its
+    // contract) or `HostTier::with_layout` (pinned, owned by the engine
+    // through an Arc) made valid. 16-byte accesses are used only when `vec16` proved every base and
     // size aligned. No two copies of the wave race (checked disjoint).
     unsafe { b.launch(cfg) }?;
     Ok(())

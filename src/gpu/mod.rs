@@ -52,8 +52,8 @@ pub mod measure;
 
 #[cfg(feature = "cuda")]
 pub use device::{
-    CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostCopyPath, HostTier, OneItemPath, StagingConfig,
-    launch_copy_wave,
+    CopyEngine, CopyWave, DeviceBytes, DigestBatch, Gpu, HostCopyPath, HostLayout, HostTier, OneItemPath,
+    StagingConfig, launch_copy_wave,
 };
 pub use digest::digest_grouped_cpu;
 pub use pool::{BlockGeometry, CopyOp, CpuKvPool, KvPool, copy_blocks_cpu, plan_copy_waves};

@@ -10,7 +10,16 @@
 //!
 //! A full copy moves a page of every region; a prefix copy of k tokens (partial
 //! reuse) moves the first k tokens of every plane. The host tier has the same
-//! geometry with its own bases and page count.
+//! geometry with its own bases and page count, and by default its own layout:
+//! block-major, a page's regions side by side (`page_stride` = regions *
+//! block_bytes), so that one host block is one run of host memory whatever
+//! block order a wave has ([`KvPool::page_stride`]).
+//!
+//! ```text
+//! device pool (the caller's, region-major)   host tier (block-major)
+//! B[r] = base + r * blocks * block_bytes     B[r] = base + r * block_bytes
+//! page p of region r: B[r] + p * block_bytes  page p of region r: B[r] + p * regions * block_bytes
+//! ```
 //!
 //! Why waves: the engine queues copies in the order its decisions were made,
 //! and one step's list can chain through a page (offload block A out of page 7,
@@ -78,7 +87,8 @@ impl BlockGeometry {
 
 /// A paged KV pool the caller owns and attaches: one base address per region
 /// (device addresses, or device-mapped addresses of pinned host memory), the
-/// block geometry and the number of blocks (pages) in each region.
+/// block geometry, the number of blocks (pages) in each region and the
+/// distance between consecutive pages of a region.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvPool {
     /// Base address of each region; `geometry.regions` entries.
@@ -87,12 +97,34 @@ pub struct KvPool {
     pub blocks: u32,
     /// The block layout.
     pub geometry: BlockGeometry,
+    /// Bytes from a page of a region to the next page of the same region:
+    /// `block_bytes` when each region's pages are back to back (the usual
+    /// paged KV tensor), `regions * block_bytes` when a page's regions are
+    /// side by side (the block-major host tier).
+    pub page_stride: u64,
 }
 
 impl KvPool {
-    /// Checks the geometry and that there is one base per region.
+    /// A pool whose regions each hold their pages back to back.
+    pub fn region_major(region_bases: Vec<u64>, blocks: u32, geometry: BlockGeometry) -> Self {
+        Self { region_bases, blocks, page_stride: geometry.block_bytes, geometry }
+    }
+
+    /// The address of page `page` of region `region`.
+    pub fn page_addr(&self, region: usize, page: u32) -> u64 {
+        self.region_bases[region] + page as u64 * self.page_stride
+    }
+
+    /// Checks the geometry, that there is one base per region and that a
+    /// page fits in its stride.
     pub fn validate(&self) -> Result<(), GpuError> {
         self.geometry.validate()?;
+        if self.page_stride < self.geometry.block_bytes {
+            return Err(GpuError::InvalidArgument(format!(
+                "page_stride {} is less than block_bytes {}",
+                self.page_stride, self.geometry.block_bytes
+            )));
+        }
         if self.region_bases.len() != self.geometry.regions as usize {
             return Err(GpuError::InvalidArgument(format!(
                 "{} region bases given for {} regions",

@@ -23,8 +23,8 @@ mod imp {
     use kvcore::gpu::kernels::{KernelId, ModuleId};
     use kvcore::gpu::measure::{CopyLimits, copy_limits, median, time_ms};
     use kvcore::gpu::{
-        BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostTier, OneItemPath, StagingConfig,
-        launch_copy_wave,
+        BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, OneItemPath,
+        StagingConfig, launch_copy_wave,
     };
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
@@ -438,11 +438,11 @@ mod imp {
         let mut rng = StdRng::seed_from_u64(8);
         let options = format!("{:?}", gpu.modules().options());
         let mut out = Vec::new();
-        for &bb in sizes {
+        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = if quick { 128 << 20 } else { 1 << 30 };
             let host_blocks = (tier_bytes / (bb * 32)) as u32;
-            let tier = Arc::new(HostTier::new(gpu, g, host_blocks)?);
+            let tier = Arc::new(HostTier::with_layout(gpu, g, host_blocks, layout)?);
             let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             engine.set_host_path(path);
             if let Some(cfg) = staging {
@@ -488,7 +488,7 @@ mod imp {
             }
             let per_op = 32.0 * bb as f64;
             let mut entry = json!({"block_bytes": bb, "regions": 32, "tier_bytes": tier_bytes, "kernel_options": options,
-                "path": format!("{path:?}"), "staging": staging_desc});
+                "path": format!("{path:?}"), "staging": staging_desc, "host_layout": format!("{layout:?}")});
             for (name, ops, limit) in [
                 ("offload_d2h", offload, l.pinned_d2h),
                 ("onboard_h2d", onboard, l.pinned_h2d),
@@ -504,8 +504,9 @@ mod imp {
                 let (runs_out, runs_in) =
                     if matches!(wave.staged_runs(), (0, 0)) { wave.dma_runs() } else { wave.staged_runs() };
                 println!(
-                    "copy   {:<11} {:<23} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, staged {}, batched call {}) {}",
+                    "copy   {:<11} {:<23} {:<11} block {:>6} B  {:>6.1} GB/s = {:.1} % of the copy engines' {:.1} (DMA runs {runs_out}+{runs_in}, staged {}, batched call {}) {}",
                     format!("{path:?}"),
+                    format!("{layout:?}"),
                     name,
                     bb,
                     rate,
@@ -536,11 +537,11 @@ mod imp {
     fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32], mixed: &[(u32, u32)]) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(9);
         let mut out = Vec::new();
-        for &bb in sizes {
+        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = 1 << 30;
             let n = (tier_bytes / (bb * 32)) as u32;
-            let tier = Arc::new(HostTier::new(gpu, g, n)?);
+            let tier = Arc::new(HostTier::with_layout(gpu, g, n, layout)?);
             let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 * tier_bytes as usize, Some(tier))?;
             let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
             dev_perm.shuffle(&mut rng);
@@ -598,7 +599,8 @@ mod imp {
                     let (so, si) = wave.staged_runs();
                     let staged = so + si > 0;
                     println!(
-                        "runs   block {:>6} B  host runs of {:>3}/{:>3} pages  {:<9} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
+                        "runs   {:<11} block {:>6} B  host runs of {:>3}/{:>3} pages  {:<9} {:>6.1} GB/s = {:.2} of 85, {:.1} % of the copy engines' {:.1} (staged runs {so}/{si})",
+                        format!("{layout:?}"),
                         bb,
                         k_out,
                         k_in,
@@ -610,10 +612,71 @@ mod imp {
                     );
                     gpu.synchronize()?;
                     out.push(json!({"block_bytes": bb, "regions": 32, "host_run_pages": k, "path": label,
+                        "host_layout": format!("{layout:?}"),
                         "staging": format!("{staging:?}"),
                         "host_run_pages_offload": k_out, "host_run_pages_onboard": k_in, "mixed": !same,
                         "GBps": rate, "ratio_to_85": rate / 85.0, "ratio_to_copy_engines": rate / l.pinned_both,
                         "staged": staged, "staged_runs": [so, si], "bytes": moved}));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where the staged path starts to pay: fully scattered blocks (device
+    /// and host pages in random order) in waves of `mibs` MiB, both ways at
+    /// once, offload alone and onboard alone, each through the kernel and
+    /// the staged path, timed as the engine runs a wave: the wall clock of
+    /// preparing it, launching it and waiting for it (median of 7 after 2).
+    fn wave_sizes(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], mibs: &[u64]) -> R<Vec<Value>> {
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut out = Vec::new();
+        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+            let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
+            let n = ((1u64 << 30) / (bb * 32)) as u32;
+            let tier = Arc::new(HostTier::with_layout(gpu, g, n, layout)?);
+            let (mut engine, dev_blocks) = device_pool(gpu, &mut rng, g, 2 << 30, Some(tier))?;
+            let mut dev_perm: Vec<u32> = (0..dev_blocks).collect();
+            dev_perm.shuffle(&mut rng);
+            let mut host_perm: Vec<u32> = (0..n).collect();
+            host_perm.shuffle(&mut rng);
+            let all = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host_perm);
+            for &mib in mibs {
+                let blocks = ((mib << 20) / (32 * bb)).max(1) as usize;
+                let both: Vec<CopyOp> = all.iter().take(blocks.max(2)).copied().collect();
+                let offload: Vec<CopyOp> = all.iter().filter(|o| o.media == 2).take(blocks).copied().collect();
+                let onboard: Vec<CopyOp> = all.iter().filter(|o| o.media == 1).take(blocks).copied().collect();
+                for (shape, ops) in [("both_ways", both), ("offload", offload), ("onboard", onboard)] {
+                    let moved = ops.len() as f64 * 32.0 * bb as f64;
+                    for path in [HostCopyPath::Kernel, HostCopyPath::Staged, HostCopyPath::Auto] {
+                        engine.set_host_path(path);
+                        let mut t = Vec::new();
+                        for rep in 0..9 {
+                            let start = Instant::now();
+                            let wave = gpu.prepare_wave(&engine, ops.clone())?;
+                            launch_copy_wave(gpu, &engine, &wave, Some(16))?;
+                            gpu.synchronize()?;
+                            if rep >= 2 {
+                                t.push(start.elapsed().as_secs_f64() * 1e3);
+                            }
+                        }
+                        let ms = median(t);
+                        let rate = moved / (ms * 1e-3) / 1e9;
+                        println!(
+                            "wave   {:<11} block {:>6} B  {:>5} MiB {:<9} {:<7} {:>9.1} us {:>6.1} GB/s (copy engines both ways {:.1})",
+                            format!("{layout:?}"),
+                            bb,
+                            mib,
+                            shape,
+                            format!("{path:?}"),
+                            ms * 1e3,
+                            rate,
+                            l.pinned_both
+                        );
+                        out.push(json!({"host_layout": format!("{layout:?}"), "block_bytes": bb, "regions": 32,
+                            "wave_mib": mib, "shape": shape, "path": format!("{path:?}"), "ms": ms, "GBps": rate,
+                            "bytes": moved}));
+                    }
                 }
             }
         }
@@ -659,7 +722,8 @@ mod imp {
         }
         let Some((bs, blocks_device, blocks_host)) = shape else { return Ok(Vec::new()) };
         let g = BlockGeometry { regions: 32, block_bytes: block_kib << 10, planes: 2, tokens_per_block: bs };
-        let tier = Arc::new(HostTier::new(gpu, g, blocks_host)?);
+        let layout = *host_layouts()?.first().expect("at least one layout");
+        let tier = Arc::new(HostTier::with_layout(gpu, g, blocks_host, layout)?);
         let mut rng = StdRng::seed_from_u64(10);
         let pool_bytes = (blocks_device as u64 * 32 * g.block_bytes) as usize;
         let (mut engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
@@ -723,6 +787,23 @@ mod imp {
             }
         }
         Ok(out)
+    }
+
+    /// Host tier layouts from `KVCORE_GPU_BENCH_HOST_LAYOUT` (comma-separated
+    /// `block`, `region`; default `block`, the library's default), for the
+    /// host-tier cases; the replay takes the first.
+    fn host_layouts() -> R<Vec<HostLayout>> {
+        std::env::var("KVCORE_GPU_BENCH_HOST_LAYOUT")
+            .unwrap_or_else(|_| "block".to_owned())
+            .split(',')
+            .map(|s| match s.trim() {
+                "block" => Ok(HostLayout::BlockMajor),
+                "region" => Ok(HostLayout::RegionMajor),
+                other => {
+                    Err(GpuError::InvalidArgument(format!("KVCORE_GPU_BENCH_HOST_LAYOUT: unknown layout {other:?}")))
+                }
+            })
+            .collect()
     }
 
     /// Block sizes in bytes from `KVCORE_GPU_BENCH_BLOCKS` (KiB,
@@ -807,6 +888,17 @@ mod imp {
                 std::env::var("KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
             let v = replay(&gpu, &l, &files, kib)?;
             report.insert("replay".into(), Value::Array(v));
+            return write_report(report, out_path);
+        }
+        if only == "wave-sizes" {
+            let sizes = block_sizes(&[8, 64]);
+            let mibs: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_WAVE_MIB")
+                .unwrap_or_else(|_| "2,4,8,16,32,64,128,512".to_owned())
+                .split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect();
+            let v = wave_sizes(&gpu, &l, &sizes, &mibs)?;
+            report.insert("wave_sizes".into(), Value::Array(v));
             return write_report(report, out_path);
         }
         if only == "host-runs" {
