@@ -985,14 +985,21 @@ kvc_status kvc_engine_attach_kv_pool(struct kvc_engine *engine, const struct kvc
  * forward pass may read the pages. `*launches_out` receives the number of
  * waves run; a second call for the same step runs none.
  *
- * How host copies move: by default per wave the copy engines (long runs of
- * consecutive pages), the copy engines through a device staging buffer, or
- * kvcore's copy kernel on at most 16 thread blocks (docs/benchmarks.md).
+ * How host copies move: per wave, the copy kernel on at most 16 thread
+ * blocks, the copy engines (long runs of consecutive pages at both ends),
+ * or, for two-way waves of 16 MiB or more each way, the copy engines
+ * through a device staging buffer (docs/benchmarks.md).
+ *
+ * If a launch fails (`KVC_STATUS_GPU_FAILED`), the waves before it stay
+ * done and the rest stay pending: a new call resumes at the wave that
+ * failed. A failure reported while waiting for the device is a fault that
+ * CUDA keeps for the context (every later GPU call fails too).
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
- * `KVC_STATUS_KV_POOL_NOT_ATTACHED`; `KVC_STATUS_GPU_FAILED` (a CUDA call
- * failed: the copies stay pending and listed, and the call may be retried);
- * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ * `KVC_STATUS_KV_POOL_NOT_ATTACHED`; `KVC_STATUS_GPU_FAILED`;
+ * `KVC_STATUS_INVALID_ARGUMENT` (a copy the pool cannot take, which the
+ * engine's own copies never are); `KVC_STATUS_ENGINE_BUSY`;
+ * `KVC_STATUS_POISONED`.
  *
  * # Safety
  *

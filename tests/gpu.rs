@@ -892,7 +892,7 @@ mod c_api {
 
     /// `kvc_engine_digest_device` equals the `blake3` crate for lengths
     /// around chunk boundaries at odd offsets, refuses ranges outside CUDA's
-    /// allocations without harming the context, and an image item given by
+    /// allocations and mapped host memory without harming the context, and an image item given by
     /// device address keys blocks exactly as the same bytes given from host
     /// memory do, while other pixels under the same UUID reuse nothing.
     #[test]
@@ -929,6 +929,13 @@ mod c_api {
                 assert_eq!(kvc_engine_digest_device(e, &bad, 1, d.as_mut_ptr(), 32), kvc_status::InvalidArgument);
                 assert!(d.iter().all(|b| *b == 0xEE));
             }
+            // Mapped pinned host memory is CUDA's too, but not device memory.
+            let g1 = BlockGeometry { regions: 1, block_bytes: 4096, planes: 1, tokens_per_block: 1 };
+            let pinned = kvcore::gpu::HostTier::new(&gpu, g1, 4).unwrap();
+            let host_mapped = kvc_device_bytes { ptr: pinned.pool().region_bases[0], len: 64 };
+            let mut d = [0u8; 32];
+            assert_eq!(kvc_engine_digest_device(e, &host_mapped, 1, d.as_mut_ptr(), 32), kvc_status::InvalidArgument);
+            assert!(message(e).contains("not device memory"), "{}", message(e));
             let st = kvc_engine_digest_device(e, items.as_ptr(), 2, out.as_mut_ptr(), 64);
             assert_eq!(st, kvc_status::Ok, "the context survives refused ranges: {}", message(e));
         }

@@ -65,8 +65,9 @@ int main(void) {
     kvc_status s = kvc_engine_gpu_open(e, 0);
     if (s == KVC_STATUS_OK) {
         EXPECT_STATUS(kvc_engine_gpu_open(e, 1), KVC_STATUS_INVALID_ARGUMENT);
-        /* Requests exist: the pool comes too late. */
+        /* Requests exist: the pool comes too late (checked before the addresses). */
         EXPECT_STATUS(kvc_engine_attach_kv_pool(e, &pool), KVC_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(last_error(e), "before the first request") != NULL);
     } else {
         EXPECT_STATUS(s, KVC_STATUS_GPU_UNAVAILABLE);
         CHECK(strlen(last_error(e)) > 0);

@@ -80,6 +80,8 @@ pub(crate) struct GpuState {
     /// The last closed step's copies, until `kvc_engine_copy_blocks` performs
     /// them (empty once done).
     pending: Vec<BlockCopy>,
+    /// Waves of `pending` already launched (a failed call resumes after them).
+    waves_done: usize,
 }
 
 impl GpuState {
@@ -88,6 +90,7 @@ impl GpuState {
     pub(crate) fn set_pending(&mut self, copies: &[BlockCopy]) {
         self.pending.clear();
         self.pending.extend_from_slice(copies);
+        self.waves_done = 0;
     }
 
     /// Digests of device-resident byte strings, in order. Every range is
@@ -100,8 +103,9 @@ impl GpuState {
         {
             let gpu = self.gpu()?;
             let mut list = Vec::with_capacity(items.len());
-            for (i, it) in items.iter().enumerate() {
-                gpu.check_device_range(it.ptr, it.len, &format!("device item {i}")).map_err(gpu_failure)?;
+            for it in items {
+                let what = format!("the device range {:#x} + {}", it.ptr, it.len);
+                gpu.check_device_range(it.ptr, it.len, &what).map_err(gpu_failure)?;
                 list.push(crate::gpu::DeviceBytes { ptr: it.ptr, len: it.len });
             }
             // SAFETY: every range was just found inside a live CUDA
@@ -282,14 +286,21 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
 /// forward pass may read the pages. `*launches_out` receives the number of
 /// waves run; a second call for the same step runs none.
 ///
-/// How host copies move: by default per wave the copy engines (long runs of
-/// consecutive pages), the copy engines through a device staging buffer, or
-/// kvcore's copy kernel on at most 16 thread blocks (docs/benchmarks.md).
+/// How host copies move: per wave, the copy kernel on at most 16 thread
+/// blocks, the copy engines (long runs of consecutive pages at both ends),
+/// or, for two-way waves of 16 MiB or more each way, the copy engines
+/// through a device staging buffer (docs/benchmarks.md).
+///
+/// If a launch fails (`KVC_STATUS_GPU_FAILED`), the waves before it stay
+/// done and the rest stay pending: a new call resumes at the wave that
+/// failed. A failure reported while waiting for the device is a fault that
+/// CUDA keeps for the context (every later GPU call fails too).
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
-/// `KVC_STATUS_KV_POOL_NOT_ATTACHED`; `KVC_STATUS_GPU_FAILED` (a CUDA call
-/// failed: the copies stay pending and listed, and the call may be retried);
-/// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+/// `KVC_STATUS_KV_POOL_NOT_ATTACHED`; `KVC_STATUS_GPU_FAILED`;
+/// `KVC_STATUS_INVALID_ARGUMENT` (a copy the pool cannot take, which the
+/// engine's own copies never are); `KVC_STATUS_ENGINE_BUSY`;
+/// `KVC_STATUS_POISONED`.
 ///
 /// # Safety
 ///
@@ -302,16 +313,26 @@ pub unsafe extern "C" fn kvc_engine_copy_blocks(engine: *mut kvc_engine, launche
             let out = try_out!(launches_out);
             #[cfg(feature = "cuda")]
             {
-                let Some(pool) = &st.gpu.pool else {
+                let GpuState { pool, gpu, pending, waves_done } = &mut st.gpu;
+                let (Some(pool), Some((_, gpu))) = (pool.as_ref(), gpu.as_ref()) else {
                     return Err(Failure::new(
                         kvc_status::KvPoolNotAttached,
                         "no KV pool is attached: call kvc_engine_attach_kv_pool first",
                     ));
                 };
-                let gpu = st.gpu.gpu()?;
-                let launches = gpu.copy_blocks(pool, &st.gpu.pending).map_err(gpu_failure)?;
+                let (device, host) = (pool.device(), pool.host().map(|h| h.pool().blocks));
+                let waves =
+                    crate::gpu::plan_copy_waves(pending, &device.geometry, device.blocks, host).map_err(gpu_failure)?;
+                let mut launches = 0;
+                for ops in waves.into_iter().skip(*waves_done) {
+                    let wave = gpu.prepare_wave(pool, ops).map_err(gpu_failure)?;
+                    crate::gpu::launch_copy_wave(gpu, pool, &wave, None).map_err(gpu_failure)?;
+                    *waves_done += 1;
+                    launches += 1;
+                }
                 gpu.synchronize().map_err(gpu_failure)?;
-                st.gpu.pending.clear();
+                pending.clear();
+                *waves_done = 0;
                 out.write(launches);
                 Ok(())
             }

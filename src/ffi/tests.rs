@@ -158,7 +158,8 @@ fn gpu_calls_without_an_open_gpu_change_nothing() {
         runs_len: 1,
     };
     let mut adm = std::mem::MaybeUninit::<kvc_admission>::uninit();
-    let items = [kvc_device_bytes { ptr: 0x7f00_0000_1000, len: 64 }];
+    let items =
+        [kvc_device_bytes { ptr: 0x7f00_0000_1000, len: 64 }, kvc_device_bytes { ptr: 0x7f00_0000_2000, len: 8 }];
     let mut digests = [0xAAu8; 64];
     let mut launches = 99usize;
     let region = [0x7f00_0000_0000u64];

@@ -191,10 +191,10 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one live allocation that
-    /// CUDA knows (device memory of any context, or mapped pinned host
-    /// memory), so that a kernel given it cannot fault on a made-up or freed
-    /// address. The C API checks every device address it is given with this.
+    /// Checks that `[ptr, ptr + len)` lies inside one live allocation of
+    /// device memory on this handle's device, so that a kernel given it
+    /// cannot fault on a made-up or freed address or on another GPU's
+    /// memory. The C API checks every device address it is given with this.
     /// An empty range passes whatever `ptr` is. What it cannot see: memory
     /// freed after the check.
     pub fn check_device_range(&self, ptr: u64, len: u64, what: &str) -> Result<(), GpuError> {
@@ -207,28 +207,31 @@ impl Gpu {
         };
         self.ctx.bind_to_thread()?;
         let (mut start, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-        // SAFETY: each call writes one value of the attribute's type (a
-        // CUdeviceptr for RANGE_START_ADDR, a size_t for RANGE_SIZE) through
-        // a valid out-pointer, and only reads `ptr` as a number: an address
-        // that no allocation holds gets an error code, not a fault.
-        let found = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut start as *mut sys::CUdeviceptr).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                ptr,
-            )
-            .result()
-            .and_then(|()| {
-                sys::cuPointerGetAttribute(
-                    (&mut size as *mut usize).cast(),
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                    ptr,
-                )
-                .result()
-            })
+        let (mut kind, mut ordinal): (u32, i32) = (0, -1);
+        let attr = |out: *mut std::ffi::c_void, a: sys::CUpointer_attribute| {
+            // SAFETY: each call below passes an out-pointer to a value of the
+            // attribute's type (CUdeviceptr for RANGE_START_ADDR, size_t for
+            // RANGE_SIZE, an unsigned int CUmemorytype for MEMORY_TYPE, an
+            // int for DEVICE_ORDINAL), and `ptr` is only read as a number:
+            // an address no allocation holds gets an error code, not a fault.
+            unsafe { sys::cuPointerGetAttribute(out, a, ptr) }.result()
         };
+        use sys::CUpointer_attribute as A;
+        let found = attr((&mut kind as *mut u32).cast(), A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+            .and_then(|()| attr((&mut ordinal as *mut i32).cast(), A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL))
+            .and_then(|()| attr((&mut start as *mut sys::CUdeviceptr).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR))
+            .and_then(|()| attr((&mut size as *mut usize).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_SIZE));
         if let Err(e) = found {
             return bad(format!("{ptr:#x} is not in memory CUDA has allocated ({e})"));
+        }
+        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return bad(format!("{ptr:#x} is not device memory (CUmemorytype {kind})"));
+        }
+        if ordinal != self.ctx.ordinal() as i32 {
+            return bad(format!(
+                "{ptr:#x} is memory of device {ordinal}, not of the open device {}",
+                self.ctx.ordinal()
+            ));
         }
         if end > start + size as u64 {
             return bad(format!(
@@ -1090,8 +1093,8 @@ pub enum HostCopyPath {
     /// for a wave that offloads and onboards at least
     /// [`dma::STAGED_MIN_BYTES`] each and whose host pages alone merge into
     /// runs of at least [`dma::STAGED_LONG_RUN`] bytes on average (with the
-    /// block-major host tier, every whole block is such a run once it has
-    /// 256 KiB over its regions); else the kernel.
+    /// block-major host tier, every whole block is such a run once its
+    /// regions add up to that); else the kernel.
     #[default]
     Auto,
 }

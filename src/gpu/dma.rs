@@ -238,7 +238,8 @@ pub(super) fn staged(
 }
 
 /// Average host run (bytes) from which [`HostCopyPath::Auto`](super::HostCopyPath)
-/// takes the staged path for a direction whose device pages are scattered.
+/// takes the staged path for a direction whose device pages are scattered
+/// (in a two-way wave of at least [`STAGED_MIN_BYTES`] each way).
 /// Measured on an H200 (both ways, 1 GiB, 32 regions, host pages in runs of
 /// k consecutive pages in random order, so that a direction's sorted runs
 /// average about 2k pages; docs/benchmarks.md, "Host runs"): with 8 and 16

@@ -707,7 +707,8 @@ pub(super) fn check_wave(engine: &CopyEngine, wave: &[CopyOp]) -> Result<(), Gpu
 
 /// `kv_block_copy(const CopyOp* ops, u32 n_ops, const u64* device_bases,
 /// const u64* host_bases, u32 regions, u64 block_bytes, u32 planes,
-/// u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at)`: one
+/// u64 token_bytes, u32 tokens_per_block, u32 vec16, u32 split_at,
+/// u64 device_stride, u64 host_stride)`: one
 /// wave of copies; a wave that both writes the host tier (ops before
 /// `split_at`) and reads it launches `kv_block_copy_split` instead, same
 /// signature, whose blocks split [`KernelOptions`](super::kernels::KernelOptions)'

@@ -14,9 +14,10 @@
 //!
 //! Host-tier copies can also go to the copy engines instead of the kernel
 //! ([`dma`], chosen per wave by [`HostCopyPath`]): directly when both ends
-//! form long runs, or through a device staging buffer when only the host
-//! pages do; no SM is used for the PCIe side, and long runs reach the full
-//! PCIe rate both ways at once. The host tier is block-major by default
+//! form long runs, or through a device staging buffer for two-way waves of
+//! at least [`dma::STAGED_MIN_BYTES`] each way whose host pages form long
+//! runs; the SMs then only gather and scatter on the device, and long runs
+//! reach the full PCIe rate both ways at once. The host tier is block-major by default
 //! ([`HostLayout`]): a block's regions are one run of host memory, so even
 //! blocks in random order reach 90-96 GB/s both ways through the staging
 //! buffer, where the kernel stops near 80.
