@@ -156,3 +156,34 @@ extern "C" __global__ void __launch_bounds__(1024) kv_seg_copy(const Seg* __rest
         else copy_run_bytes((u8*)s.dst, (const u8*)s.src, s.len, lane);
     }
 }
+
+// The staged path's gather and scatter for whole blocks: record i names a
+// staging address and a device page, and the block's regions sit back to
+// back at the staging address (r * block_bytes), as in the block-major host
+// tier, so the copy engine moves the slot to the tier in block-sized runs.
+// One warp per (block, region); `to_slot` 1 gathers, 0 scatters.
+struct BlockSeg {
+    u64 slot;
+    u32 page;
+    u32 pad;
+};
+
+extern "C" __global__ void __launch_bounds__(1024) kv_block_seg_copy(
+    const BlockSeg* __restrict__ segs, u32 n, const u64* __restrict__ device_bases, u32 regions, u64 block_bytes,
+    u64 device_stride, u32 to_slot, u32 vec16) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    const u64 work = (u64)n * regions;
+    for (u64 w = warp; w < work; w += warps) {
+        const u32 i = (u32)(w / regions);
+        const u32 r = (u32)(w - (u64)i * regions);
+        const BlockSeg s = segs[i];
+        u8* dev = (u8*)(device_bases[r] + (u64)s.page * device_stride);
+        u8* slot = (u8*)(s.slot + (u64)r * block_bytes);
+        u8* dst = to_slot ? slot : dev;
+        const u8* src = to_slot ? dev : slot;
+        if (vec16) copy_run_vec<COPY_UNROLL>((uint4*)dst, (const uint4*)src, block_bytes / 16, lane);
+        else copy_run_bytes(dst, src, block_bytes, lane);
+    }
+}

@@ -358,7 +358,13 @@ mod device {
             if path == HostCopyPath::Staged {
                 // Small slots: many pieces per wave, each slot reused, the
                 // slots' copies on two copy-engine streams a direction.
-                let cfg = StagingConfig { slot_bytes: 5 * g.block_bytes, slots: 3, blocks: 2, copy_streams: 2 };
+                let cfg = StagingConfig {
+                    slot_bytes: 5 * g.block_bytes,
+                    slots: 3,
+                    blocks: 2,
+                    copy_streams: 2,
+                    whole_blocks: true,
+                };
                 engine.set_staging(&gpu, cfg).unwrap();
             }
             for _ in 0..5 {
@@ -568,7 +574,9 @@ mod staged {
                 assert_eq!(engine.staging(), Some(StagingConfig::default()), "a refused configuration changes nothing");
             }
             let copy_streams = if slot_bytes == 8 << 20 { 1 } else { 3 };
-            engine.set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4, copy_streams }).unwrap();
+            engine
+                .set_staging(&gpu, StagingConfig { slot_bytes, slots: 2, blocks: 4, copy_streams, whole_blocks: true })
+                .unwrap();
             // 3 MiB each way is below `Auto`'s size for the staged path.
             let auto = slot_bytes == 8 << 20;
             engine.set_host_path(HostCopyPath::Staged);
@@ -604,7 +612,8 @@ mod staged {
                 }
                 (false, HostLayout::RegionMajor) => assert!(o >= 3 * 64 / 7, "pieces of 7 pages ({o} runs)"),
                 (false, HostLayout::BlockMajor) => {
-                    assert_eq!((o, i), (28, 28), "pieces of 7 (page, region) segments, one host run each");
+                    // Whole blocks of 3 x 16 KiB: two fit in a slot of 112 KiB.
+                    assert_eq!((o, i), (32, 32), "pieces of 2 whole blocks, one host run each");
                 }
             }
             launch_copy_wave(&gpu, &engine, &wave, None).unwrap();

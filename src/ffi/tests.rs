@@ -119,8 +119,7 @@ fn counters(e: *mut kvc_engine) -> kvc_counters {
     unsafe { c.assume_init() }
 }
 
-/// A request of 12 tokens whose positions 4..8 are one image item of `kind`
-/// with `content`/`len`.
+/// A request of `tokens` with one image item and no UUID list.
 fn image_request(tokens: &[u32], item: &kvc_image_item) -> kvc_request {
     kvc_request {
         tokens: tokens.as_ptr(),

@@ -638,7 +638,7 @@ impl Gpu {
         let staged_of = |ops: &[CopyOp], to_host: bool| -> Option<StagedList> {
             let st = engine.staging.as_ref()?;
             let slots = if to_host { &st.out_slots } else { &st.in_slots };
-            dma::staged(g, ops, &ends, to_host, slots, st.config.slot_bytes)
+            dma::staged(g, ops, &ends, to_host, slots, st.config.slot_bytes, st.config.whole_blocks)
         };
         let none = || (RunList::default(), RunList::default(), StagedList::default(), StagedList::default());
         let (dma_out, dma_in, st_out, st_in) = match engine.host_path {
@@ -731,7 +731,12 @@ impl Gpu {
             if l.is_empty() {
                 return Ok(None);
             }
-            Ok(Some(self.stream.clone_htod(bytemuck::cast_slice::<dma::Seg, u8>(&l.segs))?))
+            let bytes = if l.whole_blocks() {
+                bytemuck::cast_slice::<dma::BlockSeg, u8>(&l.blocks)
+            } else {
+                bytemuck::cast_slice::<dma::Seg, u8>(&l.segs)
+            };
+            Ok(Some(self.stream.clone_htod(bytes)?))
         };
         let staged = [(upload(&st_out)?, st_out), (upload(&st_in)?, st_in)];
         let staging_gen = engine.staging.as_ref().map_or(0, |s| s.generation);
@@ -1140,11 +1145,16 @@ pub struct StagingConfig {
     /// stream k mod `copy_streams`, so that with more than one the copies
     /// of consecutive slots may run on different copy engines at once.
     pub copy_streams: u32,
+    /// Whether a direction whose copies are all whole blocks of a
+    /// block-major host tier is planned as one record per block (the
+    /// default) rather than one segment per block and region (kept to
+    /// compare the two).
+    pub whole_blocks: bool,
 }
 
 impl Default for StagingConfig {
     fn default() -> Self {
-        Self { slot_bytes: 8 << 20, slots: 2, blocks: 8, copy_streams: 1 }
+        Self { slot_bytes: 8 << 20, slots: 2, blocks: 8, copy_streams: 1, whole_blocks: true }
     }
 }
 
@@ -1380,18 +1390,34 @@ fn run_staged(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave) -> Result<Vec<Arc
         for (i, piece) in list.pieces.iter().enumerate() {
             let k = i % slots;
             let dma_s = dma_of(k);
-            let segs = segs_base + 24 * piece.seg_first as u64;
+            let record = if list.whole_blocks() { 16 } else { 24 };
+            let segs = segs_base + record * piece.seg_first as u64;
             let n = u32::try_from(piece.seg_count).expect("a slot holds fewer than 2^32 segments");
+            // The gather (offload) or scatter (onboard) of the piece's
+            // records. Called only once the stream has waited for the other
+            // side of slot k, as described at each call.
+            let move_slot = |stream: &CudaStream| -> Result<(), GpuError> {
+                if list.whole_blocks() {
+                    // SAFETY: the records were built by `dma::staged` from
+                    // pages that `check_wave` put inside the device pool
+                    // (valid by attach's contract) and from this staging
+                    // generation's slot k (owned by the engine, checked
+                    // above), whole blocks back to back inside the slot.
+                    unsafe { launch::kv_block_seg_copy_raw(gpu, stream, engine, segs, n, to_host, st.config.blocks) }
+                } else {
+                    // SAFETY: as above, for segments (each inside its pool
+                    // page or its slot); vec16 is the engine's proof of
+                    // alignment.
+                    unsafe { launch::kv_seg_copy_raw(gpu, stream, segs, n, engine.vec16, st.config.blocks) }
+                }
+            };
             if to_host {
                 kernel_s.wait(&free[k])?;
-                // SAFETY: the segments were built by `dma::staged` from pages
-                // that `check_wave` put inside their pools (valid by attach's
-                // contract) and from this staging generation's slot k (owned
-                // by the engine, checked above); the gather stream waited for
-                // the copy engine to finish reading the slot; vec16 is the
-                // engine's proof of alignment (slots are 256-byte aligned and
-                // hold whole segments back to back).
-                unsafe { launch::kv_seg_copy_raw(gpu, kernel_s, segs, n, engine.vec16, st.config.blocks) }?;
+                // The gather stream waited for the copy engine to finish
+                // reading the slot; vec16 is the engine's proof of alignment
+                // (slots are 256-byte aligned and hold whole segments or
+                // blocks back to back).
+                move_slot(kernel_s)?;
                 full[k].record(kernel_s)?;
                 dma_s.wait(&full[k])?;
                 // SAFETY: the runs join slot k (filled above, on this stream's
@@ -1406,9 +1432,9 @@ fn run_staged(gpu: &Gpu, engine: &CopyEngine, wave: &CopyWave) -> Result<Vec<Arc
                 unsafe { dma::enqueue(&piece.runs, dma_s) }?;
                 full[k].record(dma_s)?;
                 kernel_s.wait(&full[k])?;
-                // SAFETY: as for the gather; the slot was filled before the
-                // event this stream waited on.
-                unsafe { launch::kv_seg_copy_raw(gpu, kernel_s, segs, n, engine.vec16, st.config.blocks) }?;
+                // As for the gather; the slot was filled before the event this
+                // stream waited on.
+                move_slot(kernel_s)?;
                 free[k].record(kernel_s)?;
             }
         }

@@ -111,9 +111,20 @@ pub(super) struct Seg {
     pub(super) len: u64,
 }
 
-/// One piece of a staged direction: the segments that fill (offload) or
-/// empty (onboard) one staging slot, and the copy engine's runs between that
-/// slot and the host tier.
+/// A whole block of the staged path (`BlockSeg` in `cuda/block_copy.cu`):
+/// the staging address of its first region (the others follow, block_bytes
+/// apart) and its device page.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct BlockSeg {
+    pub(super) slot: u64,
+    pub(super) page: u32,
+    pub(super) pad: u32,
+}
+
+/// One piece of a staged direction: the segments (or whole blocks) that
+/// fill (offload) or empty (onboard) one staging slot, and the copy engine's
+/// runs between that slot and the host tier.
 #[derive(Debug, Clone)]
 pub(super) struct StagedPiece {
     pub(super) seg_first: usize,
@@ -126,16 +137,29 @@ pub(super) struct StagedPiece {
 /// slots), so that the copy engine moves runs of consecutive host pages
 /// whatever the device pages are, and a gather (offload) or scatter
 /// (onboard) kernel moves the scattered device pages to or from the slot.
+///
+/// When every copy of the direction is a whole block and the host tier is
+/// block-major, the plan is one [`BlockSeg`] per block (`blocks`, with
+/// `block_span` bytes each) instead of a segment per block and region: a
+/// 512 MiB direction of 8 KiB blocks over 32 regions is 2 048 records to
+/// build and upload instead of 65 536.
 #[derive(Debug, Clone, Default)]
 pub struct StagedList {
     pub(super) segs: Vec<Seg>,
+    pub(super) blocks: Vec<BlockSeg>,
+    pub(super) block_span: u64,
     pub(super) pieces: Vec<StagedPiece>,
 }
 
 impl StagedList {
     /// Whether the direction has nothing to move.
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.segs.is_empty() && self.blocks.is_empty()
+    }
+
+    /// Whether the plan is in whole blocks (`blocks`) rather than segments.
+    pub fn whole_blocks(&self) -> bool {
+        !self.blocks.is_empty()
     }
 
     /// Runs the copy engine moves, over all pieces.
@@ -150,7 +174,7 @@ impl StagedList {
 
     /// Bytes moved.
     pub fn bytes(&self) -> u64 {
-        self.segs.iter().map(|s| s.len).sum()
+        self.segs.iter().map(|s| s.len).sum::<u64>() + self.blocks.len() as u64 * self.block_span
     }
 }
 
@@ -165,6 +189,7 @@ pub(super) fn staged(
     to_host: bool,
     slots: &[u64],
     slot_bytes: u64,
+    whole_blocks: bool,
 ) -> Option<StagedList> {
     // (host address, device address, length), one per (copy, region, plane
     // run), wanted in host address order. Sorting the copies by host page
@@ -180,6 +205,38 @@ pub(super) fn staged(
     regions.sort_by_key(|r| ends.host_bases[*r]);
     let (lo, hi) = (ends.host_bases[regions[0]], ends.host_bases[*regions.last().expect("at least one region")]);
     let page_major = hi - lo + g.block_bytes <= ends.host_stride;
+    let span = g.block_bytes * g.regions as u64;
+    let block_major = (0..g.regions as usize).all(|r| ends.host_bases[r] == lo + r as u64 * g.block_bytes);
+    if whole_blocks
+        && block_major
+        && ends.host_stride == span
+        && sorted.iter().all(|op| op.tokens >= g.tokens_per_block)
+    {
+        if span > slot_bytes || slots.is_empty() {
+            return None;
+        }
+        let mut list = StagedList { block_span: span, ..StagedList::default() };
+        let mut fill = slot_bytes; // forces a first piece
+        for op in &sorted {
+            if fill + span > slot_bytes {
+                list.pieces.push(StagedPiece { seg_first: list.blocks.len(), seg_count: 0, runs: RunList::default() });
+                fill = 0;
+            }
+            let slot = slots[(list.pieces.len() - 1) % slots.len()] + fill;
+            let piece = list.pieces.last_mut().expect("a piece was just started");
+            let (hp, dp) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
+            let h = ends.addr(true, 0, hp);
+            list.blocks.push(BlockSeg { slot, page: dp, pad: 0 });
+            if to_host {
+                piece.runs.push(h, slot, span);
+            } else {
+                piece.runs.push(slot, h, span);
+            }
+            piece.seg_count += 1;
+            fill += span;
+        }
+        return Some(list);
+    }
     let mut entries: Vec<(u64, u64, u64)> = Vec::with_capacity(ops.len() * g.regions as usize);
     let mut push = |op: &CopyOp, r: usize| {
         let (hp, dp) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
@@ -362,21 +419,22 @@ mod tests {
             .map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 4, media: 2 })
             .to_vec();
         let slots = [0x100000u64, 0x200000];
-        let l = staged(&g, &ops, &ends, true, &slots, 192).unwrap();
+        let l = staged(&g, &ops, &ends, true, &slots, 192, true).unwrap();
         assert_eq!(l.pieces(), 2, "three blocks fill a slot of 192 bytes");
         assert_eq!(l.host_runs(), 2, "one run per piece");
         let p0 = &l.pieces[0];
         assert_eq!((p0.runs.dsts[0], p0.runs.srcs[0], p0.runs.sizes[0]), (0x9000, 0x100000, 192));
         assert_eq!(l.pieces[1].runs.srcs[0], 0x200000, "the second piece goes to the second slot");
-        let gathered: Vec<u64> = l.segs.iter().map(|s| s.src).collect();
-        assert_eq!(gathered, vec![0x1000, 0x1000 + 2 * 64, 0x1000 + 5 * 64, 0x1000 + 7 * 64]);
+        // One region: every copy is a whole block, one record each.
+        let gathered: Vec<u32> = l.blocks.iter().map(|b| b.page).collect();
+        assert_eq!(gathered, vec![0, 2, 5, 7]);
         assert_eq!(l.bytes(), 4 * 64);
         // Onboard: the segments scatter from the slot into the device pages.
         let on: Vec<CopyOp> = ops.iter().map(|o| CopyOp { src_page: o.dst_page, dst_page: o.src_page, ..*o }).collect();
-        let l = staged(&g, &on, &ends, false, &slots, 4096).unwrap();
+        let l = staged(&g, &on, &ends, false, &slots, 4096, true).unwrap();
         assert_eq!((l.pieces(), l.host_runs()), (1, 1));
-        assert_eq!(l.segs[3], Seg { dst: 0x1000 + 7 * 64, src: 0x100000 + 3 * 64, len: 64 });
-        assert!(staged(&g, &ops, &ends, true, &slots, 32).is_none(), "a block larger than a slot");
+        assert_eq!(l.blocks[3], BlockSeg { slot: 0x100000 + 3 * 64, page: 7, pad: 0 });
+        assert!(staged(&g, &ops, &ends, true, &slots, 32, true).is_none(), "a block larger than a slot");
     }
 
     /// With a block-major host tier (page stride = regions * block_bytes), a
@@ -395,16 +453,36 @@ mod tests {
             [(3, 11), (9, 2), (0, 7)].map(|(s, d)| CopyOp { src_page: s, dst_page: d, tokens: 4, media: 2 }).to_vec();
         let slots = [0x500_0000u64];
         let bm = Ends { device_bases: &dev, device_stride: 64, host_bases: &block_major, host_stride: 256 };
-        let l = staged(&g, &ops, &bm, true, &slots, 1 << 20).unwrap();
+        let l = staged(&g, &ops, &bm, true, &slots, 1 << 20, true).unwrap();
         assert_eq!(l.host_runs(), 3, "one run per block");
         assert!(l.pieces[0].runs.sizes.iter().all(|s| *s == 256));
         assert_eq!(l.pieces[0].runs.dsts, vec![0x90_0000 + 2 * 256, 0x90_0000 + 7 * 256, 0x90_0000 + 11 * 256]);
-        // The gather reads each region of each device page once.
+        // Whole blocks: one record per block, in host order, its regions
+        // back to back in the slot.
+        assert!(l.whole_blocks() && l.segs.is_empty());
+        let want = [(0x500_0000, 9), (0x500_0000 + 256, 0), (0x500_0000 + 512, 3)];
+        assert_eq!(l.blocks, want.map(|(slot, page)| BlockSeg { slot, page, pad: 0 }).to_vec());
+        assert_eq!(l.bytes(), 3 * 256);
+        // Asked not to, the planner keeps one segment per block and region.
+        let segs = staged(&g, &ops, &bm, true, &slots, 1 << 20, false).unwrap();
+        assert!(!segs.whole_blocks());
+        assert_eq!((segs.segs.len(), segs.host_runs()), (12, 3));
+        // A slot of two blocks: two pieces, the second in the next slot.
+        let two = staged(&g, &ops, &bm, true, &[0x500_0000, 0x600_0000], 512, true).unwrap();
+        assert_eq!(two.pieces.len(), 2);
+        assert_eq!(two.blocks[2].slot, 0x600_0000);
+        // With a prefix copy among them the plan is per (block, region):
+        // the gather reads each region of each device page once.
+        let mut mixed = ops.clone();
+        mixed[1].tokens = 2;
+        let l = staged(&g, &mixed, &bm, true, &slots, 1 << 20, true).unwrap();
+        assert!(!l.whole_blocks());
         assert_eq!(l.segs.len(), 12);
-        assert_eq!(l.segs[1], Seg { dst: 0x500_0000 + 64, src: dev[1] + 9 * 64, len: 64 });
+        assert_eq!(l.segs[1], Seg { dst: 0x500_0000 + 32, src: dev[1] + 9 * 64, len: 32 });
+        assert_eq!(l.bytes(), 2 * 256 + 4 * 32);
         let rm = Ends { device_bases: &dev, device_stride: 64, host_bases: &region_major, host_stride: 64 };
         assert_eq!(
-            staged(&g, &ops, &rm, true, &slots, 1 << 20).unwrap().host_runs(),
+            staged(&g, &ops, &rm, true, &slots, 1 << 20, true).unwrap().host_runs(),
             12,
             "one run per region and block"
         );

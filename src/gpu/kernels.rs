@@ -147,11 +147,16 @@ pub enum KernelId {
     /// The second launch of `Blake3Multi` (same signature): the folds of
     /// every item's sets of 64 values, level by level, up to the digests.
     Blake3FoldSets,
+    /// Whole blocks between the device pool and a staging slot laid out
+    /// like the block-major host tier (the staged path's gather and scatter
+    /// when every copy of a direction is a whole block): one 16-byte
+    /// record per block instead of a segment per block and region.
+    KvBlockSegCopy,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 9] = [
+    pub const ALL: [KernelId; 10] = [
         KernelId::Blake3Latency,
         KernelId::Blake3Throughput,
         KernelId::Blake3Pair,
@@ -161,10 +166,11 @@ impl KernelId {
         KernelId::KvSegCopy,
         KernelId::KvBlockCopySplit,
         KernelId::Blake3FoldSets,
+        KernelId::KvBlockSegCopy,
     ];
 
     /// The kernels the default paths launch.
-    pub const USED: [KernelId; 7] = [
+    pub const USED: [KernelId; 8] = [
         KernelId::Blake3Latency,
         KernelId::Blake3One,
         KernelId::Blake3Multi,
@@ -172,6 +178,7 @@ impl KernelId {
         KernelId::KvSegCopy,
         KernelId::KvBlockCopySplit,
         KernelId::Blake3FoldSets,
+        KernelId::KvBlockSegCopy,
     ];
 
     /// The BLAKE3 kernels that take an item table (one signature, one table layout).
@@ -201,7 +208,9 @@ impl KernelId {
         match self {
             KernelId::Blake3Latency | KernelId::Blake3Throughput => ModuleId::Blake3,
             KernelId::Blake3Pair | KernelId::Blake3Multi | KernelId::Blake3FoldSets => ModuleId::Blake3Pair,
-            KernelId::KvBlockCopy | KernelId::KvSegCopy | KernelId::KvBlockCopySplit => ModuleId::BlockCopy,
+            KernelId::KvBlockCopy | KernelId::KvSegCopy | KernelId::KvBlockCopySplit | KernelId::KvBlockSegCopy => {
+                ModuleId::BlockCopy
+            }
             KernelId::Blake3One => ModuleId::Blake3One,
         }
     }
@@ -218,6 +227,7 @@ impl KernelId {
             KernelId::KvSegCopy => "kv_seg_copy",
             KernelId::KvBlockCopySplit => "kv_block_copy_split",
             KernelId::Blake3FoldSets => "blake3_fold_sets",
+            KernelId::KvBlockSegCopy => "kv_block_seg_copy",
         }
     }
 

@@ -668,6 +668,55 @@ pub(super) unsafe fn kv_seg_copy_raw(
     Ok(())
 }
 
+/// `kv_block_seg_copy(const BlockSeg* segs, u32 n, const u64* device_bases,
+/// u32 regions, u64 block_bytes, u64 device_stride, u32 to_slot, u32 vec16)`
+/// on `stream` with `blocks` thread blocks of 1024 threads: moves `n` whole
+/// blocks (16-byte records read from `segs`) between `engine`'s device pool
+/// and staging addresses, gathering with `to_slot`, scattering without.
+///
+/// # Safety
+/// `segs` must hold `n` records in device memory, each a staging address
+/// with `regions * block_bytes` bytes of valid device memory from it and a
+/// page inside the engine's device pool; no two records may name
+/// overlapping staging bytes or the same page; with the engine's `vec16`
+/// every staging address a multiple of 16; all valid until the launch
+/// completes.
+pub(super) unsafe fn kv_block_seg_copy_raw(
+    gpu: &Gpu,
+    stream: &cudarc::driver::CudaStream,
+    engine: &CopyEngine,
+    segs: u64,
+    n: u32,
+    to_slot: bool,
+    blocks: u32,
+) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    assert!((1..=16).contains(&blocks), "the staged path uses at most 16 thread blocks");
+    let f = gpu.function(KernelId::KvBlockSegCopy)?;
+    let g = engine.device.geometry;
+    let (regions, block_bytes, stride) = (g.regions, g.block_bytes, engine.device.page_stride);
+    let (to_slot, vec16) = (u32::from(to_slot), u32::from(engine.vec16));
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&segs)
+        .arg(&n)
+        .arg(&engine.device_bases_dev)
+        .arg(&regions)
+        .arg(&block_bytes)
+        .arg(&stride)
+        .arg(&to_slot)
+        .arg(&vec16);
+    // SAFETY: the argument list matches the .cu signature; every device
+    // address the kernel forms is base[region] + page * stride (+ at most
+    // block_bytes) with the page inside the pool, valid by attach's contract,
+    // and every staging address is inside a record's bytes, valid by this
+    // function's contract.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
 /// Checks a wave against its engine: pages inside their pools, host pages
 /// only with a host tier, tokens within a block, and no page written twice or
 /// both read and written. Run once by `Gpu::prepare_wave`, the only

@@ -11,6 +11,7 @@
 //! | `kv_block_copy` | a batch of block copies (offload, onboard, prefix reuse), one launch per conflict-free wave | [`pool::copy_blocks_cpu`] |
 //! | `kv_block_copy_split` | the same for a wave that offloads and onboards at once, each direction with its own blocks and loads in flight | the same |
 //! | `kv_seg_copy` | gather and scatter between the device pool and a staging buffer (staged host path) | the same |
+//! | `kv_block_seg_copy` | the same for whole blocks of a block-major host tier, one record per block | the same |
 //!
 //! Host-tier copies can also go to the copy engines instead of the kernel
 //! ([`dma`], chosen per wave by [`HostCopyPath`]): directly when both ends

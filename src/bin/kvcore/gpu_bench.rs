@@ -587,6 +587,11 @@ mod imp {
                     ("Staged4x1", HostCopyPath::Staged, four(1)),
                     ("Staged4x2", HostCopyPath::Staged, four(2)),
                     ("Staged4x4", HostCopyPath::Staged, four(4)),
+                    (
+                        "StagedSeg",
+                        HostCopyPath::Staged,
+                        StagingConfig { whole_blocks: false, ..StagingConfig::default() },
+                    ),
                 ];
                 for (label, path, staging) in variants {
                     if engine.staging() != Some(staging) {
