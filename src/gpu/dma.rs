@@ -139,7 +139,7 @@ pub(super) struct StagedPiece {
 /// (onboard) kernel moves the scattered device pages to or from the slot.
 ///
 /// When every copy of the direction is a whole block and the host tier is
-/// block-major, the plan is one [`BlockSeg`] per block (`blocks`, with
+/// block-major, the plan is one `BlockSeg` per block (`blocks`, with
 /// `block_span` bytes each) instead of a segment per block and region: a
 /// 512 MiB direction of 8 KiB blocks over 32 regions is 2 048 records to
 /// build and upload instead of 65 536.
