@@ -320,16 +320,7 @@ pub unsafe extern "C" fn kvc_engine_copy_blocks(engine: *mut kvc_engine, launche
                         "no KV pool is attached: call kvc_engine_attach_kv_pool first",
                     ));
                 };
-                let (device, host) = (pool.device(), pool.host().map(|h| h.pool().blocks));
-                let waves =
-                    crate::gpu::plan_copy_waves(pending, &device.geometry, device.blocks, host).map_err(gpu_failure)?;
-                let mut launches = 0;
-                for ops in waves.into_iter().skip(*waves_done) {
-                    let wave = gpu.prepare_wave(pool, ops).map_err(gpu_failure)?;
-                    crate::gpu::launch_copy_wave(gpu, pool, &wave, None).map_err(gpu_failure)?;
-                    *waves_done += 1;
-                    launches += 1;
-                }
+                let launches = gpu.copy_blocks_from(pool, pending, waves_done).map_err(gpu_failure)?;
                 gpu.synchronize().map_err(gpu_failure)?;
                 pending.clear();
                 *waves_done = 0;

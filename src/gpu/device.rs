@@ -787,18 +787,34 @@ impl Gpu {
     /// synchronize before reading the data on the host). Returns the number
     /// of launches.
     pub fn copy_blocks(&self, engine: &CopyEngine, copies: &[BlockCopy]) -> Result<usize, GpuError> {
+        self.copy_blocks_from(engine, copies, &mut 0)
+    }
+
+    /// As [`Gpu::copy_blocks`], skipping the first `*waves_done` waves and
+    /// counting each wave launched in `*waves_done`, so that after a failed
+    /// launch a new call resumes at the wave that failed (a wave may
+    /// overwrite a page an earlier one read, so done waves must not run
+    /// again). Returns the number of waves launched by this call.
+    pub fn copy_blocks_from(
+        &self,
+        engine: &CopyEngine,
+        copies: &[BlockCopy],
+        waves_done: &mut usize,
+    ) -> Result<usize, GpuError> {
         let waves = plan_copy_waves(
             copies,
             &engine.device.geometry,
             engine.device.blocks,
             engine.host.as_ref().map(|h| h.pool.blocks),
         )?;
-        let n = waves.len();
-        for ops in waves {
+        let mut launched = 0;
+        for ops in waves.into_iter().skip(*waves_done) {
             let wave = self.prepare_wave(engine, ops)?;
             run_wave(self, engine, &wave, None)?;
+            *waves_done += 1;
+            launched += 1;
         }
-        Ok(n)
+        Ok(launched)
     }
 }
 
