@@ -919,9 +919,6 @@ pub struct HostTier {
     buf: PinnedHostSlice<u8>,
     pool: KvPool,
     layout: HostLayout,
-    /// The mapped address of the first byte (the pool's addresses minus this
-    /// are offsets into `buf`).
-    mapped: u64,
 }
 
 impl HostTier {
@@ -977,7 +974,7 @@ impl HostTier {
                 geometry,
             ),
         };
-        Ok(HostTier { buf, pool, layout, mapped: dev })
+        Ok(HostTier { buf, pool, layout })
     }
 
     /// The tier as a pool (device-mapped addresses).
@@ -992,7 +989,8 @@ impl HostTier {
 
     /// The offset in [`HostTier::bytes`] of page `page` of region `region`.
     pub fn offset(&self, region: usize, page: u32) -> usize {
-        (self.pool.page_addr(region, page) - self.mapped) as usize
+        // Region 0 starts at the allocation's first byte in both layouts.
+        (self.pool.page_addr(region, page) - self.pool.region_bases[0]) as usize
     }
 
     /// The tier's bytes in its layout. Kernels write it without the slice
