@@ -216,24 +216,11 @@ pub(super) fn staged(
             return None;
         }
         let mut list = StagedList { block_span: span, ..StagedList::default() };
-        let mut fill = slot_bytes; // forces a first piece
+        let mut slot = SlotFill::new(slots, slot_bytes, to_host);
         for op in &sorted {
-            if fill + span > slot_bytes {
-                list.pieces.push(StagedPiece { seg_first: list.blocks.len(), seg_count: 0, runs: RunList::default() });
-                fill = 0;
-            }
-            let slot = slots[(list.pieces.len() - 1) % slots.len()] + fill;
-            let piece = list.pieces.last_mut().expect("a piece was just started");
             let (hp, dp) = if to_host { (op.dst_page, op.src_page) } else { (op.src_page, op.dst_page) };
-            let h = ends.addr(true, 0, hp);
-            list.blocks.push(BlockSeg { slot, page: dp, pad: 0 });
-            if to_host {
-                piece.runs.push(h, slot, span);
-            } else {
-                piece.runs.push(slot, h, span);
-            }
-            piece.seg_count += 1;
-            fill += span;
+            let at = slot.place(&mut list.pieces, list.blocks.len(), ends.addr(true, 0, hp), span);
+            list.blocks.push(BlockSeg { slot: at, page: dp, pad: 0 });
         }
         return Some(list);
     }
@@ -272,26 +259,50 @@ pub(super) fn staged(
         entries.sort_unstable_by_key(|e| e.0);
     }
     let mut list = StagedList::default();
-    let mut fill = slot_bytes; // forces a first piece
+    let mut slot = SlotFill::new(slots, slot_bytes, to_host);
     for (h, d, len) in entries {
-        if fill + len > slot_bytes {
-            list.pieces.push(StagedPiece { seg_first: list.segs.len(), seg_count: 0, runs: RunList::default() });
-            fill = 0;
-        }
-        let slot = slots[(list.pieces.len() - 1) % slots.len()];
-        let piece = list.pieces.last_mut().expect("a piece was just started");
-        let s = slot + fill;
-        if to_host {
-            list.segs.push(Seg { dst: s, src: d, len });
-            piece.runs.push(h, s, len);
-        } else {
-            list.segs.push(Seg { dst: d, src: s, len });
-            piece.runs.push(s, h, len);
-        }
-        piece.seg_count += 1;
-        fill += len;
+        let at = slot.place(&mut list.pieces, list.segs.len(), h, len);
+        list.segs.push(if to_host { Seg { dst: at, src: d, len } } else { Seg { dst: d, src: at, len } });
     }
     Some(list)
+}
+
+/// Lays a staged direction's records back to back in the staging slots: a
+/// piece per slot fill, piece i in slot i mod slots.
+struct SlotFill<'a> {
+    slots: &'a [u64],
+    slot_bytes: u64,
+    to_host: bool,
+    fill: u64,
+}
+
+impl<'a> SlotFill<'a> {
+    fn new(slots: &'a [u64], slot_bytes: u64, to_host: bool) -> Self {
+        // A full slot, so that the first record starts a piece.
+        Self { slots, slot_bytes, to_host, fill: slot_bytes }
+    }
+
+    /// Places `len` bytes bound for (or from) host address `host` after the
+    /// current piece's, starting a new piece in the next slot when they do
+    /// not fit; adds the copy engine's run and counts the record (`record`,
+    /// its index in the records list) in the piece. Returns the bytes'
+    /// staging address. `len` must fit in a slot.
+    fn place(&mut self, pieces: &mut Vec<StagedPiece>, record: usize, host: u64, len: u64) -> u64 {
+        if self.fill + len > self.slot_bytes {
+            pieces.push(StagedPiece { seg_first: record, seg_count: 0, runs: RunList::default() });
+            self.fill = 0;
+        }
+        let at = self.slots[(pieces.len() - 1) % self.slots.len()] + self.fill;
+        let piece = pieces.last_mut().expect("a piece was just started");
+        if self.to_host {
+            piece.runs.push(host, at, len);
+        } else {
+            piece.runs.push(at, host, len);
+        }
+        piece.seg_count += 1;
+        self.fill += len;
+        at
+    }
 }
 
 /// Average host run (bytes) from which [`HostCopyPath::Auto`](super::HostCopyPath)
