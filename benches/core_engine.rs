@@ -11,7 +11,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group};
 use std::time::Duration;
 
 use crate::cpu_time::{ThreadCpuTime, thread_cpu_time};
-use kvcore::bench::{BLOCK_SIZE as BS, PROMPT, PromptWorkload};
+use kvcore_tools::bench::{BLOCK_SIZE as BS, PROMPT, PromptWorkload};
 
 fn bench(c: &mut Criterion<ThreadCpuTime>) {
     let w = PromptWorkload::default();

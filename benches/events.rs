@@ -8,9 +8,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use kvcore::events::codec::{EncodeOptions, decode_payload, encode_events};
-use kvcore::events::publisher::{Publisher, PublisherConfig};
+use kvcore::wire::{EncodeOptions, decode_payload, encode_events};
 use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{Publisher, PublisherConfig};
 
 use crate::cpu_time::ThreadCpuTime;
 

@@ -6,13 +6,13 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
-use kvcore::router::hashing::{NoUuids, RouterKey, TokenRequest, hash_request};
-use kvcore::router::workload::{WorkloadSpec, generate};
-use kvcore::router::{Indexer, IndexerConfig};
+use kvcore_router::hashing::{NoUuids, RouterKey, TokenRequest, hash_request};
+use kvcore_router::workload::{WorkloadSpec, generate};
+use kvcore_router::{Indexer, IndexerConfig};
 
 use crate::cpu_time::ThreadCpuTime;
 
-fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore::router::WorkerId>) {
+fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore_router::WorkerId>) {
     let mut ix = Indexer::new(IndexerConfig::default());
     let ws = (0..n).map(|i| ix.add_worker(&format!("w{i}"))).collect();
     (ix, ws)
@@ -58,12 +58,12 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
 }
 
 /// Blocks a worker stores in a workload.
-fn w_blocks(worker: usize, w: &kvcore::router::workload::Workload) -> usize {
+fn w_blocks(worker: usize, w: &kvcore_router::workload::Workload) -> usize {
     w.events
         .iter()
         .filter(|(wi, _)| *wi == worker)
         .map(|(_, e)| match e {
-            kvcore::events::wire::WireEvent::BlockStored(s) => s.block_hashes.len(),
+            kvcore::wire::WireEvent::BlockStored(s) => s.block_hashes.len(),
             _ => 0,
         })
         .sum()

@@ -252,7 +252,7 @@ impl Engine {
     }
 
     /// Whether `key` is cached, and in which tier.
-    pub fn cached_medium(&self, key: &crate::keys::BlockKey) -> Option<crate::tables::Medium> {
+    pub fn cached_medium(&self, key: &crate::keys::BlockKey) -> Option<crate::tier::Tier> {
         self.cache.index.map.get(key).map(|b| self.cache.blocks.rows[*b].medium)
     }
 

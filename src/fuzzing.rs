@@ -14,7 +14,7 @@ use crate::events::codec::{
 };
 use crate::events::mirror::{Mirror, split_stored};
 use crate::events::wire::WireBatch;
-use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, EventImage, EventImageRun, KvEvent, Medium};
+use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, EventImage, EventImageRun, KvEvent, Tier};
 use crate::keys::{BlockKey, ImageDigest};
 
 /// Decode target: arbitrary bytes as a payload (and as a three-frame message).
@@ -131,8 +131,8 @@ impl<'a> ByteSource<'a> {
         Arc::from(String::from_utf8_lossy(&bytes).as_ref())
     }
 
-    fn medium(&mut self) -> Medium {
-        if self.bool() { Medium::Cpu } else { Medium::Gpu }
+    fn medium(&mut self) -> Tier {
+        if self.bool() { Tier::Host } else { Tier::Device }
     }
 
     /// Up to 8 events of any kind.

@@ -156,6 +156,78 @@ fn tokens_le(tokens: &[u32]) -> std::borrow::Cow<'_, [u32]> {
     }
 }
 
+/// One image run of a prompt, flattened: where it sits in the prompt and
+/// which part of which item it holds. A request keeps its runs sorted by
+/// `start`; [`key_of_block`] cuts them at block boundaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlatRun {
+    /// First token position of the run in the request.
+    pub start: u32,
+    /// Tokens in the run.
+    pub len: u32,
+    /// Offset of the run's first token within its item.
+    pub item_offset: u32,
+    /// The item's content digest.
+    pub digest: ImageDigest,
+}
+
+/// The image runs of the block that starts at `block_start`, from a request's
+/// flat, sorted runs. Runs that start before the block (an item the block
+/// starts inside) carry the item-local offset where the block cuts them.
+pub fn runs_in_block(runs: &[FlatRun], block_start: u32, block_size: u32, out: &mut Vec<ImageRun>) {
+    out.clear();
+    let block_end = block_start + block_size;
+    let first = runs.partition_point(|r| r.start + r.len <= block_start);
+    for r in &runs[first..] {
+        if r.start >= block_end {
+            break;
+        }
+        let s = r.start.max(block_start);
+        let e = (r.start + r.len).min(block_end);
+        out.push(ImageRun {
+            digest: r.digest,
+            item_offset: r.item_offset + (s - r.start),
+            block_offset: s - block_start,
+            len: e - s,
+        });
+    }
+}
+
+/// The block's tokens as keyed and advertised: the placeholder id at image
+/// positions. Borrows when the block holds no image.
+pub fn keyed_tokens<'a>(
+    tokens: &'a [u32],
+    runs: &[ImageRun],
+    placeholder: u32,
+    scratch: &'a mut Vec<u32>,
+) -> &'a [u32] {
+    if runs.is_empty() {
+        return tokens;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(tokens);
+    for r in runs {
+        scratch[r.block_offset as usize..(r.block_offset + r.len) as usize].fill(placeholder);
+    }
+    scratch
+}
+
+/// The key of the block holding `tokens` (exactly one block) at `block_start`.
+/// Leaves the block's image runs in `block_runs`.
+pub fn key_of_block(
+    parent: &BlockKey,
+    tokens: &[u32],
+    runs: &[FlatRun],
+    block_start: u32,
+    placeholder: u32,
+    scratch: &mut Vec<u32>,
+    block_runs: &mut Vec<ImageRun>,
+) -> BlockKey {
+    runs_in_block(runs, block_start, tokens.len() as u32, block_runs);
+    let keyed = keyed_tokens(tokens, block_runs, placeholder, scratch);
+    block_key(parent, keyed, block_runs)
+}
+
 /// Dynamo's rule for turning an image identifier into a 64-bit `mm_hash`:
 /// an identifier of exactly 64 hex digits maps to its first 16 hex digits read
 /// as a u64; any other identifier maps to XXH3-64 of its bytes with seed 0.

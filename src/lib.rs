@@ -6,9 +6,16 @@
 //! a KV-aware router which worker holds which prefix.
 //!
 //! The shape is data-oriented: requests, blocks and image items are rows in
-//! `slotmap` tables ([`tables`]); singletons such as the block pool, the prefix
-//! index and the routing-hint table are [`resources`]; behaviour lives in plain
-//! functions in [`systems`]; [`Engine`] owns it all. See `docs/architecture.md`.
+//! `slotmap` tables; singletons such as the block pool, the prefix index and
+//! the routing-hint table are resources; behaviour lives in plain functions
+//! (systems) that name the data they read and write; [`Engine`] owns it all.
+//! See `docs/architecture.md`.
+//!
+//! Every module is private: the list below is the API. Three namespaces group
+//! what is used together: [`wire`] (the event stream's encoding and
+//! protocol, all a router needs besides the key recipes), [`gpu`] (the CUDA
+//! path and its CPU twins) and [`ffi`] (the C ABI, which `include/kvcore.h`
+//! declares).
 //!
 //! ```
 //! use kvcore::{Engine, EngineConfig, RequestSpec};
@@ -25,35 +32,64 @@
 
 #![deny(unsafe_code)]
 
-pub mod bench;
-pub mod capabilities;
-pub mod config;
-pub mod engine;
-pub mod error;
-pub mod events;
+mod capabilities;
+mod config;
+mod engine;
+mod error;
+mod events;
 // The C ABI needs raw pointers; every `unsafe` block there names its invariant.
 #[allow(unsafe_code, reason = "the C ABI (src/ffi) is one of the two places allowed to hold unsafe code")]
 pub mod ffi;
+// Not API: the fuzz targets' entry points (fuzz/), kept in the library so that
+// their seeds also run under `cargo test` against the library as it is built
+// for the other tests (a feature would build it a second time).
+#[doc(hidden)]
 pub mod fuzzing;
 // The GPU path launches kernels and hands device addresses to the driver,
 // which Rust cannot check; every unsafe block there names its invariant.
 #[allow(unsafe_code, reason = "kernel launches and driver calls need unsafe; each block has a SAFETY comment")]
 pub mod gpu;
-pub mod ids;
-pub mod keys;
-pub mod resources;
-pub mod router;
-pub mod sim;
-pub mod systems;
-pub mod tables;
+mod ids;
+mod keys;
+mod resources;
+mod systems;
+mod tables;
+mod tier;
 
-pub use config::EngineConfig;
+pub use capabilities::{
+    Deployment, IMAGE_ROUTING_VERSION, ImageRoutingGates, KvTransfer, ModelFamily, VALIDATED_FAMILIES, model_info,
+    validated_family,
+};
+pub use config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX};
 pub use engine::{Admission, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
-pub use events::{BlockRemoved, BlockStored, KvEvent, Medium};
+pub use events::publisher::{PublishError, Publisher, PublisherConfig, PublisherStats};
+pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventImage, EventImageRun, KvEvent};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
-pub use keys::{BlockKey, ImageDigest, WireHash};
+pub use keys::{
+    BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_key, key_of_block,
+    mm_hash, mm_hash_of_identifier, root_key,
+};
+pub use resources::{BlockCopy, Counters, PageRef, copy_waves};
 pub use tables::TokenRun;
+pub use tier::Tier;
+
+/// The event stream's contract: the msgpack encoding of event batches (both
+/// the map and the positional form), the decoded wire types a consumer works
+/// from, and the publisher's replay and snapshot protocol. `docs/wire-format.md`
+/// is its specification; a router needs nothing of the engine beyond this and
+/// the key recipes.
+pub mod wire {
+    pub use crate::events::codec::{
+        DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, encode_payload,
+        seq_frame, wire_event,
+    };
+    pub use crate::events::publisher::{END_SEQ, SNAPSHOT_REQUEST, endpoint_for_rank};
+    pub use crate::events::wire::{
+        ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem, WireImageRef,
+        WireMessage, WireMmInfo, WireMmObject,
+    };
+}
 
 /// The README's example runs as a doctest.
 #[doc = include_str!("../README.md")]

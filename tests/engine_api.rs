@@ -2,7 +2,7 @@
 //! blocks, bad input, dummy requests, chunked prefill, duplicate copies and
 //! routing hints.
 
-use kvcore::events::KvEvent;
+use kvcore::KvEvent;
 use kvcore::{AdmitError, Engine, EngineConfig, MmContent, MmItemSpec, RequestError, RequestSpec, TokenRun};
 
 const BS: u32 = 4;
@@ -36,7 +36,7 @@ fn serve(e: &mut Engine, spec: &RequestSpec<'_>) -> u32 {
 }
 
 /// Everything observable about an engine's state, to show a failed call changed nothing.
-fn state(e: &Engine) -> (usize, usize, (usize, usize), kvcore::resources::Counters, usize) {
+fn state(e: &Engine) -> (usize, usize, (usize, usize), kvcore::Counters, usize) {
     let mut c = e.counters();
     c.requests_rejected = 0;
     (e.requests_live(), e.blocks_free_device(), e.blocks_cached(), c, e.cache().index.map.len())
@@ -338,7 +338,7 @@ fn uuid_list_and_hints() {
 /// counted as cached; off, nothing is copied. Image positions stop the shared run.
 #[test]
 fn partial_reuse_copies_the_shared_tokens() {
-    use kvcore::resources::{BlockCopy, PageRef};
+    use kvcore::{BlockCopy, PageRef};
     let config = EngineConfig { block_size_tokens: BS, blocks_device: 16, partial_reuse: true, ..Default::default() };
     let mut e = Engine::new(config.clone()).unwrap();
     let first: Vec<u32> = (1..=12).collect();
@@ -355,7 +355,7 @@ fn partial_reuse_copies_the_shared_tokens() {
     assert_eq!(b_pages[0], a_pages[0], "the full block is shared");
     assert_ne!(b_pages[1], a_pages[1], "the partial block is a fresh page");
     let copies = e.step();
-    let gpu = |page| PageRef { medium: kvcore::Medium::Gpu, page };
+    let gpu = |page| PageRef { medium: kvcore::Tier::Device, page };
     assert_eq!(copies, vec![BlockCopy { src: gpu(a_pages[1]), dst: gpu(b_pages[1]), tokens: 2 }]);
     assert_eq!(e.request_info(b.id).unwrap().tokens_computed, 6);
     assert_eq!(e.counters().blocks_partially_reused, 1);

@@ -11,8 +11,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kvcore::events::{KvEvent, Medium};
 use kvcore::{BlockKey, Engine, EngineConfig, MmContent, MmItemSpec, RequestId, RequestSpec, TokenRun};
+use kvcore::{KvEvent, Tier};
 use proptest::prelude::*;
 
 const BS: u32 = 4;
@@ -146,7 +146,7 @@ struct Live {
 #[derive(Default)]
 struct Model {
     /// Advertised keys with their tier and content.
-    advertised: HashMap<BlockKey, (Medium, Prefix)>,
+    advertised: HashMap<BlockKey, (Tier, Prefix)>,
     /// Content of every key ever advertised. Keys are content addresses, so
     /// this never changes for a key; a parent may be evicted before its child
     /// is stored, and the child's content is still known through it.
@@ -225,7 +225,7 @@ impl Model {
         }
         let mut best = 0;
         for (medium, prefix) in self.advertised.values() {
-            if *medium != Medium::Gpu
+            if *medium != Tier::Device
                 || prefix.2.len() != m + 1
                 || prefix.0 != p.lora
                 || prefix.1 != p.salt

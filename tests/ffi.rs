@@ -104,21 +104,24 @@ struct Build {
     sanitize: Option<String>,
 }
 
-/// Builds the static library with the same cargo, target dir and profile as
-/// this test, and returns where the programs go.
+/// Finds the static library that the cargo invocation which built this test
+/// also built, and returns where the programs go.
+///
+/// Cargo builds every crate type of the library target (rlib, staticlib,
+/// cdylib) in one compiler run, so `libkvcore.a` beside this test is as fresh
+/// as the test itself. Building it again here (`cargo build -p kvcore`) would
+/// resolve the dependencies' features for kvcore alone and overwrite the rlib
+/// that the workspace's other crates were compiled against.
 fn build() -> Build {
     let exe = std::env::current_exe().expect("test path");
     // <target>/<profile>/deps/ffi-<hash>
     let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(ROOT).args(["build", "--lib", "--locked", "--quiet"]).env("CARGO_TARGET_DIR", &target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("run cargo build --lib");
-    assert!(status.success(), "cargo build --lib failed");
-    assert!(profile_dir.join("libkvcore.a").exists(), "no libkvcore.a in {}", profile_dir.display());
+    assert!(
+        profile_dir.join("libkvcore.a").exists(),
+        "no libkvcore.a in {} (cargo builds it with the tests)",
+        profile_dir.display()
+    );
     let sanitize = std::env::var("KVC_FFI_SANITIZE").ok().filter(|s| !s.is_empty());
     let out_dir = target_dir.join(match &sanitize {
         Some(_) => "ffi-tests-sanitized",
@@ -222,12 +225,12 @@ fn cpp_programs_pass() {
 /// real ZMQ SUB socket on loopback, both payloads decoded with the codec.
 #[test]
 fn c_publisher_stream_matches_wire_drain() {
-    use kvcore::events::codec::{decode_message, decode_payload};
     use kvcore::ffi::handle::*;
     use kvcore::ffi::publisher::*;
     use kvcore::ffi::request::*;
     use kvcore::ffi::status::kvc_status;
     use kvcore::ffi::step::kvc_engine_step;
+    use kvcore::wire::{decode_message, decode_payload};
     use std::mem::MaybeUninit;
 
     let endpoint_any = c"tcp://127.0.0.1:*";

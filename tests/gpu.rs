@@ -3,12 +3,12 @@
 //! Tests that need a device skip themselves, saying so, where no CUDA driver
 //! or device is found; the CPU-twin tests run everywhere.
 
+use kvcore::Tier;
 use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu, plan_copy_waves};
-use kvcore::resources::{BlockCopy, PageRef};
-use kvcore::tables::Medium;
+use kvcore::{BlockCopy, PageRef};
 use rand::{Rng, RngCore, SeedableRng, rngs::StdRng};
 
-fn page(medium: Medium, page: u32) -> PageRef {
+fn page(medium: Tier, page: u32) -> PageRef {
     PageRef { medium, page }
 }
 
@@ -78,9 +78,9 @@ fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: us
         .map(|_| {
             let pick = |rng: &mut StdRng| {
                 if rng.random_bool(0.5) {
-                    page(Medium::Gpu, rng.random_range(0..dev))
+                    page(Tier::Device, rng.random_range(0..dev))
                 } else {
-                    page(Medium::Cpu, rng.random_range(0..host))
+                    page(Tier::Host, rng.random_range(0..host))
                 }
             };
             let tokens =
@@ -96,10 +96,10 @@ fn sequential_reference(g: &BlockGeometry, dev: &mut CpuKvPool, host: &mut CpuKv
     let plane = g.plane_bytes() as usize;
     for c in copies {
         for r in 0..g.regions as usize {
-            let src_pool = if c.src.medium == Medium::Gpu { &*dev } else { &*host };
+            let src_pool = if c.src.medium == Tier::Device { &*dev } else { &*host };
             let s = c.src.page as usize * bb;
             let block = src_pool.data[r][s..s + bb].to_vec();
-            let dst_pool = if c.dst.medium == Medium::Gpu { &mut *dev } else { &mut *host };
+            let dst_pool = if c.dst.medium == Tier::Device { &mut *dev } else { &mut *host };
             let d = c.dst.page as usize * bb;
             for p in 0..g.planes as usize {
                 let n =
@@ -150,13 +150,13 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
         }
     }
     let full = |src, dst| BlockCopy { src, dst, tokens: 4 };
-    let g_copy = full(page(Medium::Gpu, 0), page(Medium::Cpu, 0));
+    let g_copy = full(page(Tier::Device, 0), page(Tier::Host, 0));
     assert!(plan_copy_waves(&[g_copy], &g, 6, None).is_err(), "host copy without a host tier");
     assert!(
-        plan_copy_waves(&[full(page(Medium::Gpu, 6), page(Medium::Gpu, 0))], &g, 6, None).is_err(),
+        plan_copy_waves(&[full(page(Tier::Device, 6), page(Tier::Device, 0))], &g, 6, None).is_err(),
         "page past the pool"
     );
-    let too_many = BlockCopy { tokens: 5, ..full(page(Medium::Gpu, 1), page(Medium::Gpu, 0)) };
+    let too_many = BlockCopy { tokens: 5, ..full(page(Tier::Device, 1), page(Tier::Device, 0)) };
     assert!(plan_copy_waves(&[too_many], &g, 6, None).is_err(), "more tokens than a block");
     let bad = BlockGeometry { planes: 3, ..g };
     assert!(bad.validate().is_err(), "planes must divide the block");
@@ -405,13 +405,13 @@ mod device {
                 let mut copies = Vec::new();
                 for i in 0..per_way {
                     copies.push(BlockCopy {
-                        src: page(Medium::Gpu, dev[i]),
-                        dst: page(Medium::Cpu, even[i]),
+                        src: page(Tier::Device, dev[i]),
+                        dst: page(Tier::Host, even[i]),
                         tokens: 16,
                     });
                     copies.push(BlockCopy {
-                        src: page(Medium::Cpu, odd[i]),
-                        dst: page(Medium::Gpu, dev[80 + i]),
+                        src: page(Tier::Host, odd[i]),
+                        dst: page(Tier::Device, dev[80 + i]),
                         tokens: 16,
                     });
                 }
@@ -463,13 +463,13 @@ mod device {
             for i in 0..64usize {
                 let tokens = |rng: &mut StdRng| if rng.random_bool(0.7) { 16 } else { rng.random_range(1..16) };
                 copies.push(BlockCopy {
-                    src: page(Medium::Gpu, dperm[i]),
-                    dst: page(Medium::Cpu, hperm[i]),
+                    src: page(Tier::Device, dperm[i]),
+                    dst: page(Tier::Host, hperm[i]),
                     tokens: tokens(&mut rng),
                 });
                 copies.push(BlockCopy {
-                    src: page(Medium::Cpu, hperm[64 + i]),
-                    dst: page(Medium::Gpu, dperm[64 + i]),
+                    src: page(Tier::Host, hperm[64 + i]),
+                    dst: page(Tier::Device, dperm[64 + i]),
                     tokens: tokens(&mut rng),
                 });
             }
@@ -586,13 +586,13 @@ mod staged {
             let mut copies = Vec::new();
             for i in 0..64u32 {
                 copies.push(BlockCopy {
-                    src: page(Medium::Gpu, perm[i as usize]),
-                    dst: page(Medium::Cpu, i),
+                    src: page(Tier::Device, perm[i as usize]),
+                    dst: page(Tier::Host, i),
                     tokens: 16,
                 });
                 copies.push(BlockCopy {
-                    src: page(Medium::Cpu, 64 + i),
-                    dst: page(Medium::Gpu, perm[64 + i as usize]),
+                    src: page(Tier::Host, 64 + i),
+                    dst: page(Tier::Device, perm[64 + i as usize]),
                     tokens: 16,
                 });
             }
@@ -666,14 +666,14 @@ mod staged {
             for i in 0..32usize {
                 if with_offloads {
                     copies.push(BlockCopy {
-                        src: page(Medium::Gpu, perm[i]),
-                        dst: page(Medium::Cpu, out_pages[i]),
+                        src: page(Tier::Device, perm[i]),
+                        dst: page(Tier::Host, out_pages[i]),
                         tokens: 16,
                     });
                 }
                 copies.push(BlockCopy {
-                    src: page(Medium::Cpu, in_pages[i]),
-                    dst: page(Medium::Gpu, perm[64 + i]),
+                    src: page(Tier::Host, in_pages[i]),
+                    dst: page(Tier::Device, perm[64 + i]),
                     tokens: 16,
                 });
             }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use kvcore::keys::{ImageDigest, ImageRun, KeyScope, block_key, mm_hash, root_key};
+use kvcore::{ImageDigest, ImageRun, KeyScope, block_key, mm_hash, root_key};
 
 /// Reads the vector table of docs/hashing.md into name -> expected value.
 fn vectors() -> HashMap<String, String> {
@@ -54,7 +54,7 @@ fn documented_vectors_hold() {
 /// vectors' tokens and image produces the documented keys in its events.
 #[test]
 fn engine_uses_the_documented_recipe() {
-    use kvcore::events::KvEvent;
+    use kvcore::KvEvent;
     use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
     let v = vectors();
     let mut e = Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 8, ..Default::default() }).unwrap();

@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use kvcore::events::codec::{EncodeOptions, decode_message, decode_payload, wire_event};
-use kvcore::events::publisher::{END_SEQ, Publisher, PublisherConfig, SNAPSHOT_REQUEST, endpoint_for_rank};
-use kvcore::events::wire::{WireEvent, WireMessage};
+use kvcore::wire::{END_SEQ, SNAPSHOT_REQUEST, endpoint_for_rank};
+use kvcore::wire::{EncodeOptions, decode_message, decode_payload, wire_event};
+use kvcore::wire::{WireEvent, WireMessage};
 use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{Publisher, PublisherConfig};
 
 fn config() -> PublisherConfig {
     PublisherConfig {
@@ -350,7 +351,7 @@ fn ranks_offset_the_port() {
     assert_eq!(p.endpoint(), format!("tcp://127.0.0.1:{port}"));
     let payload = {
         let mut v = Vec::new();
-        kvcore::events::codec::encode_events(&[], 0.0, Some(2), &EncodeOptions::default(), &mut v);
+        kvcore::wire::encode_events(&[], 0.0, Some(2), &EncodeOptions::default(), &mut v);
         v
     };
     assert_eq!(decode_payload(&payload).unwrap().data_parallel_rank, Some(2));

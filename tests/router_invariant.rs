@@ -7,15 +7,15 @@ mod router_support;
 
 use std::time::Duration;
 
-use kvcore::keys::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
-use kvcore::router::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
-use kvcore::router::{IndexerConfig, Subscriber, SubscriberConfig, Tier, WorkerId};
-use kvcore::{Medium, TokenRun};
+use kvcore::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
+use kvcore::{Tier, TokenRun};
+use kvcore_router::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
+use kvcore_router::{IndexerConfig, Subscriber, SubscriberConfig, WorkerId};
 use proptest::prelude::*;
 use router_support::{Worker, sync};
 
 const BS: u32 = 4;
-const PLACEHOLDER: u32 = kvcore::config::QWEN_IMAGE_PAD_TOKEN;
+const PLACEHOLDER: u32 = kvcore::QWEN_IMAGE_PAD_TOKEN;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -131,9 +131,9 @@ fn run_case(ops: Vec<Op>, loss_one_in: u32, seed: u64) -> Result<(), TestCaseErr
         let found = ix.find_matches(&keys);
         let ekeys = engine_keys(tokens, digest);
         for (w, id) in workers.iter().zip(&ids) {
-            let media: Vec<Option<Medium>> = ekeys.iter().map(|k| w.engine.cached_medium(k)).collect();
+            let media: Vec<Option<Tier>> = ekeys.iter().map(|k| w.engine.cached_medium(k)).collect();
             let any = media.iter().take_while(|m| m.is_some()).count() as u32;
-            let device = media.iter().take_while(|m| **m == Some(Medium::Gpu)).count() as u32;
+            let device = media.iter().take_while(|m| **m == Some(Tier::Device)).count() as u32;
             let got = found.iter().find(|o| o.worker == *id).map_or((0, 0), |o| (o.device_blocks, o.any_tier_blocks));
             prop_assert_eq!(got, (device, any), "overlap of {:?} for {:?}", id, tokens);
         }

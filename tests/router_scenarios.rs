@@ -8,8 +8,8 @@ mod router_support;
 use std::time::Duration;
 
 use kvcore::TokenRun;
-use kvcore::router::hashing::hash_request;
-use kvcore::router::{
+use kvcore_router::hashing::hash_request;
+use kvcore_router::{
     ImageInput, ImageRef, Message, ModelProfile, Part, ScoringConfig, Subscriber, SubscriberConfig, TokenRequest,
     WorkerId, decide,
 };
@@ -21,7 +21,7 @@ const BS: u32 = 4;
 fn cluster() -> (Worker, Worker, Subscriber, WorkerId, WorkerId) {
     let (a, b) = (Worker::new(BS, 256, 0, 1000), Worker::new(BS, 256, 0, 1000));
     let mut sub = Subscriber::new(SubscriberConfig {
-        indexer: kvcore::router::IndexerConfig { block_size: BS, ..Default::default() },
+        indexer: kvcore_router::IndexerConfig { block_size: BS, ..Default::default() },
         ..Default::default()
     });
     let ia = a.subscribe(&mut sub, "a");
@@ -110,13 +110,10 @@ fn a_uuid_seen_with_two_digests_resolves_to_nothing() {
     synced(&mut sub, &mut a, ia, &mut b, ib);
     let req = TokenRequest {
         tokens,
-        images: vec![kvcore::router::ImagePlacement {
-            image: ImageRef::Uuid("shared-uuid".into()),
-            runs: vec![(8, 8)],
-        }],
+        images: vec![kvcore_router::ImagePlacement { image: ImageRef::Uuid("shared-uuid".into()), runs: vec![(8, 8)] }],
         ..Default::default()
     };
-    let h = hash_request(&req, BS, kvcore::config::QWEN_IMAGE_PAD_TOKEN, sub.indexer()).unwrap();
+    let h = hash_request(&req, BS, kvcore::QWEN_IMAGE_PAD_TOKEN, sub.indexer()).unwrap();
     assert_eq!(h.keys.len(), 2, "keys stop at the image's block");
     assert_eq!(sub.indexer().counters().uuid_conflicts, 1);
 }
@@ -142,7 +139,7 @@ fn a_shared_text_prefix_routes_to_either_holder() {
     let mut picked = std::collections::BTreeSet::new();
     // Requests sharing the prefix but differing in their first key spread.
     for extra in 0..8u64 {
-        let first = Some(kvcore::router::RouterKey(h.keys[0].0.wrapping_add(extra)));
+        let first = Some(kvcore_router::RouterKey(h.keys[0].0.wrapping_add(extra)));
         let d = decide(&ScoringConfig::default(), h.blocks_full as u32, first, &m, &workers);
         let w = d.worker.expect("a decision");
         assert!(w == ia.0 || w == ib.0, "routed to a holder, got {w}");

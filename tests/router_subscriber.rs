@@ -7,8 +7,8 @@ mod router_support;
 
 use std::time::Duration;
 
-use kvcore::events::publisher::{Publisher, PublisherConfig};
-use kvcore::router::{IndexerConfig, Subscriber, SubscriberConfig, Tier};
+use kvcore::{Publisher, PublisherConfig};
+use kvcore_router::{IndexerConfig, Subscriber, SubscriberConfig, Tier};
 use router_support::{Worker, sync};
 
 fn subscriber() -> Subscriber {

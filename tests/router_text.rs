@@ -3,9 +3,9 @@
 
 mod router_support;
 
-use kvcore::router::hashing::{NoUuids, hash_request};
-use kvcore::router::profiles::{ModelProfile, QWEN_VISION_END_TOKEN, QWEN_VISION_START_TOKEN};
-use kvcore::router::{ImageInput, ImageRef, Message, Part};
+use kvcore_router::hashing::{NoUuids, hash_request};
+use kvcore_router::profiles::{ModelProfile, QWEN_VISION_END_TOKEN, QWEN_VISION_START_TOKEN};
+use kvcore_router::{ImageInput, ImageRef, Message, Part};
 use tokenizers::Tokenizer;
 
 fn tokenizer() -> Tokenizer {

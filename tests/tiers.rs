@@ -18,10 +18,10 @@
 
 use std::collections::HashMap;
 
+use kvcore::BlockKey;
+use kvcore::Tier;
 use kvcore::gpu::{BlockGeometry, CpuKvPool, copy_blocks_cpu};
-use kvcore::keys::BlockKey;
-use kvcore::resources::{BlockCopy, copy_waves};
-use kvcore::tables::Medium;
+use kvcore::{BlockCopy, copy_waves};
 use kvcore::{Engine, EngineConfig, KvEvent, RequestId, RequestSpec};
 use proptest::prelude::*;
 
@@ -69,7 +69,7 @@ struct Harness {
     host: Option<CpuKvPool>,
     live: Vec<(RequestId, Vec<u32>)>,
     /// Events replayed: the tier each key is advertised in, per a router.
-    advertised: HashMap<BlockKey, Medium>,
+    advertised: HashMap<BlockKey, Tier>,
     /// KV each key was stored with.
     expected: HashMap<BlockKey, [u8; 16]>,
     /// The copies of the last step.
@@ -101,10 +101,10 @@ impl Harness {
         }
     }
 
-    fn page_bytes(&self, medium: Medium, page: u32) -> [u8; 16] {
+    fn page_bytes(&self, medium: Tier, page: u32) -> [u8; 16] {
         let pool = match medium {
-            Medium::Gpu => &self.device,
-            Medium::Cpu => self.host.as_ref().expect("host pages exist only with a host tier"),
+            Tier::Device => &self.device,
+            Tier::Host => self.host.as_ref().expect("host pages exist only with a host tier"),
         };
         pool.data[0][page as usize * 16..page as usize * 16 + 16].try_into().unwrap()
     }
@@ -132,8 +132,8 @@ impl Harness {
         let cache = self.engine.cache();
         for (key, id) in &cache.index.map {
             let b = &cache.blocks.rows[*id];
-            if b.medium == Medium::Gpu && !self.advertised.contains_key(key) {
-                let data = self.page_bytes(Medium::Gpu, b.page);
+            if b.medium == Tier::Device && !self.advertised.contains_key(key) {
+                let data = self.page_bytes(Tier::Device, b.page);
                 if let Some(old) = self.expected.insert(*key, data) {
                     assert_eq!(old, data, "a key always stands for the same KV");
                 }
@@ -187,7 +187,7 @@ impl Harness {
             for pos in 0..info.tokens_computed as usize {
                 let page = table[pos / BS as usize];
                 let at = (pos % BS as usize) * 4;
-                let got = u32::from_le_bytes(self.page_bytes(Medium::Gpu, page)[at..at + 4].try_into().unwrap());
+                let got = u32::from_le_bytes(self.page_bytes(Tier::Device, page)[at..at + 4].try_into().unwrap());
                 assert_eq!(got, values[pos], "request's computed token {pos} lost its KV");
             }
         }
@@ -312,7 +312,7 @@ fn partial_reuse_copies_the_shared_prefix() {
 /// distinct host pages.
 #[test]
 fn full_host_tier_drops_the_oldest_offload_first() {
-    let serve = |e: &mut Engine, first: u32| -> Vec<kvcore::resources::BlockCopy> {
+    let serve = |e: &mut Engine, first: u32| -> Vec<kvcore::BlockCopy> {
         let tokens: Vec<u32> = (0..8 * BS + 1).map(|i| first * 1000 + i).collect();
         let a = e.add_request(&RequestSpec { tokens: &tokens, ..Default::default() }).unwrap();
         e.commit(a.id, tokens.len() as u64).unwrap();
@@ -327,7 +327,7 @@ fn full_host_tier_drops_the_oldest_offload_first() {
     let mut first_offloads: Vec<BlockKey> = Vec::new();
     for round in 2..6u32 {
         let copies = serve(&mut e, round); // 9 new pages: the previous prompt's 8 blocks offload
-        let mut pages: Vec<u32> = copies.iter().filter(|c| c.dst.medium == Medium::Cpu).map(|c| c.dst.page).collect();
+        let mut pages: Vec<u32> = copies.iter().filter(|c| c.dst.medium == Tier::Host).map(|c| c.dst.page).collect();
         assert_eq!(pages.len(), 8, "round {round}");
         pages.sort_unstable();
         pages.dedup();
@@ -338,8 +338,8 @@ fn full_host_tier_drops_the_oldest_offload_first() {
             let mut keys = Vec::new();
             for ev in &events {
                 match ev {
-                    KvEvent::BlockStored(s) if stored && s.medium == Medium::Cpu => keys.extend(&s.keys),
-                    KvEvent::BlockRemoved(r) if !stored && r.medium == Medium::Cpu => keys.extend(&r.keys),
+                    KvEvent::BlockStored(s) if stored && s.medium == Tier::Host => keys.extend(&s.keys),
+                    KvEvent::BlockRemoved(r) if !stored && r.medium == Tier::Host => keys.extend(&r.keys),
                     _ => {}
                 }
             }
@@ -439,8 +439,8 @@ fn onboards_into_untouched_pages_share_the_offloads_wave() {
     assert_eq!(ends.len(), 2, "copies: {copies:?}");
     let first = &copies[..ends[0]];
     let dir = |c: &BlockCopy| (c.src.medium, c.dst.medium);
-    assert_eq!(first.iter().filter(|c| dir(c) == (Medium::Gpu, Medium::Cpu)).count(), 2);
-    assert_eq!(first.iter().filter(|c| dir(c) == (Medium::Cpu, Medium::Gpu)).count(), 5);
+    assert_eq!(first.iter().filter(|c| dir(c) == (Tier::Device, Tier::Host)).count(), 2);
+    assert_eq!(first.iter().filter(|c| dir(c) == (Tier::Host, Tier::Device)).count(), 5);
     assert_eq!(copies.len() - ends[0], 1);
-    assert_eq!(dir(&copies[ends[0]]), (Medium::Cpu, Medium::Gpu));
+    assert_eq!(dir(&copies[ends[0]]), (Tier::Host, Tier::Device));
 }

@@ -2,10 +2,8 @@
 //! producers' encodings, tolerance of what it does not know, and robustness
 //! against hostile bytes.
 
-use kvcore::events::codec::{
-    DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, wire_event,
-};
-use kvcore::events::wire::{WireBlockStored, WireEvent};
+use kvcore::wire::{DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, wire_event};
+use kvcore::wire::{WireBlockStored, WireEvent};
 use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
 use proptest::prelude::*;
 use rmp::encode as mp;
@@ -93,8 +91,8 @@ fn mm_infos_follow_dynamo_identity_rules() {
         panic!("expected BlockStored")
     };
     let infos = w.block_mm_infos.unwrap();
-    let uuid_hash = kvcore::keys::mm_hash_of_identifier("sku-1");
-    let digest_hash = kvcore::keys::mm_hash_of_identifier(&stored.images[1].digest.to_hex());
+    let uuid_hash = kvcore::mm_hash_of_identifier("sku-1");
+    let digest_hash = kvcore::mm_hash_of_identifier(&stored.images[1].digest.to_hex());
     // Block 0 = tokens 0..4: item 0 at 3. Block 1 = 4..8: item 0 at 4,5 and 7.
     // Block 2 = 8..12: item 0 at 8, item 1 at 9..12. Block 3 = 12..16: item 1 at 12.
     let obj = |i: usize| infos[i].as_ref().unwrap().mm_objects.clone();

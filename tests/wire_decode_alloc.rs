@@ -4,7 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvcore::events::codec::decode_payload;
+use kvcore::wire::decode_payload;
 use rand::{Rng, SeedableRng};
 
 struct Counting;

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kvcore::events::KvEvent;
+use kvcore::KvEvent;
 use kvcore::fuzzing::ByteSource;
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {

@@ -1,7 +1,7 @@
 //! The size budget of the seed's reference case, pinned byte for byte.
 
-use kvcore::events::codec::{EncodeOptions, EventForm, decode_payload, encode_events};
-use kvcore::events::wire::WireEvent;
+use kvcore::wire::WireEvent;
+use kvcore::wire::{EncodeOptions, EventForm, decode_payload, encode_events};
 use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
 use rand::{Rng, SeedableRng};
 

@@ -8,13 +8,13 @@
 
 use std::collections::HashMap;
 
-use crate::events::{AllBlocksCleared, BlockImages, BlockStored, EventImageRun, KvEvent, Medium};
+use crate::events::{AllBlocksCleared, BlockImages, BlockStored, EventImageRun, KvEvent, Tier};
 use crate::keys::BlockKey;
 
 /// Advertised blocks, as single-block events.
 #[derive(Debug, Default)]
 pub struct Mirror {
-    blocks: HashMap<(BlockKey, Medium), MirrorBlock>,
+    blocks: HashMap<(BlockKey, Tier), MirrorBlock>,
 }
 
 #[derive(Debug)]
@@ -33,11 +33,6 @@ impl Mirror {
     /// Advertised `(key, tier)` pairs.
     pub fn len(&self) -> usize {
         self.blocks.len()
-    }
-
-    /// Whether nothing is advertised.
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
     }
 
     /// Applies a batch's events in order.
@@ -64,7 +59,7 @@ impl Mirror {
     }
 
     fn depth_of(&self, key: &BlockKey) -> Option<u32> {
-        [Medium::Gpu, Medium::Cpu].iter().find_map(|m| self.blocks.get(&(*key, *m)).map(|b| b.depth))
+        [Tier::Device, Tier::Host].iter().find_map(|m| self.blocks.get(&(*key, *m)).map(|b| b.depth))
     }
 
     /// The full state: `AllBlocksCleared`, then one `BlockStored` per

@@ -16,7 +16,7 @@ pub use queue::{EventBatch, EventQueue};
 use std::sync::Arc;
 
 use crate::keys::{BlockKey, ImageDigest};
-pub use crate::tables::Medium;
+pub use crate::tier::Tier;
 
 /// An image item referred to by a [`BlockStored`] event, listed once per event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct BlockStored {
     /// Cache salt of the chain.
     pub cache_salt: Option<Arc<str>>,
     /// The tier.
-    pub medium: Medium,
+    pub medium: Tier,
     /// Image items present in the event, each once.
     pub images: Vec<EventImage>,
     /// Per block, its image runs. Empty when no block holds an image;
@@ -145,7 +145,7 @@ pub struct BlockRemoved {
     /// Keys of the removed blocks.
     pub keys: Vec<BlockKey>,
     /// The tier.
-    pub medium: Medium,
+    pub medium: Tier,
 }
 
 /// Every cached block was dropped (prefix cache reset).

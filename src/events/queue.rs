@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium};
+use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Tier};
 use crate::keys::BlockKey;
 use crate::resources::{Counters, RoutingHints};
 
@@ -54,7 +54,7 @@ impl EventQueue {
 
     /// Records a removal, merged into the previous event when that is a
     /// removal in the same tier (one event per burst of evictions).
-    pub fn push_removed(&mut self, key: BlockKey, medium: Medium) {
+    pub fn push_removed(&mut self, key: BlockKey, medium: Tier) {
         if !self.enabled {
             return;
         }
@@ -75,11 +75,6 @@ impl EventQueue {
         }
         let event_seq = self.next_seq();
         self.open.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq }));
-    }
-
-    /// Events of the open step so far.
-    pub fn open_events(&self) -> &[KvEvent] {
-        &self.open
     }
 
     /// Closes the open step: resolves UUID hints of its image items and
@@ -136,10 +131,5 @@ impl EventQueue {
     /// Takes every closed event, flattened, oldest first.
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
         self.closed.drain(..).flat_map(|b| b.events).collect()
-    }
-
-    /// Closed batches waiting to be drained.
-    pub fn closed_len(&self) -> usize {
-        self.closed.len()
     }
 }

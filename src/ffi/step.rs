@@ -10,7 +10,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::events::{EventBatch, KvEvent, Medium};
+use crate::events::{EventBatch, KvEvent, Tier};
 use crate::keys::BlockKey;
 use crate::resources::{PageRef, copy_waves};
 
@@ -30,11 +30,11 @@ pub enum kvc_medium {
     Cpu = 2,
 }
 
-impl From<Medium> for kvc_medium {
-    fn from(m: Medium) -> Self {
+impl From<Tier> for kvc_medium {
+    fn from(m: Tier) -> Self {
         match m {
-            Medium::Gpu => kvc_medium::Gpu,
-            Medium::Cpu => kvc_medium::Cpu,
+            Tier::Device => kvc_medium::Gpu,
+            Tier::Host => kvc_medium::Cpu,
         }
     }
 }

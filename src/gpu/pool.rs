@@ -31,7 +31,7 @@
 //! step usually needs one.
 
 use crate::resources::{BlockCopy, copy_waves};
-use crate::tables::Medium;
+use crate::tier::Tier;
 
 use super::GpuError;
 
@@ -173,8 +173,8 @@ pub fn plan_copy_waves(
     for (i, c) in copies.iter().enumerate() {
         for end in [c.src, c.dst] {
             let limit = match end.medium {
-                Medium::Gpu => Some(blocks_device),
-                Medium::Cpu => blocks_host,
+                Tier::Device => Some(blocks_device),
+                Tier::Host => blocks_host,
             };
             match limit {
                 None => {
@@ -208,7 +208,7 @@ pub fn plan_copy_waves(
                 src_page: c.src.page,
                 dst_page: c.dst.page,
                 tokens: c.tokens,
-                media: u32::from(c.src.medium == Medium::Cpu) | (u32::from(c.dst.medium == Medium::Cpu) << 1),
+                media: u32::from(c.src.medium == Tier::Host) | (u32::from(c.dst.medium == Tier::Host) << 1),
             })
             .collect();
         if !wave.is_empty() {

@@ -12,14 +12,15 @@ use crate::ids::BlockId;
 use crate::keys::BlockKey;
 use crate::resources::ScopeId;
 use crate::resources::Scopes;
-use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, Medium, SiblingLink};
+use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink};
+use crate::tier::Tier;
 use slotmap::SlotMap;
 
 /// A page in one tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PageRef {
     /// The tier.
-    pub medium: Medium,
+    pub medium: Tier,
     /// The page index within the tier.
     pub page: u32,
 }
@@ -335,10 +336,10 @@ impl BlockPool {
     }
 
     /// Free pages of a tier.
-    pub fn free(&mut self, medium: Medium) -> &mut FreePages {
+    pub fn free(&mut self, medium: Tier) -> &mut FreePages {
         match medium {
-            Medium::Gpu => &mut self.free_device,
-            Medium::Cpu => &mut self.free_host,
+            Tier::Device => &mut self.free_device,
+            Tier::Host => &mut self.free_host,
         }
     }
 
@@ -349,10 +350,10 @@ impl BlockPool {
     }
 
     /// The LRU of a tier.
-    pub fn lru(&mut self, medium: Medium) -> &mut BlockLru {
+    pub fn lru(&mut self, medium: Tier) -> &mut BlockLru {
         match medium {
-            Medium::Gpu => &mut self.lru_device,
-            Medium::Cpu => &mut self.lru_host,
+            Tier::Device => &mut self.lru_device,
+            Tier::Host => &mut self.lru_host,
         }
     }
 }
@@ -422,7 +423,7 @@ impl KvCache {
     /// `copy_target`: a copy will write the page this step (partial reuse),
     /// so it should not be one a queued copy reads ([`FreePages`]).
     /// Returns `None` when the tier has no free page (the caller evicts first).
-    pub fn take_free_block(&mut self, medium: Medium, copy_target: bool) -> Option<BlockId> {
+    pub fn take_free_block(&mut self, medium: Tier, copy_target: bool) -> Option<BlockId> {
         let free = self.pool.free(medium);
         let page = if copy_target { free.pop() } else { free.pop_for_compute() }?;
         Some(self.blocks.rows.insert(KvBlock {
@@ -526,7 +527,7 @@ impl KvCache {
             assert!(seen.insert((b.medium, b.page)), "invariant 1: page {:?}/{} used twice", b.medium, b.page);
             let in_lru = b.lru.linked;
             assert_eq!(in_lru, b.indexed && b.ref_count == 0, "invariant 2: LRU membership of {id:?}");
-            if b.medium == Medium::Cpu {
+            if b.medium == Tier::Host {
                 assert!(b.indexed && b.ref_count == 0, "invariant 2: host blocks are indexed and unreferenced");
             }
             if b.indexed {
@@ -577,7 +578,7 @@ impl KvCache {
 
 /// A copy between (tier, page) pairs, for tests.
 #[cfg(test)]
-pub(crate) fn test_copy(src: (Medium, u32), dst: (Medium, u32), tokens: u32) -> BlockCopy {
+pub(crate) fn test_copy(src: (Tier, u32), dst: (Tier, u32), tokens: u32) -> BlockCopy {
     BlockCopy { src: PageRef { medium: src.0, page: src.1 }, dst: PageRef { medium: dst.0, page: dst.1 }, tokens }
 }
 
@@ -585,7 +586,7 @@ pub(crate) fn test_copy(src: (Medium, u32), dst: (Medium, u32), tokens: u32) -> 
 mod tests {
     use super::*;
 
-    fn copy(src: (Medium, u32), dst: (Medium, u32)) -> BlockCopy {
+    fn copy(src: (Tier, u32), dst: (Tier, u32)) -> BlockCopy {
         test_copy(src, dst, 1)
     }
 
@@ -645,16 +646,20 @@ mod tests {
     /// offload of the same step reads, or a chain through one page, splits.
     #[test]
     fn waves_split_only_at_hazards() {
-        use Medium::{Cpu, Gpu};
+        use Tier::{Device, Host};
         assert_eq!(copy_waves(&[]), Vec::<usize>::new());
-        assert_eq!(copy_waves(&[copy((Gpu, 1), (Cpu, 1)), copy((Gpu, 2), (Cpu, 2))]), vec![2]);
+        assert_eq!(copy_waves(&[copy((Device, 1), (Host, 1)), copy((Device, 2), (Host, 2))]), vec![2]);
         // Offload reads GPU page 1; onboard writes GPU page 1: write-after-read.
-        assert_eq!(copy_waves(&[copy((Gpu, 1), (Cpu, 1)), copy((Cpu, 9), (Gpu, 1))]), vec![1, 2]);
+        assert_eq!(copy_waves(&[copy((Device, 1), (Host, 1)), copy((Host, 9), (Device, 1))]), vec![1, 2]);
         // A copy reading what the previous one wrote: read-after-write.
-        assert_eq!(copy_waves(&[copy((Cpu, 9), (Gpu, 3)), copy((Gpu, 3), (Gpu, 4))]), vec![1, 2]);
+        assert_eq!(copy_waves(&[copy((Host, 9), (Device, 3)), copy((Device, 3), (Device, 4))]), vec![1, 2]);
         // Two writes to one page: write-after-write.
         assert_eq!(
-            copy_waves(&[copy((Gpu, 1), (Gpu, 5)), copy((Gpu, 2), (Gpu, 5)), copy((Gpu, 7), (Gpu, 8))]),
+            copy_waves(&[
+                copy((Device, 1), (Device, 5)),
+                copy((Device, 2), (Device, 5)),
+                copy((Device, 7), (Device, 8))
+            ]),
             vec![1, 3]
         );
     }

@@ -30,11 +30,6 @@ impl<K: Key> Lru<K> {
         self.len
     }
 
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Whether `key` is in the list.
     pub fn contains(&self, key: K) -> bool {
         self.links.contains_key(key)
@@ -82,7 +77,8 @@ impl<K: Key> Lru<K> {
     }
 
     /// Keys from least to most recently used.
-    pub fn iter(&self) -> impl Iterator<Item = K> + '_ {
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = K> + '_ {
         std::iter::successors(self.head, move |k| self.links[*k].next)
     }
 }

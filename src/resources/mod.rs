@@ -7,9 +7,7 @@ mod lru;
 mod routing_hints;
 mod scopes;
 
-#[cfg(test)]
-pub(crate) use block_pool::test_copy;
-pub use block_pool::{BlockCopy, BlockLru, BlockPool, FreePages, KvCache, PageRef, PrefixIndex, copy_waves};
+pub use block_pool::{BlockCopy, KvCache, PageRef, copy_waves};
 pub use counters::Counters;
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};

@@ -63,16 +63,6 @@ impl RoutingHints {
         }
     }
 
-    /// Pairs held now.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// Records that `digest` arrived with `uuid`.
     pub fn insert(&mut self, digest: ImageDigest, uuid: &Arc<str>, counters: &mut Counters) -> HintInsert {
         if self.capacity == 0 {

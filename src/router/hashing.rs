@@ -33,7 +33,7 @@
 //! The LoRA identity in the seed is the event's `lora_name` when present,
 //! otherwise its `lora_id` in decimal (see [`lora_identity`]).
 
-use crate::keys::{ImageDigest, ImageRun};
+use kvcore::{ImageDigest, ImageRun};
 
 /// A block's router key (see the module docs for the recipe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -45,7 +45,7 @@ const SEED_TAG: &[u8; 16] = b"kvcore-router/v1";
 /// The scope of a chain: block size, LoRA identity and cache salt. Requests
 /// in different scopes never share keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct KeyScope {
+pub struct RouterScope {
     /// Tokens per block.
     pub block_size: u32,
     /// LoRA identity (see [`lora_identity`]); `None` for the base model.
@@ -86,7 +86,7 @@ pub fn scope_seed(block_size: u32, lora: Option<&str>, cache_salt: Option<&str>)
     RouterKey(xxhash_rust::xxh3::xxh3_64(&buf))
 }
 
-impl KeyScope {
+impl RouterScope {
     /// This scope's seed.
     pub fn seed(&self) -> RouterKey {
         scope_seed(self.block_size, self.lora.as_deref(), self.cache_salt.as_deref())

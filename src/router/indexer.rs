@@ -34,34 +34,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
-use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
-use crate::keys::{ImageDigest, ImageRun};
-use crate::router::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
-use crate::router::table::{U64Table, prefetch};
+use crate::hashing::{RouterKey, UuidLookup, UuidResolver, chain, content_hash, lora_identity, scope_seed};
+use crate::table::{U64Table, prefetch};
+use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
+use kvcore::{ImageDigest, ImageRun, Tier};
 
-/// A cache tier as routers see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Tier {
-    /// Device memory (`medium` `"GPU"`, or absent).
-    Device = 0,
-    /// Any lower tier (`"CPU"`, disk...): reusable after an onboard copy.
-    Host = 1,
-}
-
-impl Tier {
-    /// The tier of a wire `medium`: absent or `"GPU"` is the device, any other
-    /// name a lower tier.
-    pub fn from_medium(medium: Option<&str>) -> Self {
-        match medium {
-            None => Tier::Device,
-            Some(m) if m.eq_ignore_ascii_case("GPU") => Tier::Device,
-            Some(_) => Tier::Host,
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
+/// A tier's bit in a block's holder mask.
+fn tier_bit(tier: Tier) -> u8 {
+    1 << tier as u8
 }
 
 /// A worker's dense index in the indexer.
@@ -704,7 +684,7 @@ impl Indexer {
                     }
                 }
             }
-            let bit = tier.bit();
+            let bit = tier_bit(tier);
             for (&k, &new) in keys.iter().zip(&added) {
                 if new {
                     self.index.add(k, w as u32, bit);
@@ -756,7 +736,7 @@ impl Indexer {
         key: Option<u64>,
         tier: Tier,
     ) -> Result<Option<u64>, ()> {
-        let bit = tier.bit();
+        let bit = tier_bit(tier);
         let full = self.workers[w].len() >= self.config.blocks_per_worker_max;
         let worker = &mut self.workers[w];
         // The common case: a keyed block, no block waiting (so none to
@@ -854,7 +834,7 @@ impl Indexer {
             return;
         }
         self.counters.removed_events += 1;
-        let bit = Tier::from_medium(r.medium.as_deref()).bit();
+        let bit = tier_bit(Tier::from_medium(r.medium.as_deref()));
         if r.block_hashes.len() > 1 {
             // The blocks' slots were fetched ahead (`prefetch_event`); fetch
             // the holder slots of the keys found there, so that their misses
@@ -918,7 +898,7 @@ impl Indexer {
             let tiers = (h & 3) as u8;
             out.push(Overlap {
                 worker: WorkerId(h >> 2),
-                device_blocks: (tiers & Tier::Device.bit() != 0) as u32,
+                device_blocks: (tiers & tier_bit(Tier::Device) != 0) as u32,
                 any_tier_blocks: 1,
             });
         }
@@ -943,7 +923,7 @@ impl Indexer {
             match found {
                 Some(o) if o.any_tier_blocks == i => {
                     o.any_tier_blocks += 1;
-                    if o.device_blocks == i && tiers & Tier::Device.bit() != 0 {
+                    if o.device_blocks == i && tiers & tier_bit(Tier::Device) != 0 {
                         o.device_blocks += 1;
                     }
                     true
@@ -976,7 +956,7 @@ impl Indexer {
     /// sorted: the router's view, for checks and reports.
     pub fn worker_blocks(&self, worker: WorkerId, tier: Tier) -> Vec<i64> {
         let Some(w) = self.workers.get(worker.0 as usize) else { return Vec::new() };
-        let bit = tier.bit();
+        let bit = tier_bit(tier);
         let mut v: Vec<i64> = w
             .keyed
             .iter()
@@ -1084,8 +1064,8 @@ fn unlink_child(children: &mut U64Map<Vec<u64>>, hash: u64, parent: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::wire::{ImageRoutingV1, WireImageItem, WireImageRef, WireMmInfo, WireMmObject};
-    use crate::router::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
+    use crate::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
+    use kvcore::wire::{ImageRoutingV1, WireImageItem, WireImageRef, WireMmInfo, WireMmObject};
 
     fn stored(hashes: &[i64], parent: Option<i64>, tokens: Vec<u32>, medium: &str) -> WireEvent {
         WireEvent::BlockStored(WireBlockStored {
@@ -1104,7 +1084,7 @@ mod tests {
     /// the default rule.
     #[test]
     fn holder_index_grows_four_fold_past_the_worker_bound() {
-        use crate::router::workload::{WorkloadSpec, generate};
+        use crate::workload::{WorkloadSpec, generate};
         let spec = WorkloadSpec { sequences: 400, seq_tokens: 4096, workers: 4, ..Default::default() };
         let w = generate(&spec);
         let mut ix = Indexer::new(IndexerConfig { block_size: spec.block_size, ..Default::default() });

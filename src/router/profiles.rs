@@ -25,8 +25,8 @@
 
 use tokenizers::Tokenizer;
 
-use crate::config::QWEN_IMAGE_PAD_TOKEN;
-use crate::router::hashing::{ImagePlacement, ImageRef, TokenRequest};
+use crate::hashing::{ImagePlacement, ImageRef, TokenRequest};
+use kvcore::QWEN_IMAGE_PAD_TOKEN;
 
 /// Qwen2-VL / Qwen3-VL `<|vision_start|>`.
 pub const QWEN_VISION_START_TOKEN: u32 = 151_652;

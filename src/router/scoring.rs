@@ -2,7 +2,7 @@
 //!
 //! For a request of `n` full blocks and each live worker `w` with device
 //! overlap `d_w` and any-tier overlap `a_w` (blocks, from
-//! [`crate::router::Indexer::find_matches`]) and load `l_w` (blocks of work
+//! [`crate::Indexer::find_matches`]) and load `l_w` (blocks of work
 //! already queued or running there, reported by the caller), the cost is
 //!
 //! ```text
@@ -20,8 +20,8 @@
 //! of a device hit, because it costs a copy over PCIe (about 55 GB/s) instead
 //! of a recompute. All three are fields of [`ScoringConfig`].
 
-use crate::router::hashing::RouterKey;
-use crate::router::indexer::{Overlap, WorkerId};
+use crate::hashing::RouterKey;
+use crate::indexer::{Overlap, WorkerId};
 
 /// The weights of the decision formula (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

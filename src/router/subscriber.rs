@@ -37,10 +37,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::events::codec::decode_message;
-use crate::events::publisher::{END_SEQ, SNAPSHOT_REQUEST};
-use crate::events::wire::WireBatch;
-use crate::router::indexer::{Indexer, IndexerConfig, WorkerId};
+use crate::indexer::{Indexer, IndexerConfig, WorkerId};
+use kvcore::wire::WireBatch;
+use kvcore::wire::decode_message;
+use kvcore::wire::{END_SEQ, SNAPSHOT_REQUEST};
 
 /// Settings of a [`Subscriber`].
 #[derive(Clone, Debug, PartialEq, Eq)]

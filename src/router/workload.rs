@@ -6,7 +6,7 @@
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use crate::events::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
+use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 
 /// The shape of a workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,10 +7,11 @@ use crate::config::{EngineConfig, UUID_HINT_BYTES_MAX};
 use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
-use crate::keys::{BlockKey, ImageDigest, KeyScope, root_key};
+use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block, root_key};
 use crate::resources::{BlockCopy, Counters, HintInsert, KvCache, PageRef, RoutingHints};
-use crate::systems::{allocate, commit, evict};
-use crate::tables::{FlatRun, Medium, MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
+use crate::systems::{allocate, evict};
+use crate::tables::{MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
+use crate::tier::Tier;
 
 /// The content of an image item as the caller gives it.
 #[derive(Clone, Copy, Debug)]
@@ -188,7 +189,7 @@ pub fn admit_request(
         let mut block_runs = Vec::new();
         for i in 0..max_blocks {
             let parent = keys.last().copied().unwrap_or(root);
-            let key = commit::key_of_block(
+            let key = key_of_block(
                 &parent,
                 &spec.tokens[(i * bs) as usize..((i + 1) * bs) as usize],
                 &valid.runs,
@@ -215,13 +216,13 @@ pub fn admit_request(
 
     // Capacity: every new block and every onboarded block needs a device page.
     let blocks_total = prompt_len.div_ceil(bs) as usize;
-    let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Medium::Cpu).count();
+    let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Tier::Host).count();
     let pinned_from_lru = matched
         .iter()
         .chain(partial.as_ref().map(|p| &p.0))
         .filter(|b| {
             let row = &cache.blocks.rows[**b];
-            row.medium == Medium::Gpu && row.lru.linked
+            row.medium == Tier::Device && row.lru.linked
         })
         .count();
     let needed = blocks_total - matched.len() + on_host;
@@ -239,7 +240,7 @@ pub fn admit_request(
     for &b in &matched {
         let row = &mut cache.blocks.rows[b];
         match row.medium {
-            Medium::Gpu => {
+            Tier::Device => {
                 row.ref_count += 1;
                 if row.ref_count == 1 {
                     cache.pool.lru_device.remove(&mut cache.blocks.rows, b);
@@ -247,7 +248,7 @@ pub fn admit_request(
             }
             // Pinned out of the host LRU so that offloads made room for below
             // cannot pick it.
-            Medium::Cpu => {
+            Tier::Host => {
                 cache.pool.lru_host.remove(&mut cache.blocks.rows, b);
             }
         }
@@ -263,7 +264,7 @@ pub fn admit_request(
     allocate::make_room(cache, needed, config.offload_first, events, counters);
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {
-        if cache.blocks.rows[b].medium == Medium::Cpu {
+        if cache.blocks.rows[b].medium == Tier::Host {
             evict::onboard_block(cache, b, events, counters);
         }
         blocks.push(b);
@@ -275,8 +276,8 @@ pub fn admit_request(
         let dst = cache.blocks.rows[blocks[matched.len()]].page;
         let src = cache.blocks.rows[source].page;
         cache.queue_copy(BlockCopy {
-            src: PageRef { medium: Medium::Gpu, page: src },
-            dst: PageRef { medium: Medium::Gpu, page: dst },
+            src: PageRef { medium: Tier::Device, page: src },
+            dst: PageRef { medium: Tier::Device, page: dst },
             tokens: k,
         });
         let row = &mut cache.blocks.rows[source];
@@ -304,19 +305,14 @@ pub fn admit_request(
         dummy: spec.dummy,
     });
     let request = &mut requests.rows[id];
-    for (k, it) in spec.items.iter().enumerate() {
+    for k in 0..spec.items.len() {
         let uuid = request
             .uuids
             .as_ref()
             .and_then(|u| u[k].as_deref())
             .filter(|u| u.len() <= UUID_HINT_BYTES_MAX)
             .map(Arc::from);
-        request.items.push(items.rows.insert(MmItem {
-            request: id,
-            digest: valid.digests[k],
-            uuid,
-            runs: it.runs.clone(),
-        }));
+        request.items.push(items.rows.insert(MmItem { request: id, digest: valid.digests[k], uuid }));
     }
     counters.requests_admitted += 1;
     counters.tokens_cached += tokens_cached as u64;
@@ -365,7 +361,7 @@ fn find_partial(
     let mut best: Option<(BlockId, u32)> = None;
     for id in cache.children(head, PARTIAL_CANDIDATES_MAX) {
         let row = &cache.blocks.rows[id];
-        if row.medium != Medium::Gpu {
+        if row.medium != Tier::Device {
             continue;
         }
         let content = cache.content_of(id);

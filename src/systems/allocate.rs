@@ -6,7 +6,8 @@ use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
 use crate::resources::{Counters, KvCache};
 use crate::systems::evict;
-use crate::tables::{Medium, Requests};
+use crate::tables::Requests;
+use crate::tier::Tier;
 
 /// Appends `n` fresh device blocks (one reference each) to `out`, evicting
 /// least recently used cached blocks when no page is free. With
@@ -27,7 +28,7 @@ pub fn allocate_device_blocks(
             evict::evict_device_block(cache, events, counters)
                 .expect("admission checked that enough blocks are evictable");
         }
-        let block = cache.take_free_block(Medium::Gpu, first_copied && i == 0);
+        let block = cache.take_free_block(Tier::Device, first_copied && i == 0);
         out.push(block.expect("a page is free after eviction"));
     }
 }

@@ -7,66 +7,10 @@ use crate::config::EngineConfig;
 use crate::error::RequestError;
 use crate::events::{BlockImages, BlockStored, EventImage, EventImageRun, EventQueue};
 use crate::ids::RequestId;
-use crate::keys::{BlockKey, ImageRun, block_key};
+use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
 use crate::resources::KvCache;
-use crate::tables::{FlatRun, Medium, RequestScope, Requests};
-
-/// The image runs of the block that starts at `block_start`, from a request's
-/// flat, sorted runs. Runs that start before the block (an item the block
-/// starts inside) carry the item-local offset where the block cuts them.
-pub fn runs_in_block(runs: &[FlatRun], block_start: u32, block_size: u32, out: &mut Vec<ImageRun>) {
-    out.clear();
-    let block_end = block_start + block_size;
-    let first = runs.partition_point(|r| r.start + r.len <= block_start);
-    for r in &runs[first..] {
-        if r.start >= block_end {
-            break;
-        }
-        let s = r.start.max(block_start);
-        let e = (r.start + r.len).min(block_end);
-        out.push(ImageRun {
-            digest: r.digest,
-            item_offset: r.item_offset + (s - r.start),
-            block_offset: s - block_start,
-            len: e - s,
-        });
-    }
-}
-
-/// The block's tokens as keyed and advertised: the placeholder id at image
-/// positions. Borrows when the block holds no image.
-pub fn keyed_tokens<'a>(
-    tokens: &'a [u32],
-    runs: &[ImageRun],
-    placeholder: u32,
-    scratch: &'a mut Vec<u32>,
-) -> &'a [u32] {
-    if runs.is_empty() {
-        return tokens;
-    }
-    scratch.clear();
-    scratch.extend_from_slice(tokens);
-    for r in runs {
-        scratch[r.block_offset as usize..(r.block_offset + r.len) as usize].fill(placeholder);
-    }
-    scratch
-}
-
-/// The key of the block holding `tokens` (exactly one block) at `block_start`.
-/// Leaves the block's image runs in `block_runs`.
-pub fn key_of_block(
-    parent: &BlockKey,
-    tokens: &[u32],
-    runs: &[FlatRun],
-    block_start: u32,
-    placeholder: u32,
-    scratch: &mut Vec<u32>,
-    block_runs: &mut Vec<ImageRun>,
-) -> BlockKey {
-    runs_in_block(runs, block_start, tokens.len() as u32, block_runs);
-    let keyed = keyed_tokens(tokens, block_runs, placeholder, scratch);
-    block_key(parent, keyed, block_runs)
-}
+use crate::tables::{RequestScope, Requests};
+use crate::tier::Tier;
 
 /// Builds `BlockStored` events for a run of consecutive blocks of one chain.
 struct StoredGroup {
@@ -74,7 +18,7 @@ struct StoredGroup {
     /// Blocks the event will probably hold, to size its vectors once.
     blocks_hint: usize,
     block_size: u32,
-    medium: Medium,
+    medium: Tier,
 }
 
 impl StoredGroup {
@@ -182,7 +126,7 @@ pub fn commit_computed(
         event: None,
         blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
         block_size: bs,
-        medium: Medium::Gpu,
+        medium: Tier::Device,
     };
     // Each advertised block holds a reference on the scope; taken once below.
     let mut scope_refs = 0u32;

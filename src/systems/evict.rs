@@ -11,7 +11,7 @@ use crate::events::EventQueue;
 use crate::ids::BlockId;
 use crate::resources::{BlockCopy, Counters, KvCache, PageRef};
 use crate::systems::commit::stored_event_for_block;
-use crate::tables::Medium;
+use crate::tier::Tier;
 
 /// Drops one indexed, unreferenced block of `medium` from the cache entirely.
 fn drop_cached_block(cache: &mut KvCache, id: BlockId, events: &mut EventQueue) {
@@ -53,15 +53,15 @@ pub fn evict_device_block(cache: &mut KvCache, events: &mut EventQueue, counters
         if let Some(host_page) = cache.pool.free_host.pop() {
             let b = &mut cache.blocks.rows[id];
             let key = b.key.expect("cached blocks have keys");
-            let from = PageRef { medium: Medium::Gpu, page: b.page };
-            let to = PageRef { medium: Medium::Cpu, page: host_page };
-            b.medium = Medium::Cpu;
+            let from = PageRef { medium: Tier::Device, page: b.page };
+            let to = PageRef { medium: Tier::Host, page: host_page };
+            b.medium = Tier::Host;
             b.page = host_page;
             cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
             cache.queue_copy(BlockCopy { src: from, dst: to, tokens: cache.block_size });
             cache.pool.free_device.release(from.page);
             cache.pool.lru_host.push_back(&mut cache.blocks.rows, id);
-            events.push_removed(key, Medium::Gpu);
+            events.push_removed(key, Tier::Device);
             if events.enabled() {
                 events.push_stored(stored_event_for_block(cache, id));
             }
@@ -81,17 +81,17 @@ pub fn onboard_block(cache: &mut KvCache, id: BlockId, events: &mut EventQueue, 
     }
     let device_page = cache.pool.free_device.pop().expect("a page is free after eviction");
     let b = &mut cache.blocks.rows[id];
-    debug_assert_eq!(b.medium, Medium::Cpu, "only host blocks are onboarded");
+    debug_assert_eq!(b.medium, Tier::Host, "only host blocks are onboarded");
     let key = b.key.expect("cached blocks have keys");
-    let from = PageRef { medium: Medium::Cpu, page: b.page };
-    let to = PageRef { medium: Medium::Gpu, page: device_page };
-    b.medium = Medium::Gpu;
+    let from = PageRef { medium: Tier::Host, page: b.page };
+    let to = PageRef { medium: Tier::Device, page: device_page };
+    b.medium = Tier::Device;
     b.page = device_page;
     b.ref_count = 1;
     cache.blocks.move_page((from.medium, from.page), (to.medium, to.page));
     cache.queue_copy(BlockCopy { src: from, dst: to, tokens: cache.block_size });
     cache.pool.free_host.release(from.page);
-    events.push_removed(key, Medium::Cpu);
+    events.push_removed(key, Tier::Host);
     if events.enabled() {
         events.push_stored(stored_event_for_block(cache, id));
     }

@@ -12,25 +12,7 @@ use slotmap::SlotMap;
 use crate::ids::BlockId;
 use crate::keys::{BlockKey, ImageRun};
 use crate::resources::ScopeId;
-
-/// The tier a block lives in. Wire names are `"GPU"` and `"CPU"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Medium {
-    /// Device memory.
-    Gpu,
-    /// The pinned host tier.
-    Cpu,
-}
-
-impl Medium {
-    /// The name routers expect in `medium`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Medium::Gpu => "GPU",
-            Medium::Cpu => "CPU",
-        }
-    }
-}
+use crate::tier::Tier;
 
 /// A KV block row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +20,7 @@ pub struct KvBlock {
     /// Page index within its tier's pool.
     pub page: u32,
     /// Its tier.
-    pub medium: Medium,
+    pub medium: Tier,
     /// Set once every token of the block is computed (never for dummy requests
     /// or with block reuse off).
     pub key: Option<BlockKey>,
@@ -133,10 +115,10 @@ pub struct SiblingLink {
 
 /// The index of a page in the per-page columns: device pages first, then
 /// host pages.
-fn page_slot(pages_device: usize, medium: Medium, page: u32) -> usize {
+fn page_slot(pages_device: usize, medium: Tier, page: u32) -> usize {
     match medium {
-        Medium::Gpu => page as usize,
-        Medium::Cpu => pages_device + page as usize,
+        Tier::Device => page as usize,
+        Tier::Host => pages_device + page as usize,
     }
 }
 
@@ -172,11 +154,11 @@ impl KvBlocks {
         }
     }
 
-    fn slot(&self, medium: Medium, page: u32) -> usize {
+    fn slot(&self, medium: Tier, page: u32) -> usize {
         page_slot(self.pages_device, medium, page)
     }
 
-    fn page_range(&self, medium: Medium, page: u32) -> std::ops::Range<usize> {
+    fn page_range(&self, medium: Tier, page: u32) -> std::ops::Range<usize> {
         let slot = self.slot(medium, page);
         slot * self.block_size..(slot + 1) * self.block_size
     }
@@ -242,13 +224,13 @@ impl KvBlocks {
     }
 
     /// Records a block's token ids.
-    pub fn set_tokens(&mut self, medium: Medium, page: u32, tokens: &[u32]) {
+    pub fn set_tokens(&mut self, medium: Tier, page: u32, tokens: &[u32]) {
         let range = self.page_range(medium, page);
         self.tokens[range].copy_from_slice(tokens);
     }
 
     /// Moves a block's token ids and content between pages (tier moves).
-    pub fn move_page(&mut self, from: (Medium, u32), to: (Medium, u32)) {
+    pub fn move_page(&mut self, from: (Tier, u32), to: (Tier, u32)) {
         let src = self.page_range(from.0, from.1);
         let dst = self.page_range(to.0, to.1).start;
         self.tokens.copy_within(src, dst);

@@ -25,8 +25,6 @@ pub struct MmItem {
     pub digest: ImageDigest,
     /// The caller's UUID when valid UTF-8 of at most 256 bytes (a routing hint only).
     pub uuid: Option<Arc<str>>,
-    /// The item's placement: one or more runs, in order.
-    pub runs: Vec<TokenRun>,
 }
 
 /// The image item table.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use slotmap::SlotMap;
 
 use crate::ids::{BlockId, MmItemId, RequestId};
-use crate::keys::{BlockKey, ImageDigest};
+use crate::keys::{BlockKey, FlatRun};
 use crate::resources::ScopeId;
 
 /// What scopes a request's cache chain, shared by every block it advertises
@@ -18,21 +18,6 @@ pub struct RequestScope {
     pub lora_name: Option<Arc<str>>,
     /// Cache salt: requests with different salts never share blocks.
     pub cache_salt: Option<Arc<str>>,
-}
-
-/// One run of an image item in request token space, flattened over all items
-/// and sorted by `start`, so that key computation finds a block's runs with
-/// one binary search.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlatRun {
-    /// First token position of the run in the request.
-    pub start: u32,
-    /// Tokens in the run.
-    pub len: u32,
-    /// Offset of the run's first token within its item.
-    pub item_offset: u32,
-    /// The item's content digest.
-    pub digest: ImageDigest,
 }
 
 /// A request row.

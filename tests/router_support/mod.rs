@@ -104,9 +104,9 @@ pub fn temp_dir(name: &str) -> PathBuf {
 
 use std::time::{Duration, Instant};
 
-use kvcore::events::publisher::{Publisher, PublisherConfig};
-use kvcore::router::{Subscriber, Tier, WorkerId};
 use kvcore::{AdmitError, Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{Publisher, PublisherConfig};
+use kvcore_router::{Subscriber, Tier, WorkerId};
 
 /// An engine and its publisher on loopback, with a replay socket.
 pub struct Worker {
@@ -174,7 +174,7 @@ impl Worker {
             .iter()
             .filter(|(_, id)| {
                 let m = cache.blocks.rows[**id].medium;
-                (m == kvcore::Medium::Gpu) == (tier == Tier::Device)
+                (m == kvcore::Tier::Device) == (tier == Tier::Device)
             })
             .map(|(k, _)| k.wire_hash().0)
             .collect();

@@ -2,7 +2,7 @@
 //! events it produced: admission, prefix reuse with and without images,
 //! "same UUID, different pixels", and eviction.
 
-use kvcore::events::KvEvent;
+use kvcore::KvEvent;
 use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
 
 fn show(engine: &mut Engine) {

@@ -6,7 +6,7 @@
 //!                              └────── cache view ◄─────┘
 //! ```
 //!
-//! N workers, each a real [`Engine`](crate::Engine), serve the same arrivals
+//! N workers, each a real [`Engine`](kvcore::Engine), serve the same arrivals
 //! once per policy, on fresh engines each time, so that every policy faces
 //! identical requests. A simple timing model ([`timing`]) turns what each
 //! engine found in its cache into simulated time to first token, with a queue
@@ -83,7 +83,7 @@ impl Default for SimConfig {
             block_size_tokens: 32,
             blocks_device: 1024,
             blocks_host: 1024,
-            placeholder_token: crate::config::QWEN_IMAGE_PAD_TOKEN,
+            placeholder_token: kvcore::QWEN_IMAGE_PAD_TOKEN,
             offload_first: false,
             record_copies: false,
             timing: TimingModel::default(),
@@ -102,7 +102,7 @@ pub enum SimError {
     Workload(#[from] workload::WorkloadError),
     /// The engine configuration is invalid.
     #[error("{0}")]
-    Config(crate::error::ConfigError),
+    Config(kvcore::ConfigError),
     /// The simulation configuration is invalid.
     #[error("invalid simulation: {0}")]
     Invalid(String),

@@ -3,7 +3,7 @@
 //! copy counters against the copy log.
 
 use indicatif::ProgressBar;
-use kvcore::sim::{ChatConfig, PolicyKind, SimConfig, chat_workload, mooncake_workload, simulate};
+use kvcore_tools::sim::{ChatConfig, PolicyKind, SimConfig, chat_workload, mooncake_workload, simulate};
 
 fn small_chat() -> ChatConfig {
     ChatConfig { sessions: 80, seed: 11, ..Default::default() }
@@ -171,7 +171,7 @@ fn base_port_stream_is_visible_outside() {
     });
     let frames = sub.recv_multipart(0).expect("a batch arrives on the fixed port");
     let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-    let message = kvcore::events::codec::decode_message(&refs).unwrap();
+    let message = kvcore::wire::decode_message(&refs).unwrap();
     assert!(!message.batch.events.is_empty());
     let report = handle.join().unwrap();
     let ours = &report.policies[0];
@@ -190,7 +190,8 @@ fn base_port_stream_is_visible_outside() {
 #[test]
 fn mooncake_conversation_trace() {
     let path = std::env::var_os("KVCORE_MOONCAKE_TRACE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/traces/mooncake_conversation_trace.jsonl")
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."))
+            .join("shared/data/traces/mooncake_conversation_trace.jsonl")
     });
     if !path.exists() {
         eprintln!("skipping: no Mooncake trace at {}", path.display());
@@ -248,8 +249,8 @@ fn command_line() {
 /// each with `record_copies`, the log re-cut into waves as a GPU runs them.
 #[test]
 fn copy_counters_match_the_copy_log() {
-    use kvcore::resources::copy_waves;
-    use kvcore::tables::Medium;
+    use kvcore::Tier;
+    use kvcore::copy_waves;
     let workload = chat_workload(&ChatConfig { sessions: 30, seed: 3, ..Default::default() }).unwrap();
     let mut waves = Vec::new();
     for offload_first in [false, true] {
@@ -266,11 +267,11 @@ fn copy_counters_match_the_copy_log() {
         let c = report.policies[0].copies;
         let log = &runs[0].copy_log;
         assert_eq!(log.len(), workload.requests.len(), "one entry per step of worker 0");
-        let count = |from: Medium, to: Medium| {
+        let count = |from: Tier, to: Tier| {
             log.iter().flatten().filter(|x| x.src.medium == from && x.dst.medium == to).count() as u64
         };
-        assert_eq!(count(Medium::Gpu, Medium::Cpu), c.offload_blocks);
-        assert_eq!(count(Medium::Cpu, Medium::Gpu), c.onboard_blocks);
+        assert_eq!(count(Tier::Device, Tier::Host), c.offload_blocks);
+        assert_eq!(count(Tier::Host, Tier::Device), c.onboard_blocks);
         assert!(c.offload_blocks > 0 && c.onboard_blocks > 0, "the pool is small enough to move blocks: {c:?}");
         let host_waves: u64 = log
             .iter()

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use kvcore::events::codec::decode_message;
-use kvcore::events::publisher::{END_SEQ, SNAPSHOT_REQUEST};
+use kvcore::wire::decode_message;
+use kvcore::wire::{END_SEQ, SNAPSHOT_REQUEST};
 
 const MAGIC: &[u8; 8] = b"KVCREC1\n";
 

@@ -16,11 +16,12 @@
 
 use ahash::AHashMap;
 
-use crate::engine::Engine;
-use crate::events::KvEvent;
-use crate::keys::{BlockKey, KeyScope, root_key};
-use crate::systems::commit::key_of_block;
-use crate::tables::{FlatRun, Medium};
+use kvcore::Engine;
+use kvcore::FlatRun;
+use kvcore::KvEvent;
+use kvcore::Tier;
+use kvcore::key_of_block;
+use kvcore::{BlockKey, KeyScope, root_key};
 
 use super::workload::SimRequest;
 
@@ -92,13 +93,13 @@ pub trait CacheView {
 }
 
 /// Walks keys while `lookup` finds them, counting device and any-tier blocks.
-fn walk(keys: impl Iterator<Item = Option<Medium>>) -> Overlap {
+fn walk(keys: impl Iterator<Item = Option<Tier>>) -> Overlap {
     let mut o = Overlap::default();
     let mut all_device = true;
     for m in keys {
         let Some(m) = m else { break };
         o.any_tier_blocks += 1;
-        all_device &= m == Medium::Gpu;
+        all_device &= m == Tier::Device;
         if all_device {
             o.device_blocks += 1;
         }
@@ -125,7 +126,7 @@ impl CacheView for OracleView {
 /// over the wire ([`crate::sim::router_view`]).
 #[derive(Debug, Default)]
 pub struct ContentView {
-    workers: Vec<AHashMap<BlockKey, Medium>>,
+    workers: Vec<AHashMap<BlockKey, Tier>>,
 }
 
 impl ContentView {
@@ -191,7 +192,7 @@ fn text_chain(parent: Option<u64>, local: u64) -> u64 {
 #[derive(Clone, Debug, Default)]
 struct TextWorker {
     /// Engine key to (text hash, tier), to apply removals.
-    by_engine_key: AHashMap<BlockKey, (u64, Medium)>,
+    by_engine_key: AHashMap<BlockKey, (u64, Tier)>,
     /// Text hash to the number of engine blocks under it, per tier
     /// (device, host): two blocks with equal placeholders and different
     /// images fall under one text hash.
@@ -199,17 +200,17 @@ struct TextWorker {
 }
 
 impl TextWorker {
-    fn add(&mut self, key: BlockKey, text: u64, medium: Medium) {
+    fn add(&mut self, key: BlockKey, text: u64, medium: Tier) {
         if let Some((old, m)) = self.by_engine_key.insert(key, (text, medium)) {
             self.drop_count(old, m);
         }
         let c = self.held.entry(text).or_default();
-        if medium == Medium::Gpu { c.0 += 1 } else { c.1 += 1 }
+        if medium == Tier::Device { c.0 += 1 } else { c.1 += 1 }
     }
 
-    fn drop_count(&mut self, text: u64, medium: Medium) {
+    fn drop_count(&mut self, text: u64, medium: Tier) {
         if let Some(c) = self.held.get_mut(&text) {
-            if medium == Medium::Gpu {
+            if medium == Tier::Device {
                 c.0 = c.0.saturating_sub(1)
             } else {
                 c.1 = c.1.saturating_sub(1)
@@ -220,8 +221,8 @@ impl TextWorker {
         }
     }
 
-    fn tier(&self, text: u64) -> Option<Medium> {
-        self.held.get(&text).map(|c| if c.0 > 0 { Medium::Gpu } else { Medium::Cpu })
+    fn tier(&self, text: u64) -> Option<Tier> {
+        self.held.get(&text).map(|c| if c.0 > 0 { Tier::Device } else { Tier::Host })
     }
 }
 
@@ -304,11 +305,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::engine::{MmContent, MmItemSpec, RequestSpec};
-    use crate::keys::ImageDigest;
     use crate::sim::workload::{Prompt, SimImage};
-    use crate::tables::TokenRun;
-    use crate::{Engine, EngineConfig};
+    use kvcore::ImageDigest;
+    use kvcore::TokenRun;
+    use kvcore::{Engine, EngineConfig};
+    use kvcore::{MmContent, MmItemSpec, RequestSpec};
 
     const BS: u32 = 4;
     const PAD: u32 = 9;

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use kvcore::events::codec::decode_payload;
-use kvcore::events::wire::WireEvent;
-use kvcore::keys::ImageDigest;
-use kvcore::router::hashing::{HashedRequest, ImagePlacement, ImageRef, RouterKey, TokenRequest, hash_request};
-use kvcore::router::workload::{WorkloadSpec, generate};
-use kvcore::router::{
+use kvcore::ImageDigest;
+use kvcore::wire::WireEvent;
+use kvcore::wire::decode_payload;
+use kvcore_router::hashing::{HashedRequest, ImagePlacement, ImageRef, RouterKey, TokenRequest, hash_request};
+use kvcore_router::workload::{WorkloadSpec, generate};
+use kvcore_router::{
     ImageInput, Indexer, IndexerConfig, Message, ModelProfile, Part, ScoringConfig, Subscriber, SubscriberConfig,
     WorkerId, decide,
 };
@@ -122,7 +122,7 @@ pub fn run(args: RouteArgs) -> Result<(), Error> {
 
 fn print_table(
     hashed: &HashedRequest,
-    decision: &kvcore::router::Decision,
+    decision: &kvcore_router::Decision,
     name: &dyn Fn(u32) -> String,
     tokens: usize,
     profile: &str,
@@ -549,7 +549,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         .filter_map(|((_, e), w)| match e {
             WireEvent::BlockStored(s) => Some((
                 *w,
-                WireEvent::BlockRemoved(kvcore::events::wire::WireBlockRemoved {
+                WireEvent::BlockRemoved(kvcore::wire::WireBlockRemoved {
                     block_hashes: s.block_hashes.iter().rev().copied().collect(),
                     medium: s.medium.clone(),
                 }),
@@ -601,7 +601,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         }
     }
     let req = TokenRequest { tokens: first_tokens.clone(), ..Default::default() };
-    let mut keys = hash_request(&req, args.block_size, 0, &kvcore::router::hashing::NoUuids)?.keys;
+    let mut keys = hash_request(&req, args.block_size, 0, &kvcore_router::hashing::NoUuids)?.keys;
     let hit_blocks = keys.len().min(args.lookup_keys);
     keys.truncate(args.lookup_keys);
     let mut x = args.seed ^ 0x9E37_79B9_7F4A_7C15;
@@ -628,7 +628,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     let hash_req = TokenRequest { tokens: hash_tokens, ..Default::default() };
     let (hash_p50, hash_p99) = time_calls(args.iters, || {
         std::hint::black_box(
-            hash_request(std::hint::black_box(&hash_req), args.block_size, 0, &kvcore::router::hashing::NoUuids).ok(),
+            hash_request(std::hint::black_box(&hash_req), args.block_size, 0, &kvcore_router::hashing::NoUuids).ok(),
         );
     });
     let mem = ix.memory();

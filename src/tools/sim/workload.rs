@@ -27,7 +27,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 
-use crate::keys::ImageDigest;
+use kvcore::ImageDigest;
 
 /// One image item of a request.
 #[derive(Clone, Debug)]
@@ -214,7 +214,7 @@ impl Default for ChatConfig {
             uuid_pixel_swap: 0.05,
             session_interarrival_ms: 700.0,
             think_time_ms: 9_000.0,
-            placeholder_token: crate::config::QWEN_IMAGE_PAD_TOKEN,
+            placeholder_token: kvcore::QWEN_IMAGE_PAD_TOKEN,
         }
     }
 }

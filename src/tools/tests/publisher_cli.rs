@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-use kvcore::events::codec::{EncodeOptions, encode_events};
+use kvcore::wire::{EncodeOptions, encode_events};
 use kvcore::{Engine, EngineConfig, KvEvent, RequestSpec};
 
 fn kvcore() -> Command {
@@ -160,7 +160,7 @@ fn record_then_replay_reproduces_the_stream() {
 /// the next live sequence number.
 #[test]
 fn snapshot_prints_the_advertised_state() {
-    use kvcore::events::publisher::{Publisher, PublisherConfig};
+    use kvcore::{Publisher, PublisherConfig};
     let mut e = Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 16, ..Default::default() }).unwrap();
     e.attach_publisher(
         Publisher::bind(PublisherConfig {

@@ -16,13 +16,13 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 
-use crate::config::EngineConfig;
-use crate::engine::{Engine, MmContent, MmItemSpec, RequestSpec};
-use crate::events::KvEvent;
-use crate::events::codec::{EncodeOptions, encode_events};
-use crate::events::publisher::{Publisher, PublisherConfig};
-use crate::resources::BlockCopy;
-use crate::tables::TokenRun;
+use kvcore::BlockCopy;
+use kvcore::EngineConfig;
+use kvcore::KvEvent;
+use kvcore::TokenRun;
+use kvcore::wire::{EncodeOptions, encode_events};
+use kvcore::{Engine, MmContent, MmItemSpec, RequestSpec};
+use kvcore::{Publisher, PublisherConfig};
 
 use super::copies::CopyCounts;
 use super::policy::{PolicyKind, decide};

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvcore::events::publisher::{Publisher, PublisherConfig};
-use kvcore::keys::mm_hash_of_identifier;
+use kvcore::mm_hash_of_identifier;
 use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{Publisher, PublisherConfig};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
@@ -27,7 +27,7 @@ const IMAGE_PAD: u32 = 151_655;
 const VISION_END: u32 = 151_653;
 
 fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 /// The venv's python, or `None` when the test is explicitly skipped. The

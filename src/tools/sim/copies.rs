@@ -6,8 +6,7 @@
 //! engines take at full speed (docs/benchmarks.md, "Host tier"). These
 //! counters say how often the engine's real traffic gets either.
 
-use crate::resources::{BlockCopy, copy_waves};
-use crate::tables::Medium;
+use kvcore::{BlockCopy, Tier, copy_waves};
 
 /// Host-tier copy counters of a pass, over every worker and step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -50,8 +49,8 @@ impl CopyCounts {
             on.clear();
             for c in &copies[start..end] {
                 match (c.src.medium, c.dst.medium) {
-                    (Medium::Gpu, Medium::Cpu) => off.push(c.dst.page),
-                    (Medium::Cpu, Medium::Gpu) => on.push(c.src.page),
+                    (Tier::Device, Tier::Host) => off.push(c.dst.page),
+                    (Tier::Host, Tier::Device) => on.push(c.src.page),
                     _ => {}
                 }
             }
@@ -86,9 +85,14 @@ impl CopyCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvcore::PageRef;
 
-    fn copy(src: (Medium, u32), dst: (Medium, u32)) -> BlockCopy {
-        crate::resources::test_copy(src, dst, 16)
+    fn copy(src: (Tier, u32), dst: (Tier, u32)) -> BlockCopy {
+        BlockCopy {
+            src: PageRef { medium: src.0, page: src.1 },
+            dst: PageRef { medium: dst.0, page: dst.1 },
+            tokens: 16,
+        }
     }
 
     #[test]
@@ -96,13 +100,13 @@ mod tests {
         // Goal: the counters follow the waves and sorted host pages. Method: one
         // step whose onboard reuses the device page an offload reads (two
         // waves), then one step with both directions in one wave.
-        use Medium::{Cpu, Gpu};
+        use Tier::{Device, Host};
         let mut c = CopyCounts::default();
-        c.observe(&[copy((Gpu, 3), (Cpu, 7)), copy((Gpu, 4), (Cpu, 5)), copy((Cpu, 9), (Gpu, 3))]);
+        c.observe(&[copy((Device, 3), (Host, 7)), copy((Device, 4), (Host, 5)), copy((Host, 9), (Device, 3))]);
         assert_eq!((c.steps, c.steps_both_ways, c.waves, c.waves_both_ways), (1, 1, 2, 0));
         assert_eq!((c.offload_blocks, c.offload_runs, c.onboard_blocks, c.onboard_runs), (2, 2, 1, 1));
-        c.observe(&[copy((Gpu, 1), (Cpu, 10)), copy((Gpu, 2), (Cpu, 11)), copy((Cpu, 20), (Gpu, 5))]);
-        c.observe(&[copy((Gpu, 1), (Gpu, 2))]);
+        c.observe(&[copy((Device, 1), (Host, 10)), copy((Device, 2), (Host, 11)), copy((Host, 20), (Device, 5))]);
+        c.observe(&[copy((Device, 1), (Device, 2))]);
         assert_eq!((c.steps, c.steps_both_ways, c.waves, c.waves_both_ways), (2, 2, 3, 1));
         assert_eq!((c.offload_blocks, c.offload_runs), (4, 3));
         assert!((c.offload_mean_run() - 4.0 / 3.0).abs() < 1e-12);

@@ -9,8 +9,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use crate::keys::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
-use crate::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
+use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
 
 /// Tokens per block.
 pub const BLOCK_SIZE: u32 = 32;
@@ -21,7 +21,7 @@ pub const IMAGE_START: u32 = 512;
 /// Image length in tokens.
 pub const IMAGE_LEN: u32 = 1024;
 /// The image placeholder id used in the prompt (the engine's default).
-const PLACEHOLDER: u32 = crate::config::QWEN_IMAGE_PAD_TOKEN;
+const PLACEHOLDER: u32 = kvcore::QWEN_IMAGE_PAD_TOKEN;
 
 /// The benchmark prompt and its image's digest.
 #[derive(Clone, Debug)]
@@ -198,7 +198,7 @@ mod tests {
             .iter()
             .rev()
             .find_map(|ev| match ev {
-                crate::KvEvent::BlockStored(s) => s.keys.last().copied(),
+                kvcore::KvEvent::BlockStored(s) => s.keys.last().copied(),
                 _ => None,
             })
             .expect("stored");

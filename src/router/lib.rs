@@ -1,6 +1,6 @@
 //! The router: the consumer side of the event stream.
 //!
-//! It is built on the wire format alone ([`crate::events::wire`]), never on
+//! It is built on the wire format alone ([`kvcore::wire`]), never on
 //! engine internals, so whatever it can do an outside router can do too.
 //!
 //! | module | what |
@@ -24,9 +24,11 @@ pub mod table;
 pub mod workload;
 
 pub use hashing::{
-    HashedRequest, ImagePlacement, ImageRef, KeyScope, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,
+    HashedRequest, ImagePlacement, ImageRef, RouterKey, RouterScope, TokenRequest, UuidLookup, UuidResolver,
+    hash_request,
 };
-pub use indexer::{Indexer, IndexerConfig, IndexerCounters, MemoryReport, Overlap, Tier, WorkerId};
+pub use indexer::{Indexer, IndexerConfig, IndexerCounters, MemoryReport, Overlap, WorkerId};
+pub use kvcore::Tier;
 pub use profiles::{ImageInput, Message, ModelProfile, Part};
 pub use scoring::{Decision, ScoringConfig, decide};
 pub use subscriber::{Subscriber, SubscriberConfig, SubscriberCounters};

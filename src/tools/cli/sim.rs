@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvcore::sim::{ChatConfig, PolicyKind, SimConfig, Workload, chat_workload, mooncake_workload, simulate};
+use kvcore_tools::sim::{ChatConfig, PolicyKind, SimConfig, Workload, chat_workload, mooncake_workload, simulate};
 
 /// The Mooncake trace's path relative to the repository root.
 const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_conversation_trace.jsonl";
@@ -90,7 +90,7 @@ fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
         Some(path) => {
             let path = if path.is_relative() && !path.exists() {
                 // Relative defaults are relative to the repository root.
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(path)
             } else {
                 path.clone()
             };
@@ -200,8 +200,12 @@ pub fn run(args: &SimArgs) -> i32 {
 /// The copy log as JSON: the pool's shape, then one array per step of
 /// `[src_medium, src_page, dst_medium, dst_page, tokens]` (medium 0: device,
 /// 1: host).
-fn write_copy_log(path: &std::path::Path, config: &SimConfig, run: &kvcore::sim::PolicyRun) -> std::io::Result<()> {
-    let medium = |m: kvcore::tables::Medium| u32::from(m == kvcore::tables::Medium::Cpu);
+fn write_copy_log(
+    path: &std::path::Path,
+    config: &SimConfig,
+    run: &kvcore_tools::sim::PolicyRun,
+) -> std::io::Result<()> {
+    let medium = |m: kvcore::Tier| u32::from(m == kvcore::Tier::Host);
     let steps: Vec<Vec<[u32; 5]>> = run
         .copy_log
         .iter()

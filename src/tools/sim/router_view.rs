@@ -19,9 +19,9 @@
 
 use std::time::Duration;
 
-use crate::engine::Engine;
-use crate::events::KvEvent;
-use crate::router::{
+use kvcore::Engine;
+use kvcore::KvEvent;
+use kvcore_router::{
     ImagePlacement, ImageRef, IndexerConfig, Subscriber, SubscriberConfig, TokenRequest, WorkerId, hash_request,
 };
 

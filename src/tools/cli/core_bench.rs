@@ -1,7 +1,7 @@
 //! `kvcore core-bench`: issue 2's engine benchmark with the four cases
 //! interleaved in one run, reported as ratios to the bare SHA-256 chain.
 
-use kvcore::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench};
+use kvcore_tools::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench};
 
 /// Runs the bench and prints one line per case; returns the exit code.
 pub fn run(reps: usize) -> i32 {

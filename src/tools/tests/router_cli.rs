@@ -2,12 +2,13 @@
 //! subscribes, takes snapshots, hashes a chat request with an image through a
 //! tokenizer.json, and prints each worker's overlap and the decision.
 
+#[path = "../../../tests/router_support/mod.rs"]
 mod router_support;
 
 use std::process::Command;
 
 use kvcore::TokenRun;
-use kvcore::router::{ImageInput, ImageRef, Message, ModelProfile, Part};
+use kvcore_router::{ImageInput, ImageRef, Message, ModelProfile, Part};
 use router_support::Worker;
 
 /// The worker holding the chat's prefix and image gets the request; the JSON

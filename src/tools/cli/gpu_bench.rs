@@ -695,8 +695,8 @@ mod imp {
     /// Timed by the wall clock from the first step to the synchronize after
     /// the last, planning included; each log twice, interleaved.
     fn replay(gpu: &Arc<Gpu>, l: &CopyLimits, files: &[String], block_kib: u64) -> R<Vec<Value>> {
-        use kvcore::resources::{BlockCopy, PageRef};
-        use kvcore::tables::Medium;
+        use kvcore::Tier;
+        use kvcore::{BlockCopy, PageRef};
         let bad = |f: &str, e: String| GpuError::InvalidArgument(format!("replay log {f}: {e}"));
         let mut logs = Vec::new();
         let mut shape = None;
@@ -709,7 +709,7 @@ mod imp {
                 return Err(bad(f, "pool shape differs from the first log's".into()));
             }
             shape = Some(this);
-            let medium = |m: u64| if m == 1 { Medium::Cpu } else { Medium::Gpu };
+            let medium = |m: u64| if m == 1 { Tier::Host } else { Tier::Device };
             let steps: Vec<Vec<BlockCopy>> = serde_json::from_value::<Vec<Vec<[u64; 5]>>>(doc["steps"].clone())
                 .map_err(|e| bad(f, e.to_string()))?
                 .into_iter()
@@ -755,8 +755,8 @@ mod imp {
                     for c in step {
                         let b = 32.0 * g.copy_bytes(c.tokens) as f64;
                         match (c.src.medium, c.dst.medium) {
-                            (Medium::Gpu, Medium::Cpu) => so += b,
-                            (Medium::Cpu, Medium::Gpu) => si += b,
+                            (Tier::Device, Tier::Host) => so += b,
+                            (Tier::Host, Tier::Device) => si += b,
                             _ => other += b,
                         }
                     }

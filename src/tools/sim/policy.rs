@@ -11,7 +11,7 @@
 //! The three KV-aware policies share one cost (the router's, see
 //! [`decide`]), so the comparison isolates what each one knows.
 
-use crate::router::{Overlap as RouterOverlap, RouterKey, ScoringConfig, WorkerId};
+use kvcore_router::{Overlap as RouterOverlap, RouterKey, ScoringConfig, WorkerId};
 
 use super::view::Overlap;
 
@@ -90,7 +90,7 @@ impl Default for Scoring {
 /// backlog in blocks. Ties go to the lower load, then to the worker that
 /// `spread` picks among the tied ones, so that equal workers share traffic.
 ///
-/// This is the router's own decision ([`crate::router::decide`]), so that the
+/// This is the router's own decision ([`kvcore_router::decide`]), so that the
 /// three KV-aware policies differ only in their beliefs.
 pub fn decide(scoring: &Scoring, request_blocks: u32, overlaps: &[Overlap], loads: &[f64], spread: u64) -> usize {
     let config = ScoringConfig {
@@ -108,7 +108,7 @@ pub fn decide(scoring: &Scoring, request_blocks: u32, overlaps: &[Overlap], load
         })
         .collect();
     let workers: Vec<(WorkerId, f64)> = loads.iter().enumerate().map(|(w, l)| (WorkerId(w as u32), *l)).collect();
-    let decision = crate::router::decide(&config, request_blocks, Some(RouterKey(spread)), &router_overlaps, &workers);
+    let decision = kvcore_router::decide(&config, request_blocks, Some(RouterKey(spread)), &router_overlaps, &workers);
     decision.worker.map_or(0, |w| w as usize)
 }
 
