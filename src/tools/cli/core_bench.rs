@@ -1,5 +1,7 @@
-//! `kvcore core-bench`: issue 2's engine benchmark with the four cases
-//! interleaved in one run, reported as ratios to the bare SHA-256 chain.
+//! `kvcore core-bench`: the engine-core benchmark (admit, commit and finish a
+//! 4096-token prompt with an image, cold, cold under eviction and warm) with
+//! the bare SHA-256 chain, the four cases interleaved in one run so that they
+//! share the machine's conditions, reported as ratios to the chain.
 
 use kvcore_tools::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench};
 
