@@ -225,11 +225,7 @@ fn cpp_programs_pass() {
 /// real ZMQ SUB socket on loopback, both payloads decoded with the codec.
 #[test]
 fn c_publisher_stream_matches_wire_drain() {
-    use kvcore::ffi::handle::*;
-    use kvcore::ffi::publisher::*;
-    use kvcore::ffi::request::*;
-    use kvcore::ffi::status::kvc_status;
-    use kvcore::ffi::step::kvc_engine_step;
+    use kvcore::ffi::*;
     use kvcore::wire::{decode_message, decode_payload};
     use std::mem::MaybeUninit;
 
