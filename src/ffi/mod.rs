@@ -6,9 +6,10 @@
 //! does, who owns what, which thread may call it, and which statuses it
 //! returns. docs/c-api.md is the guide.
 //!
-//! The shared pieces sit below the exporting files and import none of them;
-//! the exporting files import the shared pieces and, where one needs another's
-//! C type, that file, one way:
+//! The shared pieces (`status.rs`, `records.rs`, `boundary.rs`, `handle.rs`)
+//! sit below the exporting files, which import them, and another exporting
+//! file only for its C type, one way. The one import upwards is `handle.rs`
+//! naming `gpu.rs`'s `GpuState`, the GPU path's state that the handle holds:
 //!
 //! | file | imports from `ffi` |
 //! |---|---|
@@ -35,7 +36,9 @@
 //!
 //! Every submodule is private; the C surface is the flat list re-exported
 //! below, named as in `include/kvcore.h`. cbindgen walks the submodules in
-//! the order they are declared, which is the order of the header's functions.
+//! the order they are declared (alphabetical, as rustfmt sorts them), which
+//! is the order of the header's functions: a new exporting file's name
+//! decides where its functions appear.
 //!
 //! Every C struct that mirrors an engine type (`kvc_config`, `kvc_counters`,
 //! `kvc_publisher_config`, `kvc_publisher_stats`, `kvc_request`,
