@@ -11,7 +11,9 @@
 //   engines are independent. A call racing another on the same engine throws
 //   kvc::Error with KVC_STATUS_ENGINE_BUSY.
 // * kvc::Request builds the C request description and owns its buffers, so
-//   a Request can be reused and outlives nothing it points to.
+//   a Request can be reused and outlives nothing it points to. It fills every
+//   field of the C structs by name (tests/ffi.rs checks that it does).
+// * kvc::status_name gives a status's name as the header spells it.
 #ifndef KVCORE_HPP
 #define KVCORE_HPP
 
@@ -42,6 +44,71 @@ public:
 private:
     kvc_status status_;
 };
+
+// The name of a status as kvcore.h spells it ("KVC_STATUS_OK"), for logs;
+// nullptr for a code that is no status. The switch names every status of the
+// header, so one added there and missing here is a -Wswitch warning (an error
+// under -Werror), and tests/ffi.rs checks that this list, the header and
+// docs/c-api.md name the same statuses.
+inline const char *status_name(kvc_status status) noexcept {
+    switch (status) {
+        case KVC_STATUS_OK:
+            return "KVC_STATUS_OK";
+        case KVC_STATUS_NULL_ARGUMENT:
+            return "KVC_STATUS_NULL_ARGUMENT";
+        case KVC_STATUS_INVALID_ARGUMENT:
+            return "KVC_STATUS_INVALID_ARGUMENT";
+        case KVC_STATUS_UNKNOWN_ID:
+            return "KVC_STATUS_UNKNOWN_ID";
+        case KVC_STATUS_INVALID_CONFIG:
+            return "KVC_STATUS_INVALID_CONFIG";
+        case KVC_STATUS_INVALID_UTF8:
+            return "KVC_STATUS_INVALID_UTF8";
+        case KVC_STATUS_EMPTY_PROMPT:
+            return "KVC_STATUS_EMPTY_PROMPT";
+        case KVC_STATUS_INVALID_IMAGE_RUNS:
+            return "KVC_STATUS_INVALID_IMAGE_RUNS";
+        case KVC_STATUS_BAD_DIGEST_LENGTH:
+            return "KVC_STATUS_BAD_DIGEST_LENGTH";
+        case KVC_STATUS_UUID_COUNT_MISMATCH:
+            return "KVC_STATUS_UUID_COUNT_MISMATCH";
+        case KVC_STATUS_BAD_COMPUTED_COUNT:
+            return "KVC_STATUS_BAD_COMPUTED_COUNT";
+        case KVC_STATUS_BUFFER_TOO_SMALL:
+            return "KVC_STATUS_BUFFER_TOO_SMALL";
+        case KVC_STATUS_ENGINE_BUSY:
+            return "KVC_STATUS_ENGINE_BUSY";
+        case KVC_STATUS_OUT_OF_BLOCKS:
+            return "KVC_STATUS_OUT_OF_BLOCKS";
+        case KVC_STATUS_TOO_MANY_REQUESTS:
+            return "KVC_STATUS_TOO_MANY_REQUESTS";
+        case KVC_STATUS_TOO_MANY_ITEMS:
+            return "KVC_STATUS_TOO_MANY_ITEMS";
+        case KVC_STATUS_REQUEST_TOO_LONG:
+            return "KVC_STATUS_REQUEST_TOO_LONG";
+        case KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST:
+            return "KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST";
+        case KVC_STATUS_GPU_UNAVAILABLE:
+            return "KVC_STATUS_GPU_UNAVAILABLE";
+        case KVC_STATUS_GPU_FAILED:
+            return "KVC_STATUS_GPU_FAILED";
+        case KVC_STATUS_KV_POOL_NOT_ATTACHED:
+            return "KVC_STATUS_KV_POOL_NOT_ATTACHED";
+        case KVC_STATUS_PUBLISHER_RUNNING:
+            return "KVC_STATUS_PUBLISHER_RUNNING";
+        case KVC_STATUS_PUBLISHER_START_FAILED:
+            return "KVC_STATUS_PUBLISHER_START_FAILED";
+        case KVC_STATUS_PUBLISHER_NOT_RUNNING:
+            return "KVC_STATUS_PUBLISHER_NOT_RUNNING";
+        case KVC_STATUS_PANIC:
+            return "KVC_STATUS_PANIC";
+        case KVC_STATUS_POISONED:
+            return "KVC_STATUS_POISONED";
+        case KVC_STATUS_INTERNAL:
+            return "KVC_STATUS_INTERNAL";
+    }
+    return nullptr;
+}
 
 // The default configuration (kvc_config_default); change fields, then build an Engine.
 inline kvc_config default_config() {
@@ -118,10 +185,16 @@ public:
             const bool device = im.kind == KVC_IMAGE_CONTENT_DEVICE;
             const uint8_t *content =
                 device ? reinterpret_cast<const uint8_t *>(static_cast<uintptr_t>(im.device_ptr)) : im.content.data();
-            c_items_.push_back(kvc_image_item{static_cast<uint32_t>(im.kind), content,
-                                              device ? im.device_len : im.content.size(), im.runs.data(),
-                                              im.runs.size()});
-            c_uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : kvc_bytes{nullptr, 0});
+            // Every field by name: tests/ffi.rs checks that each field of the
+            // C structs this wrapper fills is named here.
+            kvc_image_item item{};
+            item.content_kind = static_cast<uint32_t>(im.kind);
+            item.content = content;
+            item.content_len = device ? im.device_len : im.content.size();
+            item.runs = im.runs.data();
+            item.runs_len = im.runs.size();
+            c_items_.push_back(item);
+            c_uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : absent());
         }
         kvc_request r{};
         r.tokens = tokens_.data();
@@ -129,14 +202,12 @@ public:
         r.has_lora_id = lora_id_.has_value();
         r.lora_id = lora_id_.value_or(0);
         r.dummy = dummy_;
-        r.lora_name = lora_name_ ? bytes_of(*lora_name_) : kvc_bytes{nullptr, 0};
-        r.cache_salt = cache_salt_ ? bytes_of(*cache_salt_) : kvc_bytes{nullptr, 0};
+        r.lora_name = lora_name_ ? bytes_of(*lora_name_) : absent();
+        r.cache_salt = cache_salt_ ? bytes_of(*cache_salt_) : absent();
         r.items = c_items_.data();
         r.items_len = c_items_.size();
-        if (uuid_list_) {
-            r.uuids = c_uuids_.data();
-            r.uuids_len = c_uuids_.size();
-        }
+        r.uuids = uuid_list_ ? c_uuids_.data() : nullptr;
+        r.uuids_len = uuid_list_ ? c_uuids_.size() : 0;
         return r;
     }
 
@@ -152,7 +223,18 @@ private:
 
     static kvc_bytes bytes_of(const std::string &s) {
         // A non-NULL pointer even for an empty string: empty is not absent.
-        return kvc_bytes{reinterpret_cast<const uint8_t *>(s.data()), s.size()};
+        kvc_bytes b{};
+        b.ptr = reinterpret_cast<const uint8_t *>(s.data());
+        b.len = s.size();
+        return b;
+    }
+
+    // An absent string: NULL with length 0.
+    static kvc_bytes absent() {
+        kvc_bytes b{};
+        b.ptr = nullptr;
+        b.len = 0;
+        return b;
     }
 
     Request &add_image(kvc_image_content kind, std::vector<uint8_t> content, std::vector<kvc_token_run> runs,
@@ -299,6 +381,7 @@ public:
         pool.planes = planes;
         pool.block_bytes = block_bytes;
         pool.blocks = blocks;
+        pool.reserved = 0;
         check(kvc_engine_attach_kv_pool(engine_, &pool));
     }
 

@@ -51,6 +51,7 @@ pub mod fuzzing;
 pub mod gpu;
 mod ids;
 mod keys;
+mod outbound;
 mod resources;
 mod systems;
 mod tables;
@@ -70,6 +71,7 @@ pub use keys::{
     BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_key, key_of_block,
     mm_hash, mm_hash_of_identifier, root_key,
 };
+pub use outbound::{PublisherError, VacantPublisher};
 pub use resources::{BlockCopy, Counters, PageRef, copy_waves};
 pub use tables::TokenRun;
 pub use tier::Tier;

@@ -65,6 +65,119 @@ fn every_export_is_documented_in_the_header() {
     assert!(functions >= 20, "only {functions} functions found in kvcore.h");
 }
 
+/// Reads a file of the repository.
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+/// The text of `text` from the line that starts with `start` to the next line
+/// that starts with `end`.
+fn section<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let from = text.find(start).unwrap_or_else(|| panic!("no {start:?}"));
+    let rest = &text[from..];
+    let to = rest[start.len()..].find(end).map_or(rest.len(), |i| i + start.len());
+    &rest[..to]
+}
+
+/// The `KVC_STATUS_*` enumerators of the checked-in header with their codes.
+fn header_statuses() -> std::collections::BTreeMap<u32, String> {
+    let header = read("include/kvcore.h");
+    let body = section(&header, "enum kvc_status\n", "typedef enum kvc_status kvc_status;");
+    body.lines()
+        .filter_map(|l| l.trim().strip_suffix(',')?.split_once(" = "))
+        .map(|(name, code)| (code.parse().expect("numeric status code"), name.to_owned()))
+        .collect()
+}
+
+/// The one status table covers everything, and everyone lists the same set:
+/// each status of `kvc_status::ALL` round-trips through `kvc_status_str` (its
+/// own text, found again from the code), codes are unique, and the header's
+/// enumerators, the status table of docs/c-api.md and `kvc::status_name` in
+/// kvcore.hpp name exactly those codes; method: parse the three texts.
+#[test]
+fn every_status_is_listed_once_everywhere() {
+    use kvcore::ffi::{kvc_status, kvc_status_str};
+    let mut texts = std::collections::HashSet::new();
+    let mut codes = std::collections::BTreeSet::new();
+    for status in kvc_status::ALL {
+        let code = *status as u32;
+        assert!(codes.insert(code), "code {code} appears once");
+        // SAFETY: any code is accepted; the result is a static C string.
+        let text = unsafe { std::ffi::CStr::from_ptr(kvc_status_str(code)) };
+        assert_eq!(text, status.message(), "kvc_status_str({code})");
+        assert_ne!(text, c"unknown status code", "code {code} is described");
+        assert!(texts.insert(text), "code {code} has its own text");
+        assert_eq!(kvc_status::from_code(code), Some(*status), "code {code} comes back");
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(kvc_status_str(12345)) }, c"unknown status code");
+
+    let header = header_statuses();
+    assert_eq!(header.keys().copied().collect::<std::collections::BTreeSet<_>>(), codes, "kvcore.h");
+
+    let docs = read("docs/c-api.md");
+    let table = section(&docs, "## Statuses", "\n## ");
+    let documented: std::collections::BTreeMap<u32, String> = table
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.split('|').map(str::trim).skip(1);
+            let code = cells.next()?.parse().ok()?;
+            Some((code, cells.next()?.trim_matches('`').to_owned()))
+        })
+        .collect();
+    assert_eq!(documented, header, "the status table of docs/c-api.md");
+
+    let hpp = read("include/kvcore.hpp");
+    let names = section(&hpp, "inline const char *status_name(", "\n}");
+    let cases: Vec<&str> = names.lines().filter_map(|l| l.trim().strip_prefix("case ")?.strip_suffix(':')).collect();
+    for name in &cases {
+        assert!(names.contains(&format!("return \"{name}\";")), "kvc::status_name({name}) returns its name");
+    }
+    let mut in_header: Vec<&str> = header.values().map(String::as_str).collect();
+    let mut in_hpp = cases.clone();
+    in_header.sort_unstable();
+    in_hpp.sort_unstable();
+    assert_eq!(in_hpp, in_header, "kvc::status_name in kvcore.hpp");
+}
+
+/// The fields of one struct of the checked-in header.
+fn header_fields(header: &str, name: &str) -> Vec<String> {
+    let body = section(header, &format!("typedef struct {name} {{"), &format!("}} {name};"));
+    body.lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with('*') && !l.starts_with('/'))
+        .filter_map(|l| {
+            let decl = l.strip_suffix(';')?;
+            let field = decl.rsplit([' ', '*']).next()?;
+            Some(field.split('[').next().unwrap_or(field).to_owned())
+        })
+        .collect()
+}
+
+/// The mirrors outside Rust name every field: kvcore.hpp assigns each field
+/// of every C struct it fills by name (`.field =`), and the guide's request
+/// section names each field of `kvc_request`; method: the header's struct
+/// bodies against the two texts. (The Rust conversions are checked by the
+/// compiler: they name every field on both sides without `..`.)
+#[test]
+fn wrapper_and_guide_name_every_field() {
+    let header = read("include/kvcore.h");
+    let hpp = read("include/kvcore.hpp");
+    for name in ["kvc_request", "kvc_image_item", "kvc_kv_pool", "kvc_bytes"] {
+        let fields = header_fields(&header, name);
+        assert!(!fields.is_empty(), "{name} has fields");
+        for field in fields {
+            assert!(hpp.contains(&format!(".{field} = ")), "kvcore.hpp fills {name}.{field} by name");
+        }
+    }
+    let docs = read("docs/c-api.md");
+    let requests = section(&docs, "## Requests", "\n## ");
+    for field in header_fields(&header, "kvc_request") {
+        assert!(requests.contains(&format!("`{field}`")), "docs/c-api.md, Requests, names kvc_request.{field}");
+    }
+}
+
 /// Reads `version = "x.y.z"` of the `[package]` table of Cargo.toml.
 fn cargo_toml_version() -> (u32, u32, u32) {
     let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("read Cargo.toml");
@@ -225,11 +338,7 @@ fn cpp_programs_pass() {
 /// real ZMQ SUB socket on loopback, both payloads decoded with the codec.
 #[test]
 fn c_publisher_stream_matches_wire_drain() {
-    use kvcore::ffi::handle::*;
-    use kvcore::ffi::publisher::*;
-    use kvcore::ffi::request::*;
-    use kvcore::ffi::status::kvc_status;
-    use kvcore::ffi::step::kvc_engine_step;
+    use kvcore::ffi::*;
     use kvcore::wire::{decode_message, decode_payload};
     use std::mem::MaybeUninit;
 

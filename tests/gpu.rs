@@ -707,11 +707,7 @@ mod staged {
 #[cfg(feature = "cuda")]
 mod c_api {
     use super::*;
-    use kvcore::ffi::gpu::*;
-    use kvcore::ffi::handle::*;
-    use kvcore::ffi::request::*;
-    use kvcore::ffi::status::kvc_status;
-    use kvcore::ffi::step::*;
+    use kvcore::ffi::*;
     use std::mem::MaybeUninit;
     use std::ptr;
 

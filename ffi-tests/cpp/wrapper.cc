@@ -1,7 +1,8 @@
 // The C++ wrapper (kvcore.hpp): a serving loop through kvc::Engine, failures
 // as kvc::Error with the right status and a message, UUID lists as
 // optionals, move-only ownership (ASan would flag a double free), several
-// engines held in one container, and the publisher and wire drain.
+// engines held in one container, the publisher and wire drain, and status
+// names for every status the library describes.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -205,8 +206,29 @@ static void gpu() {
     }
 }
 
+// kvc::status_name names exactly the codes the linked library describes
+// (every code up to 999 is asked), each by a name of the header's form; a
+// status the library has and the wrapper lacks fails here at run time, as
+// one the header has and the wrapper lacks fails its compilation.
+static void status_names() {
+    int named = 0;
+    for (uint32_t code = 0; code < 1000; code++) {
+        const char *name = kvc::status_name(static_cast<kvc_status>(code));
+        const bool described = std::strcmp(kvc_status_str(code), "unknown status code") != 0;
+        CHECK((name != nullptr) == described);
+        if (name != nullptr) {
+            named++;
+            CHECK(std::strncmp(name, "KVC_STATUS_", 11) == 0);
+        }
+    }
+    CHECK(named > 0);
+    CHECK(std::strcmp(kvc::status_name(KVC_STATUS_GPU_FAILED), "KVC_STATUS_GPU_FAILED") == 0);
+    CHECK(kvc::status_name(static_cast<kvc_status>(12345)) == nullptr);
+}
+
 int main() {
     serving_loop();
+    status_names();
     gpu();
     errors();
     ownership();

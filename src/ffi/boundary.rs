@@ -11,8 +11,15 @@
 //! * The `try_*!` macros turn raw pointers into references and slices after a
 //!   NULL and alignment check, failing with a message that names the argument.
 //!   They are used inside a `with_engine` closure, which returns
-//!   `Result<(), Failure>`.
+//!   `Result<(), Failure>`, or a [`without_engine`] one for the exports that
+//!   take no engine.
+//! * [`optional_str`] reads a C string field, [`fill_or_query`] fills a
+//!   caller's buffer or only reports the size it needs.
+//!
+//! This module depends only on the status codes and the handle's type, never
+//! on an export, so that every export can use it.
 
+use std::ffi::{CStr, c_char};
 use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::TryLockError;
@@ -160,6 +167,53 @@ pub(crate) fn check_slice<T>(ptr: *const T, len: usize, name: &str) -> Result<()
         return Err(Failure::new(kvc_status::InvalidArgument, format!("`{name}` has an impossible length {len}")));
     }
     Ok(())
+}
+
+/// Reads an optional C string field (`name` as the caller wrote it, e.g.
+/// `config.model_type`, for the error).
+pub(crate) fn optional_str(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null (checked above); the contract of every export that
+    // reads a string field makes the caller guarantee that a non-null field
+    // points to a NUL-terminated string readable for the call.
+    let s = unsafe { CStr::from_ptr(ptr) };
+    s.to_str()
+        .map(|s| Some(s.to_owned()))
+        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`{name}` is not valid UTF-8")))
+}
+
+/// Copies all of `src` into `dst`, or only reports the size when the caller
+/// passed a NULL buffer (`query`), or fails when `dst` is too small.
+pub(crate) fn fill_or_query<T: Copy>(
+    dst: &mut [std::mem::MaybeUninit<T>],
+    query: bool,
+    src: &[T],
+    what: &str,
+) -> Result<(), Failure> {
+    if query {
+        return Ok(());
+    }
+    if dst.len() < src.len() {
+        return Err(Failure::new(
+            kvc_status::BufferTooSmall,
+            format!("the {what} has {} entries; the buffer holds {}", src.len(), dst.len()),
+        ));
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        d.write(*s);
+    }
+    Ok(())
+}
+
+/// Runs `f` (a closure returning `Result<(), Failure>`) for an export that has
+/// no engine to hold a message: the status alone comes back.
+pub(crate) fn without_engine(f: impl FnOnce() -> Result<(), Failure>) -> kvc_status {
+    match f() {
+        Ok(()) => kvc_status::Ok,
+        Err(failure) => failure.status,
+    }
 }
 
 /// The text of a panic payload.

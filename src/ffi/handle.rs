@@ -1,25 +1,23 @@
-//! The engine handle: creation from a C config, destruction, the last error,
-//! and the capability document.
+//! The engine handle: the opaque `kvc_engine` and the state behind its lock.
 //!
 //! A `kvc_engine` is a `Box` that C owns between `kvc_engine_new` and
 //! `kvc_engine_free`. Everything a call needs lives behind the handle's
 //! mutex: the engine, the deployment facts for `model_info`, the last error
 //! message, the poison flag and the buffers that C drains (block copies,
-//! flattened events). Nothing is global, so any number of engines can live in
-//! one process, each used by one thread at a time.
+//! flattened events, wire payloads). Nothing is global, so any number of
+//! engines can live in one process, each used by one thread at a time.
+//!
+//! This module is below every export: it names the records it buffers and the
+//! GPU state it holds, and no export module.
 
 use std::collections::VecDeque;
-use std::ffi::{CStr, c_char};
 use std::sync::Mutex;
 
-use crate::capabilities::{self, Deployment, KvTransfer};
-use crate::config::EngineConfig;
+use crate::capabilities::Deployment;
 use crate::engine::Engine;
 
-use super::boundary::{ffi_boundary, try_out, try_ref, try_slice_out, with_engine};
 use super::gpu::GpuState;
-use super::status::{Failure, kvc_status};
-use super::step::{kvc_block_copy, kvc_event};
+use super::records::{kvc_block_copy, kvc_event};
 
 /// An engine. Opaque: create with `kvc_engine_new`, destroy with
 /// `kvc_engine_free`.
@@ -33,6 +31,24 @@ const _: fn() = || {
     fn send_and_sync<T: Send + Sync>() {}
     send_and_sync::<kvc_engine>();
 };
+
+impl kvc_engine {
+    /// A handle around a new engine in its deployment: no error yet, not
+    /// poisoned, nothing to drain, no GPU open.
+    pub(crate) fn new(engine: Engine, deployment: Deployment) -> Self {
+        let state = EngineState {
+            engine,
+            deployment,
+            last_error: String::new(),
+            poisoned: false,
+            copies: Vec::new(),
+            events: VecDeque::new(),
+            wire: VecDeque::new(),
+            gpu: GpuState::default(),
+        };
+        Self { state: Mutex::new(state) }
+    }
+}
 
 /// What lives behind a handle.
 pub(crate) struct EngineState {
@@ -52,370 +68,4 @@ pub(crate) struct EngineState {
     pub wire: VecDeque<Vec<u8>>,
     /// The GPU path: the open device, the attached KV pool, pending copies.
     pub gpu: GpuState,
-}
-
-/// How KV data moves between workers (`kvc_config.kv_transfer_role`). Anything
-/// but `KVC_KV_TRANSFER_ROLE_NONE` is disaggregated serving, which turns image
-/// routing off.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum kvc_kv_transfer_role {
-    /// Aggregated serving (the default).
-    None = 0,
-    /// This worker prefills and sends KV to decode workers.
-    Producer = 1,
-    /// This worker receives KV from prefill workers.
-    Consumer = 2,
-    /// Both.
-    Both = 3,
-}
-
-/// Engine configuration. Fill it with `kvc_config_default`, then change the
-/// fields you need: new fields get safe defaults that way.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct kvc_config {
-    /// Tokens per KV block, in `1..=1024`.
-    pub block_size_tokens: u32,
-    /// KV blocks on the device (GPU pages), at least 1.
-    pub blocks_device: u32,
-    /// KV blocks in the pinned host tier; 0 turns the tier off.
-    pub blocks_host: u32,
-    /// The model's image placeholder token id (151655 for Qwen3-VL).
-    pub image_placeholder_token_id: u32,
-    /// Most requests alive at once.
-    pub requests_max: u32,
-    /// Most tokens in one request (prompt plus generated).
-    pub tokens_per_request_max: u32,
-    /// Most image items alive at once, over all requests.
-    pub mm_items_max: u32,
-    /// Most image items in one request.
-    pub mm_items_per_request_max: u32,
-    /// Most placement runs per image item.
-    pub runs_per_item_max: u32,
-    /// Capacity of the digest-to-UUID routing-hint table.
-    pub routing_hints_max: u32,
-    /// Most closed event batches kept for `kvc_step`'s callers to read; when
-    /// a step closes with that many unread, the oldest is dropped and counted
-    /// in `kvc_counters.event_batches_dropped`. With a publisher attached, 0
-    /// keeps none and publishes each batch without a copy.
-    pub event_batches_max: u32,
-    /// A `kvc_kv_transfer_role` value.
-    pub kv_transfer_role: u32,
-    /// Whether finished requests leave their blocks matchable (prefix reuse).
-    pub block_reuse: bool,
-    /// Whether KV-cache events are produced.
-    pub kv_events: bool,
-    /// Whether a request may reuse the leading tokens of a cached block it
-    /// only partly matches: kvcore allocates a fresh block and queues a
-    /// `kvc_block_copy` of those tokens, which the caller must perform before
-    /// the forward pass. Off by default.
-    pub partial_reuse: bool,
-    /// Whether every device block a request takes the place of is offloaded
-    /// before any host block is onboarded: a step's copies come in one or
-    /// two waves instead of one per move when both tiers are full, for a
-    /// lower hit rate (host blocks dropped to make room). Off by default.
-    pub offload_first: bool,
-    /// Whether the model takes image inputs.
-    pub model_image_capable: bool,
-    /// The model's Hugging Face `model_type` (e.g. "qwen3_vl"), NUL-terminated
-    /// UTF-8, or NULL when unknown. Copied by `kvc_engine_new`.
-    pub model_type: *const c_char,
-    /// The ZMQ endpoint the KV-event publisher binds or will bind (e.g.
-    /// "tcp://0.0.0.0:5557"), NUL-terminated UTF-8, or NULL for none. Copied by
-    /// `kvc_engine_new`.
-    pub kv_events_endpoint: *const c_char,
-}
-
-impl kvc_config {
-    fn defaults() -> Self {
-        let c = EngineConfig::default();
-        Self {
-            block_size_tokens: c.block_size_tokens,
-            blocks_device: c.blocks_device,
-            blocks_host: c.blocks_host,
-            image_placeholder_token_id: c.image_placeholder_token_id,
-            requests_max: c.requests_max,
-            tokens_per_request_max: c.tokens_per_request_max,
-            mm_items_max: c.mm_items_max,
-            mm_items_per_request_max: c.mm_items_per_request_max,
-            runs_per_item_max: c.runs_per_item_max,
-            routing_hints_max: c.routing_hints_max,
-            event_batches_max: c.event_batches_max,
-            kv_transfer_role: kvc_kv_transfer_role::None as u32,
-            block_reuse: c.block_reuse,
-            kv_events: c.kv_events,
-            partial_reuse: c.partial_reuse,
-            offload_first: c.offload_first,
-            model_image_capable: false,
-            model_type: std::ptr::null(),
-            kv_events_endpoint: std::ptr::null(),
-        }
-    }
-}
-
-/// Reads an optional C string field (`name` as the caller wrote it, e.g.
-/// `config.model_type`, for the error).
-pub(crate) fn optional_str(ptr: *const c_char, name: &str) -> Result<Option<String>, Failure> {
-    if ptr.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-null (checked above); the contract of every export that
-    // reads a string field makes the caller guarantee that a non-null field
-    // points to a NUL-terminated string readable for the call.
-    let s = unsafe { CStr::from_ptr(ptr) };
-    s.to_str()
-        .map(|s| Some(s.to_owned()))
-        .map_err(|_| Failure::new(kvc_status::InvalidUtf8, format!("`{name}` is not valid UTF-8")))
-}
-
-/// Converts and validates a C config.
-fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
-    let kv_transfer = match c.kv_transfer_role {
-        0 => KvTransfer::None,
-        1 => KvTransfer::Producer,
-        2 => KvTransfer::Consumer,
-        3 => KvTransfer::Both,
-        other => {
-            return Err(Failure::new(kvc_status::InvalidConfig, format!("unknown kv_transfer_role {other}")));
-        }
-    };
-    let config = EngineConfig {
-        block_size_tokens: c.block_size_tokens,
-        blocks_device: c.blocks_device,
-        blocks_host: c.blocks_host,
-        block_reuse: c.block_reuse,
-        kv_events: c.kv_events,
-        partial_reuse: c.partial_reuse,
-        offload_first: c.offload_first,
-        image_placeholder_token_id: c.image_placeholder_token_id,
-        requests_max: c.requests_max,
-        tokens_per_request_max: c.tokens_per_request_max,
-        mm_items_max: c.mm_items_max,
-        mm_items_per_request_max: c.mm_items_per_request_max,
-        runs_per_item_max: c.runs_per_item_max,
-        routing_hints_max: c.routing_hints_max,
-        event_batches_max: c.event_batches_max,
-    };
-    config.validate()?;
-    let deployment = Deployment {
-        model_type: optional_str(c.model_type, "config.model_type")?,
-        model_image_capable: c.model_image_capable,
-        kv_events_endpoint: optional_str(c.kv_events_endpoint, "config.kv_events_endpoint")?,
-        kv_transfer,
-    };
-    Ok((config, deployment))
-}
-
-/// Runs `f` (a closure returning `Result<(), Failure>`) for an export that has
-/// no engine to hold a message: the status alone comes back.
-fn without_engine(f: impl FnOnce() -> Result<(), Failure>) -> kvc_status {
-    match f() {
-        Ok(()) => kvc_status::Ok,
-        Err(failure) => failure.status,
-    }
-}
-
-/// Writes the default configuration into `*config_out`: 32-token blocks,
-/// 4096 device blocks, no host tier, reuse and events on, the Qwen image
-/// placeholder, aggregated serving, no model type, no publisher endpoint.
-///
-/// Returns `KVC_STATUS_OK`, or `KVC_STATUS_NULL_ARGUMENT` when `config_out` is NULL.
-/// Threading: any thread.
-///
-/// # Safety
-///
-/// `config_out` is NULL or valid for writing one `kvc_config`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_config_default(config_out: *mut kvc_config) -> kvc_status {
-    ffi_boundary!({
-        without_engine(|| {
-            let out = try_out!(config_out);
-            out.write(kvc_config::defaults());
-            Ok(())
-        })
-    })
-}
-
-/// Creates an engine, reserving all of its memory now.
-///
-/// Ownership: on success `*engine_out` receives a new engine that the caller
-/// owns and must release with `kvc_engine_free` exactly once. The strings in
-/// `config` are copied; the caller keeps ownership of `config`.
-///
-/// Threading: an engine may be used from any thread, but by one thread at a
-/// time (a concurrent call gets `KVC_STATUS_ENGINE_BUSY`). Different engines
-/// are independent and may be used concurrently.
-///
-/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`config` or
-/// `engine_out` NULL); `KVC_STATUS_INVALID_CONFIG` (a field out of range or an
-/// unknown `kv_transfer_role`); `KVC_STATUS_INVALID_UTF8` (`model_type` or
-/// `kv_events_endpoint`). There is no engine yet to hold a detailed message.
-///
-/// # Safety
-///
-/// `config` is NULL or points to a valid `kvc_config` whose string fields are
-/// NULL or NUL-terminated; `engine_out` is NULL or valid for writing one pointer.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_engine_new(config: *const kvc_config, engine_out: *mut *mut kvc_engine) -> kvc_status {
-    ffi_boundary!({
-        without_engine(|| {
-            let c = try_ref!(config);
-            let out = try_out!(engine_out);
-            let (config, deployment) = engine_parts(c)?;
-            let engine = Engine::new(config)?;
-            let state = EngineState {
-                engine,
-                deployment,
-                last_error: String::new(),
-                poisoned: false,
-                copies: Vec::new(),
-                events: VecDeque::new(),
-                wire: VecDeque::new(),
-                gpu: GpuState::default(),
-            };
-            out.write(Box::into_raw(Box::new(kvc_engine { state: Mutex::new(state) })));
-            Ok(())
-        })
-    })
-}
-
-/// Destroys an engine and everything it holds (requests, blocks, undrained
-/// events). `kvc_engine_free(NULL)` does nothing. A poisoned engine is freed
-/// like any other.
-///
-/// Ownership: takes back the engine from `kvc_engine_new`; the pointer is
-/// dangling afterwards (freeing it a second time is undefined behaviour, as
-/// with `free`). Threading: no other call on this engine may be running or
-/// start afterwards.
-///
-/// # Safety
-///
-/// `engine` is NULL or a pointer returned by `kvc_engine_new` that was not
-/// freed yet.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_engine_free(engine: *mut kvc_engine) {
-    ffi_boundary!((), {
-        if !engine.is_null() {
-            // SAFETY: the caller guarantees `engine` came from `kvc_engine_new`
-            // (which made it with `Box::into_raw`) and is freed only once, with
-            // no call on it running.
-            drop(unsafe { Box::from_raw(engine) });
-        }
-    })
-}
-
-/// Copies the detailed message of the engine's last failed call (empty when
-/// the last call succeeded) into `buf` as NUL-terminated UTF-8, truncated to
-/// `len - 1` bytes at a character boundary. `*n_out` receives the bytes
-/// written, without the NUL. With `buf` NULL and `len` 0 nothing is copied
-/// and `*n_out` receives the full message length (allocate that plus one).
-///
-/// Works on a poisoned engine (it then says why the engine panicked). Does
-/// not change the last error.
-///
-/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`engine` or `n_out`);
-/// `KVC_STATUS_INVALID_ARGUMENT` (`buf` NULL with `len` > 0);
-/// `KVC_STATUS_ENGINE_BUSY`.
-///
-/// # Safety
-///
-/// `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
-/// (or NULL with `len` 0); `n_out` is NULL or valid for one `size_t` write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_engine_last_error(
-    engine: *const kvc_engine,
-    buf: *mut c_char,
-    len: usize,
-    n_out: *mut usize,
-) -> kvc_status {
-    ffi_boundary!({
-        if engine.is_null() {
-            return kvc_status::NullArgument;
-        }
-        // SAFETY: non-null; the caller guarantees a live engine from
-        // `kvc_engine_new` (see `# Safety`). Only a shared reference is formed.
-        let handle = unsafe { &*engine };
-        // Read even when poisoned: the poison flag is not checked here, and a
-        // mutex poisoned by a panic elsewhere still holds a readable message.
-        let state = match handle.state.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return kvc_status::EngineBusy,
-        };
-        without_engine(|| {
-            let out = try_out!(n_out);
-            let dst = try_slice_out!(buf, len);
-            let msg = state.last_error.as_bytes();
-            if buf.is_null() {
-                out.write(msg.len());
-                return Ok(());
-            }
-            if dst.is_empty() {
-                return Err(Failure::new(kvc_status::BufferTooSmall, "no room for the NUL terminator"));
-            }
-            let mut n = msg.len().min(dst.len() - 1);
-            while !state.last_error.is_char_boundary(n) {
-                n -= 1;
-            }
-            for (d, s) in dst.iter_mut().zip(&msg[..n]) {
-                d.write(*s as c_char);
-            }
-            dst[n].write(0);
-            out.write(n);
-            Ok(())
-        })
-    })
-}
-
-/// Writes the engine's capability document as NUL-terminated JSON into `buf`;
-/// `*n_out` receives its length without the NUL. With `buf` NULL and `len` 0
-/// only the length is reported (allocate that plus one).
-///
-/// The document holds `kvcore_version`, `model_type`, `block_size`,
-/// `block_key_algorithm`, `image_placeholder_token_id`, `block_reuse`,
-/// `kv_events` and `extra`. `extra.image_routing_version` is 1 only when every
-/// gate holds: `model_image_capable`, a validated `model_type` whose
-/// placeholder matches `image_placeholder_token_id` (Qwen3-VL, "qwen3_vl",
-/// 151655), `block_reuse`, `kv_events`, a non-empty `kv_events_endpoint`, and
-/// `kv_transfer_role` NONE. Otherwise the key is absent.
-///
-/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
-/// `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_BUFFER_TOO_SMALL` (nothing
-/// written); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
-///
-/// # Safety
-///
-/// `engine` is NULL or a live engine; `buf` is valid for writing `len` bytes
-/// (or NULL with `len` 0); `n_out` is NULL or valid for one `size_t` write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvc_engine_model_info(
-    engine: *mut kvc_engine,
-    buf: *mut c_char,
-    len: usize,
-    n_out: *mut usize,
-) -> kvc_status {
-    ffi_boundary!({
-        with_engine(engine, |st| {
-            let out = try_out!(n_out);
-            let dst = try_slice_out!(buf, len);
-            let doc = capabilities::model_info(st.engine.config(), &st.deployment).to_string();
-            if buf.is_null() {
-                out.write(doc.len());
-                return Ok(());
-            }
-            if dst.len() <= doc.len() {
-                return Err(Failure::new(
-                    kvc_status::BufferTooSmall,
-                    format!("model_info needs {} bytes, the buffer has {}", doc.len() + 1, dst.len()),
-                ));
-            }
-            for (d, s) in dst.iter_mut().zip(doc.as_bytes()) {
-                d.write(*s as c_char);
-            }
-            dst[doc.len()].write(0);
-            out.write(doc.len());
-            Ok(())
-        })
-    })
 }

@@ -1,21 +1,36 @@
 //! Events out of the process: the encoded wire form, and the ZMQ publisher.
 //!
-//! Both reuse `events::codec` and `events::publisher` as they are; this file
-//! only converts C arguments. The wire bytes handed out by
+//! The rules (a publisher starts only where none runs, an endpoint falls back
+//! to the engine's, the bound endpoint is advertised, what a drained payload
+//! holds) are the engine's (`src/outbound.rs`); this file only converts C
+//! arguments and lays results out in C buffers. The wire bytes handed out by
 //! `kvc_engine_drain_events_wire` are the payloads a ZMQ subscriber receives
 //! as the third frame of each message, so an application that ships events
 //! its own way can still feed any router that speaks the format.
+//!
+//! `kvc_publisher_config` mirrors [`PublisherConfig`] and
+//! `kvc_publisher_stats` mirrors [`PublisherStats`]: each conversion names
+//! every field on both sides without `..`, so a field added on one side fails
+//! to compile until it is mirrored on the other.
 
 use std::ffi::c_char;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use crate::events::codec::{EncodeOptions, EventForm, encode_events};
-use crate::events::publisher::{Publisher, PublisherConfig};
+use crate::capabilities::Deployment;
+use crate::events::codec::{EncodeOptions, EventForm};
+use crate::events::publisher::{PublisherConfig, PublisherStats};
+use crate::outbound::PublisherError;
 
-use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
-use super::handle::{kvc_engine, optional_str};
+use super::boundary::{
+    ffi_boundary, optional_str, try_out, try_ref, try_slice, try_slice_out, with_engine, without_engine,
+};
+use super::handle::kvc_engine;
 use super::request::kvc_bytes;
 use super::status::{Failure, kvc_status};
+
+/// How long `kvc_engine_publisher_stop` lets the publisher send what it
+/// holds (its documented bound).
+const STOP_FLUSH: Duration = Duration::from_secs(1);
 
 /// How the publisher binds and encodes. Fill it with
 /// `kvc_publisher_config_default`, then change what you need.
@@ -66,6 +81,100 @@ pub struct kvc_publisher_stats {
     pub bad_requests: u64,
 }
 
+impl kvc_publisher_config {
+    /// The defaults of [`PublisherConfig`], field for field, except the
+    /// endpoint: NULL, which means the engine's `kv_events_endpoint`.
+    fn defaults() -> Self {
+        let PublisherConfig {
+            endpoint: _,
+            replay_endpoint,
+            topic,
+            data_parallel_rank,
+            buffer_steps,
+            queue_capacity,
+            send_hwm,
+            encode: EncodeOptions { form, token_ids },
+        } = PublisherConfig::default();
+        // A default string would need storage that outlives the C struct;
+        // the defaults have no replay socket and an empty topic, which C
+        // reads as NULL and absent.
+        assert!(replay_endpoint.is_none() && topic.is_empty(), "the default publisher has no replay and no topic");
+        Self {
+            endpoint: std::ptr::null(),
+            replay_endpoint: std::ptr::null(),
+            topic: kvc_bytes { ptr: std::ptr::null(), len: 0 },
+            data_parallel_rank: data_parallel_rank.unwrap_or(0),
+            has_data_parallel_rank: data_parallel_rank.is_some(),
+            token_ids,
+            array_form: form == EventForm::Array,
+            buffer_steps: buffer_steps as u32,
+            queue_capacity: queue_capacity as u32,
+            send_hwm,
+        }
+    }
+
+    /// Converts a C publisher configuration; a NULL endpoint is the one
+    /// `deployment` falls back to.
+    fn publisher_config(&self, deployment: &Deployment) -> Result<PublisherConfig, Failure> {
+        let kvc_publisher_config {
+            endpoint,
+            replay_endpoint,
+            topic,
+            data_parallel_rank,
+            has_data_parallel_rank,
+            token_ids,
+            array_form,
+            buffer_steps,
+            queue_capacity,
+            send_hwm,
+        } = *self;
+        let endpoint = deployment.publisher_endpoint(optional_str(endpoint, "config.endpoint")?).ok_or_else(|| {
+            Failure::new(
+                kvc_status::InvalidArgument,
+                "no endpoint: set config.endpoint or the engine's kv_events_endpoint",
+            )
+        })?;
+        let topic: &[u8] = if topic.ptr.is_null() && topic.len != 0 {
+            return Err(Failure::new(kvc_status::InvalidArgument, "`config.topic.ptr` is NULL with a length"));
+        } else {
+            try_slice!(topic.ptr, topic.len, "config.topic")
+        };
+        Ok(PublisherConfig {
+            endpoint,
+            replay_endpoint: optional_str(replay_endpoint, "config.replay_endpoint")?,
+            topic: topic.to_vec(),
+            data_parallel_rank: has_data_parallel_rank.then_some(data_parallel_rank),
+            buffer_steps: buffer_steps as usize,
+            queue_capacity: queue_capacity as usize,
+            send_hwm,
+            encode: EncodeOptions { form: if array_form { EventForm::Array } else { EventForm::Map }, token_ids },
+        })
+    }
+}
+
+impl From<PublisherStats> for kvc_publisher_stats {
+    fn from(stats: PublisherStats) -> Self {
+        let PublisherStats {
+            batches_reserved,
+            batches_sent,
+            dropped_queue_full,
+            dropped_send_failed,
+            replays_served,
+            snapshots_served,
+            bad_requests,
+        } = stats;
+        Self {
+            batches_reserved,
+            batches_sent,
+            dropped_queue_full,
+            dropped_send_failed,
+            replays_served,
+            snapshots_served,
+            bad_requests,
+        }
+    }
+}
+
 /// Writes the default publisher configuration into `*config_out`: the
 /// engine's endpoint, no replay, empty topic, no rank, token ids on, map
 /// form, 10000 replay batches, a queue of 100000 batches, HWM 100000.
@@ -78,24 +187,11 @@ pub struct kvc_publisher_stats {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvc_publisher_config_default(config_out: *mut kvc_publisher_config) -> kvc_status {
     ffi_boundary!({
-        let run = || -> Result<(), Failure> {
+        without_engine(|| {
             let out = try_out!(config_out);
-            let d = PublisherConfig::default();
-            out.write(kvc_publisher_config {
-                endpoint: std::ptr::null(),
-                replay_endpoint: std::ptr::null(),
-                topic: kvc_bytes { ptr: std::ptr::null(), len: 0 },
-                data_parallel_rank: 0,
-                has_data_parallel_rank: false,
-                token_ids: d.encode.token_ids,
-                array_form: d.encode.form == EventForm::Array,
-                buffer_steps: d.buffer_steps as u32,
-                queue_capacity: d.queue_capacity as u32,
-                send_hwm: d.send_hwm,
-            });
+            out.write(kvc_publisher_config::defaults());
             Ok(())
-        };
-        run().err().map_or(kvc_status::Ok, |f| f.status)
+        })
     })
 }
 
@@ -126,41 +222,10 @@ pub unsafe extern "C" fn kvc_engine_publisher_start(
     ffi_boundary!({
         with_engine(engine, |st| {
             let c = try_ref!(config);
-            if st.engine.publisher().is_some() {
-                return Err(Failure::new(kvc_status::PublisherRunning, "a publisher is already running"));
-            }
-            let endpoint = match optional_str(c.endpoint, "config.endpoint")? {
-                Some(e) => e,
-                None => st.deployment.kv_events_endpoint.clone().ok_or_else(|| {
-                    Failure::new(
-                        kvc_status::InvalidArgument,
-                        "no endpoint: set config.endpoint or the engine's kv_events_endpoint",
-                    )
-                })?,
-            };
-            let topic: &[u8] = if c.topic.ptr.is_null() && c.topic.len != 0 {
-                return Err(Failure::new(kvc_status::InvalidArgument, "`config.topic.ptr` is NULL with a length"));
-            } else {
-                try_slice!(c.topic.ptr, c.topic.len, "config.topic")
-            };
-            let pc = PublisherConfig {
-                endpoint,
-                replay_endpoint: optional_str(c.replay_endpoint, "config.replay_endpoint")?,
-                topic: topic.to_vec(),
-                data_parallel_rank: c.has_data_parallel_rank.then_some(c.data_parallel_rank),
-                buffer_steps: c.buffer_steps as usize,
-                queue_capacity: c.queue_capacity as usize,
-                send_hwm: c.send_hwm,
-                encode: EncodeOptions {
-                    form: if c.array_form { EventForm::Array } else { EventForm::Map },
-                    token_ids: c.token_ids,
-                },
-            };
-            let publisher = Publisher::bind(pc)
-                .map_err(|e| Failure::new(kvc_status::PublisherStartFailed, format!("publisher: {e}")))?;
-            // The bound endpoint (a `*` port resolved) is what model_info advertises.
-            st.deployment.kv_events_endpoint = Some(publisher.endpoint().to_owned());
-            st.engine.attach_publisher(publisher);
+            // The engine answers PUBLISHER_RUNNING before the arguments are read.
+            let vacant = st.engine.vacant_publisher()?;
+            let publisher = vacant.start(c.publisher_config(&st.deployment)?)?;
+            st.deployment.publisher_bound(publisher);
             Ok(())
         })
     })
@@ -179,12 +244,7 @@ pub unsafe extern "C" fn kvc_engine_publisher_start(
 pub unsafe extern "C" fn kvc_engine_publisher_stop(engine: *mut kvc_engine) -> kvc_status {
     ffi_boundary!({
         with_engine(engine, |st| {
-            let publisher = st
-                .engine
-                .detach_publisher()
-                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?;
-            publisher.flush(std::time::Duration::from_secs(1));
-            drop(publisher);
+            st.engine.stop_publisher(STOP_FLUSH)?;
             Ok(())
         })
     })
@@ -213,10 +273,7 @@ pub unsafe extern "C" fn kvc_engine_publisher_endpoint(
         with_engine(engine, |st| {
             let out = try_out!(n_out);
             let dst = try_slice_out!(buf, len);
-            let publisher = st
-                .engine
-                .publisher()
-                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?;
+            let publisher = st.engine.publisher().ok_or(PublisherError::NotRunning)?;
             let endpoint = publisher.endpoint().as_bytes();
             if !buf.is_null() {
                 if dst.len() <= endpoint.len() {
@@ -252,20 +309,8 @@ pub unsafe extern "C" fn kvc_engine_publisher_stats(
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(stats_out);
-            let s = st
-                .engine
-                .publisher()
-                .ok_or_else(|| Failure::new(kvc_status::PublisherNotRunning, "no publisher is running"))?
-                .stats();
-            out.write(kvc_publisher_stats {
-                batches_reserved: s.batches_reserved,
-                batches_sent: s.batches_sent,
-                dropped_queue_full: s.dropped_queue_full,
-                dropped_send_failed: s.dropped_send_failed,
-                replays_served: s.replays_served,
-                snapshots_served: s.snapshots_served,
-                bad_requests: s.bad_requests,
-            });
+            let stats = st.engine.publisher().ok_or(PublisherError::NotRunning)?.stats();
+            out.write(kvc_publisher_stats::from(stats));
             Ok(())
         })
     })
@@ -301,14 +346,10 @@ pub unsafe extern "C" fn kvc_engine_drain_events_wire(
         with_engine(engine, |st| {
             let out = try_out!(n_out);
             let dst = try_slice_out!(buf, len);
-            // Encode newly closed batches once, stamping them now, so that a
-            // size query and the copy that follows see the same bytes.
-            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-            for batch in st.engine.drain_batches() {
-                let mut payload = Vec::new();
-                encode_events(&batch.events, ts, None, &EncodeOptions::default(), &mut payload);
-                st.wire.push_back(payload);
-            }
+            // Newly closed batches are encoded once, so that a size query and
+            // the copy that follows see the same bytes.
+            let payloads = st.engine.drain_payloads();
+            st.wire.extend(payloads);
             let framed = |p: &Vec<u8>| 4 + p.len();
             if buf.is_null() {
                 out.write(st.wire.iter().map(framed).sum());

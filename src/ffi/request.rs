@@ -1,15 +1,21 @@
 //! Requests: admission, UUID lists, growth, commits and endings.
 //!
+//! `kvc_request` and `kvc_image_item` mirror [`RequestSpec`] and
+//! [`MmItemSpec`], `kvc_token_run` mirrors [`TokenRun`], `kvc_admission` and
+//! `kvc_request_info` mirror [`Admission`] and [`RequestInfo`]: every
+//! conversion names each field on both sides without `..`, so a field added
+//! on one side fails to compile until it is mirrored on the other.
+//!
 //! Request ids cross as `uint64_t` (a slotmap key: slot and generation). An id
 //! goes stale when its request is finished or cancelled; a stale or made-up id
 //! is answered with `KVC_STATUS_UNKNOWN_ID`, never undefined behaviour, and
 //! never aliases a newer request in the same slot.
 
-use crate::engine::{MmContent, MmItemSpec, RequestSpec};
+use crate::engine::{Admission, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 use crate::ids::{FfiId, RequestId};
 use crate::tables::TokenRun;
 
-use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
+use super::boundary::{ffi_boundary, fill_or_query, try_out, try_ref, try_slice, try_slice_out, with_engine};
 use super::gpu::kvc_device_bytes;
 use super::handle::kvc_engine;
 use super::status::{Failure, kvc_status};
@@ -178,6 +184,27 @@ fn optional_utf8<'a>(b: kvc_bytes, name: &'static str) -> Result<Option<&'a str>
         .transpose()
 }
 
+impl From<kvc_token_run> for TokenRun {
+    fn from(run: kvc_token_run) -> Self {
+        let kvc_token_run { start, len } = run;
+        Self { start, len }
+    }
+}
+
+impl From<Admission> for kvc_admission {
+    fn from(admission: Admission) -> Self {
+        let Admission { id, tokens_cached, tokens_onboarded } = admission;
+        Self { request_id: id.to_ffi(), tokens_cached, tokens_onboarded }
+    }
+}
+
+impl From<RequestInfo> for kvc_request_info {
+    fn from(info: RequestInfo) -> Self {
+        let RequestInfo { tokens, prompt_len, tokens_computed, tokens_cached, blocks } = info;
+        Self { tokens, prompt_len, tokens_computed, tokens_cached, blocks }
+    }
+}
+
 /// The device-resident items of a request (`KVC_IMAGE_CONTENT_DEVICE`), in
 /// item order, for one digest batch.
 fn device_items(r: &kvc_request) -> Result<Vec<kvc_device_bytes>, Failure> {
@@ -189,53 +216,79 @@ fn device_items(r: &kvc_request) -> Result<Vec<kvc_device_bytes>, Failure> {
         .collect())
 }
 
+/// Builds the engine's image item from the C one (`k` is its index, for
+/// messages); `device_next` yields the digests of the request's
+/// device-resident items in item order.
+fn item_spec<'a>(
+    k: usize,
+    item: &kvc_image_item,
+    device_next: &mut impl Iterator<Item = &'a [u8; 32]>,
+) -> Result<MmItemSpec<'a>, Failure> {
+    const BYTES: u32 = kvc_image_content::Bytes as u32;
+    const DIGEST: u32 = kvc_image_content::Digest as u32;
+    const DEVICE: u32 = kvc_image_content::Device as u32;
+    let kvc_image_item { content_kind, content, content_len, runs, runs_len } = *item;
+    let content = match content_kind {
+        BYTES => MmContent::Bytes(try_slice!(content, content_len, "request.items[].content")),
+        DIGEST => MmContent::Digest(try_slice!(content, content_len, "request.items[].content")),
+        DEVICE => MmContent::Digest(
+            device_next
+                .next()
+                .ok_or_else(|| Failure::new(kvc_status::Internal, format!("image item {k} has no device digest")))?,
+        ),
+        other => {
+            return Err(Failure::new(
+                kvc_status::InvalidArgument,
+                format!("image item {k} has unknown content_kind {other}"),
+            ));
+        }
+    };
+    let runs: &[kvc_token_run] = try_slice!(runs, runs_len, "request.items[].runs");
+    Ok(MmItemSpec { content, runs: runs.iter().copied().map(TokenRun::from).collect() })
+}
+
 /// Builds the engine's request from the C one, checking every pointer.
 /// `device_digests` holds the digests of the request's device-resident items,
 /// in item order.
 fn request_spec<'a>(r: &kvc_request, device_digests: &'a [[u8; 32]]) -> Result<RequestSpec<'a>, Failure> {
-    let tokens: &[u32] = try_slice!(r.tokens, r.tokens_len, "request.tokens");
-    let items_c: &[kvc_image_item] = try_slice!(r.items, r.items_len, "request.items");
-    let mut items = Vec::with_capacity(items_c.len());
+    let kvc_request {
+        tokens,
+        tokens_len,
+        lora_id,
+        has_lora_id,
+        dummy,
+        lora_name,
+        cache_salt,
+        items,
+        items_len,
+        uuids,
+        uuids_len,
+    } = *r;
+    let tokens: &[u32] = try_slice!(tokens, tokens_len, "request.tokens");
+    let items_c: &[kvc_image_item] = try_slice!(items, items_len, "request.items");
     let mut device_next = device_digests.iter();
-    for (k, it) in items_c.iter().enumerate() {
-        let content =
-            match it.content_kind {
-                0 => MmContent::Bytes(try_slice!(it.content, it.content_len, "request.items[].content")),
-                1 => MmContent::Digest(try_slice!(it.content, it.content_len, "request.items[].content")),
-                2 => MmContent::Digest(device_next.next().ok_or_else(|| {
-                    Failure::new(kvc_status::Internal, format!("image item {k} has no device digest"))
-                })?),
-                other => {
-                    return Err(Failure::new(
-                        kvc_status::InvalidArgument,
-                        format!("image item {k} has unknown content_kind {other}"),
-                    ));
-                }
-            };
-        let runs: &[kvc_token_run] = try_slice!(it.runs, it.runs_len, "request.items[].runs");
-        items
-            .push(MmItemSpec { content, runs: runs.iter().map(|r| TokenRun { start: r.start, len: r.len }).collect() });
-    }
-    let uuids = if r.uuids.is_null() {
-        if r.uuids_len != 0 {
+    let items =
+        items_c.iter().enumerate().map(|(k, it)| item_spec(k, it, &mut device_next)).collect::<Result<Vec<_>, _>>()?;
+    let uuids = if uuids.is_null() {
+        if uuids_len != 0 {
             return Err(Failure::new(
                 kvc_status::InvalidArgument,
-                format!("`request.uuids` is NULL but `request.uuids_len` is {}", r.uuids_len),
+                format!("`request.uuids` is NULL but `request.uuids_len` is {uuids_len}"),
             ));
         }
         None
     } else {
-        let list: &[kvc_bytes] = try_slice!(r.uuids, r.uuids_len, "request.uuids");
+        let list: &[kvc_bytes] = try_slice!(uuids, uuids_len, "request.uuids");
         Some(list.iter().map(|u| optional_bytes(*u, "request.uuids[]")).collect::<Result<Vec<_>, _>>()?)
     };
     Ok(RequestSpec {
         tokens,
-        lora_id: r.has_lora_id.then_some(r.lora_id),
-        lora_name: optional_utf8(r.lora_name, "request.lora_name")?,
-        cache_salt: optional_utf8(r.cache_salt, "request.cache_salt")?,
+        lora_id: has_lora_id.then_some(lora_id),
+        lora_name: optional_utf8(lora_name, "request.lora_name")?,
+        cache_salt: optional_utf8(cache_salt, "request.cache_salt")?,
         items,
         uuids,
-        dummy: r.dummy,
+        dummy,
     })
 }
 
@@ -287,12 +340,8 @@ pub unsafe extern "C" fn kvc_engine_add_request(
             // Device-resident images are hashed first, all in one batch.
             let device_digests = st.gpu.digests(&device_items(r)?)?;
             let spec = request_spec(r, &device_digests)?;
-            let a = st.engine.add_request(&spec)?;
-            out.write(kvc_admission {
-                request_id: a.id.to_ffi(),
-                tokens_cached: a.tokens_cached,
-                tokens_onboarded: a.tokens_onboarded,
-            });
+            let admission = st.engine.add_request(&spec)?;
+            out.write(kvc_admission::from(admission));
             Ok(())
         })
     })
@@ -394,14 +443,8 @@ pub unsafe extern "C" fn kvc_engine_request_info(
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(info_out);
-            let i = st.engine.request_info(RequestId::from_ffi(request_id))?;
-            out.write(kvc_request_info {
-                tokens: i.tokens,
-                prompt_len: i.prompt_len,
-                tokens_computed: i.tokens_computed,
-                tokens_cached: i.tokens_cached,
-                blocks: i.blocks,
-            });
+            let info = st.engine.request_info(RequestId::from_ffi(request_id))?;
+            out.write(kvc_request_info::from(info));
             Ok(())
         })
     })
@@ -433,7 +476,7 @@ pub unsafe extern "C" fn kvc_engine_block_table(
             let out = try_out!(n_out);
             let dst = try_slice_out!(pages, len);
             let table = st.engine.block_table(RequestId::from_ffi(request_id))?;
-            super::step::fill_or_query(dst, pages.is_null(), &table, "block table")?;
+            fill_or_query(dst, pages.is_null(), &table, "block table")?;
             out.write(table.len());
             Ok(())
         })

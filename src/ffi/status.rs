@@ -8,7 +8,7 @@
 //! | 0 | success |
 //! | 1xx | the caller's arguments or handles |
 //! | 2xx | a configured capacity was reached |
-//! | 3xx | the GPU (none yet) |
+//! | 3xx | the GPU |
 //! | 4xx | events and the publisher |
 //! | 9xx | kvcore itself (a bug) |
 //!
@@ -18,6 +18,7 @@
 use std::ffi::{CStr, c_char};
 
 use crate::error::{AdmitError, ConfigError, RequestError};
+use crate::outbound::PublisherError;
 
 /// The outcome of a call. `KVC_STATUS_OK` is 0; every other value is a
 /// failure, and the engine's last error (`kvc_engine_last_error`) then holds
@@ -94,40 +95,85 @@ pub enum kvc_status {
     Internal = 902,
 }
 
+/// The one table of statuses: each variant of [`kvc_status`] (its code and
+/// its C name come from the enum above, which cbindgen reads) with its static
+/// description. The table becomes [`kvc_status::ALL`] and an exhaustive
+/// `match` in [`kvc_status::message`], so a status added to the enum and
+/// missing here (or named here and not in the enum) fails to compile, and a
+/// status named twice is an unreachable pattern.
+macro_rules! status_table {
+    ($($status:ident => $message:literal,)+) => {
+        impl kvc_status {
+            /// Every status, in code order: the list `kvc_status_str` answers
+            /// from and the tests walk.
+            pub const ALL: &'static [kvc_status] = &[$(kvc_status::$status),+];
+
+            /// The static, NUL-terminated description of the status.
+            pub const fn message(self) -> &'static CStr {
+                match self {
+                    $(kvc_status::$status => $message,)+
+                }
+            }
+        }
+    };
+}
+
+status_table! {
+    Ok => c"ok",
+    NullArgument => c"a required pointer argument was NULL",
+    InvalidArgument => c"an argument is malformed",
+    UnknownId => c"unknown or stale request id",
+    InvalidConfig => c"invalid engine configuration",
+    InvalidUtf8 => c"a string argument is not valid UTF-8",
+    EmptyPrompt => c"the prompt is empty",
+    InvalidImageRuns => c"invalid image placement runs",
+    BadDigestLength => c"an image digest is not 32 bytes long",
+    UuidCountMismatch => c"the UUID list does not have one entry per image item",
+    BadComputedCount => c"the computed token count is out of range",
+    BufferTooSmall => c"the caller's buffer is too small",
+    EngineBusy => c"another thread is using this engine",
+    OutOfBlocks => c"not enough KV blocks",
+    TooManyRequests => c"too many live requests",
+    TooManyItems => c"the image item table is full",
+    RequestTooLong => c"the request is longer than tokens_per_request_max",
+    TooManyItemsPerRequest => c"the request has too many image items",
+    GpuUnavailable => c"no GPU is available or open",
+    GpuFailed => c"a CUDA call failed",
+    KvPoolNotAttached => c"no KV pool is attached",
+    PublisherRunning => c"a publisher is already running",
+    PublisherStartFailed => c"the publisher could not start",
+    PublisherNotRunning => c"no publisher is running",
+    Panic => c"kvcore panicked; the engine is poisoned",
+    Poisoned => c"the engine is poisoned by an earlier panic",
+    Internal => c"internal error",
+}
+
+/// What `kvc_status_str` says of a code that is no status.
+const UNKNOWN_STATUS: &CStr = c"unknown status code";
+
+// The table lists the statuses in strictly increasing code order, so no code
+// appears twice, and every code lies in a range of its origin (module docs).
+const _: () = {
+    let all = kvc_status::ALL;
+    let mut i = 0;
+    while i < all.len() {
+        let code = all[i] as u32;
+        assert!(i == 0 || (all[i - 1] as u32) < code, "status codes are listed in strictly increasing order");
+        assert!(matches!(code / 100, 0 | 1 | 2 | 3 | 4 | 9), "a status code lies in an origin's range");
+        i += 1;
+    }
+};
+
 impl kvc_status {
-    /// The static, NUL-terminated description of the code.
+    /// The status whose code is `code`, if there is one.
+    pub fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| *s as u32 == code)
+    }
+
+    /// The static, NUL-terminated description of a code; an unknown code
+    /// gives "unknown status code".
     pub(crate) fn describe(code: u32) -> &'static CStr {
-        use kvc_status as S;
-        let known = [
-            (S::Ok, c"ok"),
-            (S::NullArgument, c"a required pointer argument was NULL"),
-            (S::InvalidArgument, c"an argument is malformed"),
-            (S::UnknownId, c"unknown or stale request id"),
-            (S::InvalidConfig, c"invalid engine configuration"),
-            (S::InvalidUtf8, c"a string argument is not valid UTF-8"),
-            (S::EmptyPrompt, c"the prompt is empty"),
-            (S::InvalidImageRuns, c"invalid image placement runs"),
-            (S::BadDigestLength, c"an image digest is not 32 bytes long"),
-            (S::UuidCountMismatch, c"the UUID list does not have one entry per image item"),
-            (S::BadComputedCount, c"the computed token count is out of range"),
-            (S::BufferTooSmall, c"the caller's buffer is too small"),
-            (S::EngineBusy, c"another thread is using this engine"),
-            (S::OutOfBlocks, c"not enough KV blocks"),
-            (S::TooManyRequests, c"too many live requests"),
-            (S::TooManyItems, c"the image item table is full"),
-            (S::RequestTooLong, c"the request is longer than tokens_per_request_max"),
-            (S::TooManyItemsPerRequest, c"the request has too many image items"),
-            (S::GpuUnavailable, c"no GPU is available or open"),
-            (S::GpuFailed, c"a CUDA call failed"),
-            (S::KvPoolNotAttached, c"no KV pool is attached"),
-            (S::PublisherRunning, c"a publisher is already running"),
-            (S::PublisherStartFailed, c"the publisher could not start"),
-            (S::PublisherNotRunning, c"no publisher is running"),
-            (S::Panic, c"kvcore panicked; the engine is poisoned"),
-            (S::Poisoned, c"the engine is poisoned by an earlier panic"),
-            (S::Internal, c"internal error"),
-        ];
-        known.iter().find(|(s, _)| *s as u32 == code).map_or(c"unknown status code", |(_, m)| m)
+        Self::from_code(code).map_or(UNKNOWN_STATUS, Self::message)
     }
 }
 
@@ -188,6 +234,17 @@ impl From<ConfigError> for Failure {
     }
 }
 
+impl From<PublisherError> for Failure {
+    fn from(e: PublisherError) -> Self {
+        let status = match e {
+            PublisherError::Running => kvc_status::PublisherRunning,
+            PublisherError::NotRunning => kvc_status::PublisherNotRunning,
+            PublisherError::Start(_) => kvc_status::PublisherStartFailed,
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
 /// Describes a status code. Any value is accepted; an unknown code gives
 /// "unknown status code".
 ///
@@ -201,27 +258,28 @@ impl From<ConfigError> for Failure {
 pub unsafe extern "C" fn kvc_status_str(status: u32) -> *const c_char {
     // No panic is possible here (a lookup in a fixed table), but the boundary
     // still holds so that every export is covered.
-    std::panic::catch_unwind(|| kvc_status::describe(status).as_ptr()).unwrap_or(c"unknown status code".as_ptr())
+    std::panic::catch_unwind(|| kvc_status::describe(status).as_ptr()).unwrap_or(UNKNOWN_STATUS.as_ptr())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every code has its own NUL-terminated description and codes stay in
-    /// their origin's range; checked by walking the table.
+    /// Every status of the table, the GPU codes included, has its own
+    /// NUL-terminated description, comes back from its code, and an unknown
+    /// code gets the fallback; checked by walking `kvc_status::ALL`.
     #[test]
     fn every_status_is_described_once() {
-        let codes = [
-            0u32, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 200, 201, 202, 203, 204, 400, 401, 402,
-            900, 901, 902,
-        ];
         let mut seen = std::collections::HashSet::new();
-        for c in codes {
-            let d = kvc_status::describe(c);
-            assert_ne!(d, c"unknown status code", "code {c} is described");
-            assert!(seen.insert(d), "code {c} has its own text");
+        for status in kvc_status::ALL {
+            let code = *status as u32;
+            assert_eq!(kvc_status::from_code(code), Some(*status), "code {code} comes back");
+            let d = kvc_status::describe(code);
+            assert_ne!(d, UNKNOWN_STATUS, "code {code} is described");
+            assert!(seen.insert(d), "code {code} has its own text");
         }
-        assert_eq!(kvc_status::describe(12345), c"unknown status code");
+        assert!(kvc_status::ALL.contains(&kvc_status::KvPoolNotAttached), "the GPU codes are in the table");
+        assert_eq!(kvc_status::describe(12345), UNKNOWN_STATUS);
+        assert_eq!(kvc_status::from_code(12345), None);
     }
 }

@@ -4,10 +4,7 @@
 use std::ptr;
 
 use super::boundary::with_engine;
-use super::handle::*;
-use super::request::*;
-use super::status::kvc_status;
-use super::step::*;
+use super::*;
 
 fn new_engine() -> *mut kvc_engine {
     let mut config = std::mem::MaybeUninit::<kvc_config>::uninit();
@@ -143,7 +140,6 @@ fn image_request(tokens: &[u32], item: &kvc_image_item) -> kvc_request {
 /// Holds on any machine, with or without CUDA.
 #[test]
 fn gpu_calls_without_an_open_gpu_change_nothing() {
-    use super::gpu::*;
     let e = new_engine();
     let placeholder = 151_655;
     let tokens: Vec<u32> = (0..12).map(|i| if (4..8).contains(&i) { placeholder } else { i + 1 }).collect();
@@ -205,7 +201,7 @@ fn gpu_calls_without_an_open_gpu_change_nothing() {
     }
     for code in [300, 301, 302] {
         // SAFETY: any code is accepted; the result is a static C string.
-        let s = unsafe { std::ffi::CStr::from_ptr(super::status::kvc_status_str(code)) };
+        let s = unsafe { std::ffi::CStr::from_ptr(kvc_status_str(code)) };
         assert_ne!(s.to_str().unwrap(), "unknown status code", "{code}");
     }
 }
@@ -216,7 +212,6 @@ fn gpu_calls_without_an_open_gpu_change_nothing() {
 /// so the first branch runs there; tests/gpu.rs covers the open device.)
 #[test]
 fn gpu_open_opens_or_says_why() {
-    use super::gpu::*;
     let e = new_engine();
     // SAFETY: live engine.
     let status = unsafe { kvc_engine_gpu_open(e, 0) };
