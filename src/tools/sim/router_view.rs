@@ -1,4 +1,4 @@
-//! The `kv-ours` view: the real router ([`crate::router`]) subscribed over
+//! The `kv-ours` view: the real router ([`kvcore_router`]) subscribed over
 //! loopback ZMQ to each engine's real publisher.
 //!
 //! ```text
