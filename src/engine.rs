@@ -289,7 +289,7 @@ impl Engine {
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
         }
         self.hints.check_invariants();
-        let mut scope_refs: ahash::AHashMap<crate::resources::ScopeId, u32> = ahash::AHashMap::new();
+        let mut scope_refs: ahash::AHashMap<crate::ids::ScopeId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
             *scope_refs.entry(r.scope).or_default() += 1;
         }

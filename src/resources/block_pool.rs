@@ -8,9 +8,8 @@
 
 use ahash::AHashMap;
 
-use crate::ids::BlockId;
+use crate::ids::{BlockId, ScopeId};
 use crate::keys::BlockKey;
-use crate::resources::ScopeId;
 use crate::resources::Scopes;
 use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink};
 use crate::tier::Tier;

@@ -11,4 +11,4 @@ pub use block_pool::{BlockCopy, KvCache, PageRef, copy_waves};
 pub use counters::Counters;
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};
-pub use scopes::{ScopeId, Scopes};
+pub use scopes::Scopes;

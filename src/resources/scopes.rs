@@ -11,13 +11,8 @@
 use ahash::AHashMap;
 use slotmap::SlotMap;
 
-use crate::ids::BlockId;
+use crate::ids::{BlockId, ScopeId};
 use crate::tables::RequestScope;
-
-slotmap::new_key_type! {
-    /// An interned scope.
-    pub struct ScopeId;
-}
 
 #[derive(Debug)]
 struct ScopeRow {
