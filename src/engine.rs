@@ -158,9 +158,9 @@ impl Engine {
                 }
                 Some(publisher) => {
                     publisher.publish(batch.events.clone());
-                    self.events.retain(batch, &mut self.counters);
+                    self.counters.event_batches_dropped += self.events.retain(batch);
                 }
-                None => self.events.retain(batch, &mut self.counters),
+                None => self.counters.event_batches_dropped += self.events.retain(batch),
             }
         }
         self.step_index += 1;

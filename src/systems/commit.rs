@@ -5,14 +5,16 @@
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
-use crate::events::{BlockImages, BlockStored, EventImage, EventImageRun, EventQueue};
+use crate::events::{BlockStored, EventQueue};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
 use crate::resources::KvCache;
 use crate::tables::{RequestScope, Requests};
 use crate::tier::Tier;
 
-/// Builds `BlockStored` events for a run of consecutive blocks of one chain.
+/// Builds `BlockStored` events for a run of consecutive blocks of one chain:
+/// the policy of how commit groups what it advertises (one event per run of
+/// newly indexed blocks, cut where a block is not indexed).
 struct StoredGroup {
     event: Option<BlockStored>,
     /// Blocks the event will probably hold, to size its vectors once.
@@ -31,45 +33,9 @@ impl StoredGroup {
         scope: &RequestScope,
     ) {
         let (blocks_hint, block_size, medium) = (self.blocks_hint, self.block_size, self.medium);
-        let e = self.event.get_or_insert_with(|| BlockStored {
-            event_seq: 0,
-            keys: Vec::with_capacity(blocks_hint),
-            parent,
-            token_ids: Vec::with_capacity(blocks_hint * block_size as usize),
-            block_size,
-            lora_id: scope.lora_id,
-            lora_name: scope.lora_name.clone(),
-            cache_salt: scope.cache_salt.clone(),
-            medium,
-            images: Vec::new(),
-            block_images: BlockImages::new(),
-        });
-        let block_index = e.keys.len();
-        e.keys.push(key);
-        e.token_ids.extend_from_slice(tokens);
-        if runs.is_empty() && e.block_images.is_empty() {
-            return;
-        }
-        // The first image block lists the text blocks before it as empty.
-        while e.block_images.len() < block_index {
-            e.block_images.end_block();
-        }
-        for r in runs {
-            let image = match e.images.iter().position(|i| i.digest == r.digest) {
-                Some(p) => p,
-                None => {
-                    e.images.push(EventImage { digest: r.digest, uuid: None });
-                    e.images.len() - 1
-                }
-            } as u32;
-            e.block_images.push_run(EventImageRun {
-                image,
-                item_offset: r.item_offset,
-                block_offset: r.block_offset,
-                len: r.len,
-            });
-        }
-        e.block_images.end_block();
+        self.event
+            .get_or_insert_with(|| BlockStored::start(parent, block_size, medium, scope, blocks_hint))
+            .push_block(key, tokens, runs);
     }
 
     fn flush(&mut self, events: &mut EventQueue) {

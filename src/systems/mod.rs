@@ -34,6 +34,9 @@ pub fn run_step(
 ) -> (Vec<BlockCopy>, Option<EventBatch>) {
     let copies = std::mem::take(&mut cache.copies);
     cache.pool.settle();
-    let batch = events.close_step(step_index, hints, counters);
+    let batch = events.close_step(step_index, |digest| hints.lookup(digest, counters));
+    if let Some(batch) = &batch {
+        counters.events_emitted += batch.events.len() as u64;
+    }
     (copies, batch)
 }
