@@ -16,7 +16,8 @@ use crate::error::{AdmitError, ConfigError, RequestError};
 use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
 use crate::ids::RequestId;
-use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
+use crate::keys::BlockKey;
+use crate::resources::{BlockCopy, Counters, KvCache, PageRef, RoutingHints};
 use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
 use crate::tables::{MmItems, Requests};
 
@@ -35,6 +36,17 @@ pub struct RequestInfo {
     pub tokens_cached: u32,
     /// Blocks held.
     pub blocks: u32,
+}
+
+/// One cached block as [`Engine::cached_blocks`] reports it: a key the
+/// engine advertises and the page that holds its KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedBlock {
+    /// The block's key.
+    pub key: BlockKey,
+    /// Its tier and page: a device page until it is offloaded, then a host
+    /// page (the page a KV pool reads the block's data from).
+    pub page: PageRef,
 }
 
 /// One KV-cache engine: requests, blocks, items, and the events they produce.
@@ -252,8 +264,20 @@ impl Engine {
     }
 
     /// Whether `key` is cached, and in which tier.
-    pub fn cached_medium(&self, key: &crate::keys::BlockKey) -> Option<crate::tier::Tier> {
+    pub fn cached_medium(&self, key: &BlockKey) -> Option<crate::tier::Tier> {
         self.cache.index.map.get(key).map(|b| self.cache.blocks.rows[*b].medium)
+    }
+
+    /// Every cached block (each key the engine advertises, once) with the
+    /// page that holds its KV, in no particular order; its length is the
+    /// number of cached blocks. This is what a router that replays the
+    /// engine's events holds, tier included, and what a KV pool must keep
+    /// intact: tests check both through it.
+    pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
+        self.cache.index.map.iter().map(|(key, id)| {
+            let b = &self.cache.blocks.rows[*id];
+            CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
+        })
     }
 
     /// Read access to the block side (for tests, benches and the GPU system).
