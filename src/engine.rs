@@ -10,16 +10,22 @@
 //! 3. the forward pass, outside kvcore;
 //! 4. `commit` with the tokens the pass computed; `finish` / `cancel` for
 //!    requests that ended.
+//!
+//! Queries (`request_info`, `block_table`, `blocks_cached`, `cached_medium`,
+//! `cached_blocks`, ...) are read-only views in exported types; the block
+//! side itself (`KvCache`, its pool and index) is no part of the API, so that
+//! only its verbs change it.
 
 use crate::config::EngineConfig;
 use crate::error::{AdmitError, ConfigError, RequestError};
 use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
-use crate::ids::RequestId;
+use crate::ids::{BlockId, RequestId, ScopeId};
 use crate::keys::BlockKey;
 use crate::resources::{BlockCopy, Counters, KvCache, PageRef, RoutingHints};
 use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
 use crate::tables::{MmItems, Requests};
+use crate::tier::Tier;
 
 pub use crate::systems::admit::{Admission, MmContent, MmItemSpec, RequestSpec};
 
@@ -239,7 +245,7 @@ impl Engine {
     /// Device pages of a request's blocks, in order (its block table).
     pub fn block_table(&self, id: RequestId) -> Result<Vec<u32>, RequestError> {
         let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
-        Ok(r.blocks.iter().map(|b| self.cache.blocks.rows[*b].page).collect())
+        Ok(r.blocks.iter().map(|b| self.cache.block(*b).page).collect())
     }
 
     /// Counters.
@@ -254,18 +260,20 @@ impl Engine {
 
     /// Free device pages.
     pub fn blocks_free_device(&self) -> usize {
-        self.cache.pool.free_device.len()
+        self.cache.free_pages(Tier::Device)
     }
 
     /// Cached (indexed) blocks per tier: (device, host).
     pub fn blocks_cached(&self) -> (usize, usize) {
-        let host = self.cache.pool.lru_host.len();
-        (self.cache.index.map.len() - host, host)
+        // Every cached host block is in the host LRU (host blocks are never
+        // referenced between steps).
+        let host = self.cache.lru_len(Tier::Host);
+        (self.cache.indexed().len() - host, host)
     }
 
     /// Whether `key` is cached, and in which tier.
-    pub fn cached_medium(&self, key: &BlockKey) -> Option<crate::tier::Tier> {
-        self.cache.index.map.get(key).map(|b| self.cache.blocks.rows[*b].medium)
+    pub fn cached_medium(&self, key: &BlockKey) -> Option<Tier> {
+        self.cache.lookup(key).map(|b| self.cache.block(b).medium)
     }
 
     /// Every cached block (each key the engine advertises, once) with the
@@ -274,15 +282,10 @@ impl Engine {
     /// engine's events holds, tier included, and what a KV pool must keep
     /// intact: tests check both through it.
     pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
-        self.cache.index.map.iter().map(|(key, id)| {
-            let b = &self.cache.blocks.rows[*id];
+        self.cache.indexed().map(|(key, id)| {
+            let b = self.cache.block(id);
             CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
         })
-    }
-
-    /// Read access to the block side (for tests, benches and the GPU system).
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
     }
 
     /// Checks every invariant across tables and resources; panics naming the
@@ -297,13 +300,13 @@ impl Engine {
     /// 6. Each scope's reference count equals the requests and advertised
     ///    blocks that name it, and no scope outlives its last reference.
     pub fn check_invariants(&self) {
-        let mut refs: ahash::AHashMap<crate::ids::BlockId, u32> = ahash::AHashMap::new();
+        let mut refs: ahash::AHashMap<BlockId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
             for b in &r.blocks {
                 *refs.entry(*b).or_default() += 1;
             }
         }
-        for (id, b) in &self.cache.blocks.rows {
+        for (id, b) in self.cache.blocks() {
             assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
         }
         self.cache.check_invariants();
@@ -313,20 +316,20 @@ impl Engine {
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
         }
         self.hints.check_invariants();
-        let mut scope_refs: ahash::AHashMap<crate::ids::ScopeId, u32> = ahash::AHashMap::new();
+        let mut scope_refs: ahash::AHashMap<ScopeId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
             *scope_refs.entry(r.scope).or_default() += 1;
         }
-        for (_, c) in self.cache.blocks.contents() {
+        for (_, c) in self.cache.contents() {
             *scope_refs.entry(c.scope).or_default() += 1;
         }
-        for id in self.cache.scopes.ids() {
+        for id in self.cache.scopes().ids() {
             assert_eq!(
-                self.cache.scopes.refs(id),
+                self.cache.scopes().refs(id),
                 scope_refs.get(&id).copied().unwrap_or(0),
                 "invariant 6: scope refs"
             );
         }
-        assert_eq!(self.cache.scopes.len(), scope_refs.len(), "invariant 6: no orphan scope");
+        assert_eq!(self.cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
     }
 }
