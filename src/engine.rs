@@ -220,7 +220,11 @@ impl Engine {
         self.events.drain_events()
     }
 
-    /// The full cache state as events (see [`snapshot::snapshot_events`]).
+    /// The full cache state as events, for a consumer that fell behind the
+    /// replay ring: `AllBlocksCleared`, then one `BlockStored` per cached
+    /// block, parents before children (by chain depth), device tier first,
+    /// with UUID hints resolved now. Every `event_seq` is 0: a snapshot is
+    /// tagged with the batch sequence number it is consistent with.
     pub fn snapshot(&mut self) -> Vec<KvEvent> {
         snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters)
     }
@@ -293,7 +297,8 @@ impl Engine {
     ///
     /// 1. Each block's reference count equals the number of live requests
     ///    holding it.
-    /// 2. The block side's own invariants ([`KvCache::check_invariants`]).
+    /// 2. The block side's own invariants (`KvCache::check_invariants`: pages,
+    ///    LRUs, index, content, sibling lists, marked copy pages).
     /// 3. The request table's invariants.
     /// 4. Every item row belongs to a live request that lists it.
     /// 5. The routing-hint table's invariants.
