@@ -10,15 +10,22 @@
 //! 3. the forward pass, outside kvcore;
 //! 4. `commit` with the tokens the pass computed; `finish` / `cancel` for
 //!    requests that ended.
+//!
+//! Queries (`request_info`, `block_table`, `blocks_cached`, `cached_medium`,
+//! `cached_blocks`, ...) are read-only views in exported types; the block
+//! side itself (`KvCache`, its pool and index) is no part of the API, so that
+//! only its verbs change it.
 
 use crate::config::EngineConfig;
 use crate::error::{AdmitError, ConfigError, RequestError};
 use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
-use crate::ids::RequestId;
-use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
+use crate::ids::{BlockId, RequestId, ScopeId};
+use crate::keys::BlockKey;
+use crate::resources::{BlockCopy, Counters, KvCache, PageRef, RoutingHints};
 use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
 use crate::tables::{MmItems, Requests};
+use crate::tier::Tier;
 
 pub use crate::systems::admit::{Admission, MmContent, MmItemSpec, RequestSpec};
 
@@ -35,6 +42,17 @@ pub struct RequestInfo {
     pub tokens_cached: u32,
     /// Blocks held.
     pub blocks: u32,
+}
+
+/// One cached block as [`Engine::cached_blocks`] reports it: a key the
+/// engine advertises and the page that holds its KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedBlock {
+    /// The block's key.
+    pub key: BlockKey,
+    /// Its tier and page: a device page until it is offloaded, then a host
+    /// page (the page a KV pool reads the block's data from).
+    pub page: PageRef,
 }
 
 /// One KV-cache engine: requests, blocks, items, and the events they produce.
@@ -158,9 +176,9 @@ impl Engine {
                 }
                 Some(publisher) => {
                     publisher.publish(batch.events.clone());
-                    self.events.retain(batch, &mut self.counters);
+                    self.counters.event_batches_dropped += self.events.retain(batch);
                 }
-                None => self.events.retain(batch, &mut self.counters),
+                None => self.counters.event_batches_dropped += self.events.retain(batch),
             }
         }
         self.step_index += 1;
@@ -202,7 +220,11 @@ impl Engine {
         self.events.drain_events()
     }
 
-    /// The full cache state as events (see [`snapshot::snapshot_events`]).
+    /// The full cache state as events, for a consumer that fell behind the
+    /// replay ring: `AllBlocksCleared`, then one `BlockStored` per cached
+    /// block, parents before children (by chain depth), device tier first,
+    /// with UUID hints resolved now. Every `event_seq` is 0: a snapshot is
+    /// tagged with the batch sequence number it is consistent with.
     pub fn snapshot(&mut self) -> Vec<KvEvent> {
         snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters)
     }
@@ -227,7 +249,7 @@ impl Engine {
     /// Device pages of a request's blocks, in order (its block table).
     pub fn block_table(&self, id: RequestId) -> Result<Vec<u32>, RequestError> {
         let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
-        Ok(r.blocks.iter().map(|b| self.cache.blocks.rows[*b].page).collect())
+        Ok(r.blocks.iter().map(|b| self.cache.block(*b).page).collect())
     }
 
     /// Counters.
@@ -242,23 +264,32 @@ impl Engine {
 
     /// Free device pages.
     pub fn blocks_free_device(&self) -> usize {
-        self.cache.pool.free_device.len()
+        self.cache.free_pages(Tier::Device)
     }
 
     /// Cached (indexed) blocks per tier: (device, host).
     pub fn blocks_cached(&self) -> (usize, usize) {
-        let host = self.cache.pool.lru_host.len();
-        (self.cache.index.map.len() - host, host)
+        // Every cached host block is in the host LRU (host blocks are never
+        // referenced between steps).
+        let host = self.cache.lru_len(Tier::Host);
+        (self.cache.indexed().len() - host, host)
     }
 
     /// Whether `key` is cached, and in which tier.
-    pub fn cached_medium(&self, key: &crate::keys::BlockKey) -> Option<crate::tier::Tier> {
-        self.cache.index.map.get(key).map(|b| self.cache.blocks.rows[*b].medium)
+    pub fn cached_medium(&self, key: &BlockKey) -> Option<Tier> {
+        self.cache.lookup(key).map(|b| self.cache.block(b).medium)
     }
 
-    /// Read access to the block side (for tests, benches and the GPU system).
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
+    /// Every cached block (each key the engine advertises, once) with the
+    /// page that holds its KV, in no particular order; its length is the
+    /// number of cached blocks. This is what a router that replays the
+    /// engine's events holds, tier included, and what a KV pool must keep
+    /// intact: tests check both through it.
+    pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
+        self.cache.indexed().map(|(key, id)| {
+            let b = self.cache.block(id);
+            CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
+        })
     }
 
     /// Checks every invariant across tables and resources; panics naming the
@@ -266,20 +297,21 @@ impl Engine {
     ///
     /// 1. Each block's reference count equals the number of live requests
     ///    holding it.
-    /// 2. The block side's own invariants ([`KvCache::check_invariants`]).
+    /// 2. The block side's own invariants (`KvCache::check_invariants`: pages,
+    ///    LRUs, index, content, sibling lists, marked copy pages).
     /// 3. The request table's invariants.
     /// 4. Every item row belongs to a live request that lists it.
     /// 5. The routing-hint table's invariants.
     /// 6. Each scope's reference count equals the requests and advertised
     ///    blocks that name it, and no scope outlives its last reference.
     pub fn check_invariants(&self) {
-        let mut refs: ahash::AHashMap<crate::ids::BlockId, u32> = ahash::AHashMap::new();
+        let mut refs: ahash::AHashMap<BlockId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
             for b in &r.blocks {
                 *refs.entry(*b).or_default() += 1;
             }
         }
-        for (id, b) in &self.cache.blocks.rows {
+        for (id, b) in self.cache.blocks() {
             assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
         }
         self.cache.check_invariants();
@@ -289,20 +321,20 @@ impl Engine {
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
         }
         self.hints.check_invariants();
-        let mut scope_refs: ahash::AHashMap<crate::resources::ScopeId, u32> = ahash::AHashMap::new();
+        let mut scope_refs: ahash::AHashMap<ScopeId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
             *scope_refs.entry(r.scope).or_default() += 1;
         }
-        for (_, c) in self.cache.blocks.contents() {
+        for (_, c) in self.cache.contents() {
             *scope_refs.entry(c.scope).or_default() += 1;
         }
-        for id in self.cache.scopes.ids() {
+        for id in self.cache.scopes().ids() {
             assert_eq!(
-                self.cache.scopes.refs(id),
+                self.cache.scopes().refs(id),
                 scope_refs.get(&id).copied().unwrap_or(0),
                 "invariant 6: scope refs"
             );
         }
-        assert_eq!(self.cache.scopes.len(), scope_refs.len(), "invariant 6: no orphan scope");
+        assert_eq!(self.cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
     }
 }

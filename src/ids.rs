@@ -17,6 +17,11 @@ slotmap::new_key_type! {
     pub struct BlockId;
     /// A multimodal (image) item row in [`crate::tables::MmItems`].
     pub struct MmItemId;
+    /// An interned request scope (LoRA and cache salt) in
+    /// [`crate::resources::Scopes`]. It lives here, below the tables, because
+    /// request rows and block contents name it and tables never import
+    /// resources.
+    pub struct ScopeId;
 }
 
 /// Conversion of typed ids to and from the `u64` that crosses the C ABI.

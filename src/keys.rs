@@ -131,7 +131,7 @@ pub struct ImageRun {
 /// digest ‖ item_offset u32 LE ‖ block_offset u32 LE ‖ len u32 LE)`.
 ///
 /// `tokens` are the block's tokens with the image placeholder id at image
-/// positions (as [`key_of_block`] lays them out); `runs` are in block order. The
+/// positions (as [`key_of_block`] builds them); `runs` are in block order. The
 /// UUID hint of an item never enters a key.
 pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
     let mut h = Sha256::new();

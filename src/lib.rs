@@ -62,7 +62,7 @@ pub use capabilities::{
     validated_family,
 };
 pub use config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX};
-pub use engine::{Admission, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
+pub use engine::{Admission, CachedBlock, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
 pub use events::publisher::{PublishError, Publisher, PublisherConfig, PublisherStats};
 pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventImage, EventImageRun, KvEvent};

@@ -39,7 +39,7 @@ fn serve(e: &mut Engine, spec: &RequestSpec<'_>) -> u32 {
 fn state(e: &Engine) -> (usize, usize, (usize, usize), kvcore::Counters, usize) {
     let mut c = e.counters();
     c.requests_rejected = 0;
-    (e.requests_live(), e.blocks_free_device(), e.blocks_cached(), c, e.cache().index.map.len())
+    (e.requests_live(), e.blocks_free_device(), e.blocks_cached(), c, e.cached_blocks().len())
 }
 
 /// The same UUID on different pixels must never reuse a block; the same pixels

@@ -358,7 +358,7 @@ fn run_ops(ops: Vec<Op>, partial_reuse: bool) {
                 engine.step();
                 model.apply(engine.drain_events());
                 // After a step, the model's advertised set is exactly the index.
-                let index: HashSet<BlockKey> = engine.cache().index.map.keys().copied().collect();
+                let index: HashSet<BlockKey> = engine.cached_blocks().map(|b| b.key).collect();
                 let model_keys: HashSet<BlockKey> = model.advertised.keys().copied().collect();
                 assert_eq!(index, model_keys, "every advertised key is cached and every cached key advertised");
             }

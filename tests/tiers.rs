@@ -129,12 +129,10 @@ impl Harness {
             self.engine.commit(*id, tokens.len() as u64).unwrap();
         }
         // Commits advertise in the next step's batch; record what they store now.
-        let cache = self.engine.cache();
-        for (key, id) in &cache.index.map {
-            let b = &cache.blocks.rows[*id];
-            if b.medium == Tier::Device && !self.advertised.contains_key(key) {
-                let data = self.page_bytes(Tier::Device, b.page);
-                if let Some(old) = self.expected.insert(*key, data) {
+        for b in self.engine.cached_blocks() {
+            if b.page.medium == Tier::Device && !self.advertised.contains_key(&b.key) {
+                let data = self.page_bytes(Tier::Device, b.page.page);
+                if let Some(old) = self.expected.insert(b.key, data) {
                     assert_eq!(old, data, "a key always stands for the same KV");
                 }
             }
@@ -160,24 +158,25 @@ impl Harness {
             }
         }
         // The replayed view is the engine's cache, tier by tier.
-        let cache = self.engine.cache();
-        assert_eq!(self.advertised.len(), cache.index.map.len(), "routers see as many blocks as are cached");
+        assert_eq!(
+            self.advertised.len(),
+            self.engine.cached_blocks().len(),
+            "routers see as many blocks as are cached"
+        );
         for (key, medium) in &self.advertised {
             assert_eq!(self.engine.cached_medium(key), Some(*medium), "advertised tier is the cached tier");
         }
     }
 
     fn check_data(&self) {
-        let cache = self.engine.cache();
-        for (key, id) in &cache.index.map {
-            let b = &cache.blocks.rows[*id];
-            let want = self.expected.get(key).expect("every cached key was stored with known KV");
+        for b in self.engine.cached_blocks() {
+            let want = self.expected.get(&b.key).expect("every cached key was stored with known KV");
             assert_eq!(
-                &self.page_bytes(b.medium, b.page),
+                &self.page_bytes(b.page.medium, b.page.page),
                 want,
                 "cached block lost its KV ({:?} page {})",
-                b.medium,
-                b.page
+                b.page.medium,
+                b.page.page
             );
         }
         for (id, tokens) in &self.live {

@@ -4,6 +4,10 @@
 //! step the batch is closed (routing hints resolved, sequence numbers fixed)
 //! and becomes drainable. The typed events carry everything the wire needs, so
 //! the codec is a pure function of them.
+//!
+//! Layering: events sit above the tables (a `BlockStored` carries a chain's
+//! [`RequestScope`]) and below the resources, so that the block cache's verbs
+//! can queue the events they imply; nothing here names a resource.
 
 pub mod codec;
 pub mod mirror;
@@ -15,7 +19,8 @@ pub use queue::{EventBatch, EventQueue};
 
 use std::sync::Arc;
 
-use crate::keys::{BlockKey, ImageDigest};
+use crate::keys::{BlockKey, ImageDigest, ImageRun};
+use crate::tables::RequestScope;
 pub use crate::tier::Tier;
 
 /// An image item referred to by a [`BlockStored`] event, listed once per event.
@@ -68,6 +73,69 @@ pub struct BlockStored {
     /// Per block, its image runs. Empty when no block holds an image;
     /// otherwise exactly one entry per block.
     pub block_images: BlockImages,
+}
+
+/// Building an event block by block, for the engine only (`pub(crate)`: the
+/// public type is a value its consumers read, not build).
+impl BlockStored {
+    /// An event with no block yet, for blocks of a chain of `scope` in
+    /// `medium` whose first block extends `parent`, sized for `blocks_hint`
+    /// blocks so that pushing them does not reallocate. Its `event_seq` is
+    /// set when it is queued ([`EventQueue::push_stored`]).
+    pub(crate) fn start(
+        parent: Option<BlockKey>,
+        block_size: u32,
+        medium: Tier,
+        scope: &RequestScope,
+        blocks_hint: usize,
+    ) -> Self {
+        BlockStored {
+            event_seq: 0,
+            keys: Vec::with_capacity(blocks_hint),
+            parent,
+            token_ids: Vec::with_capacity(blocks_hint * block_size as usize),
+            block_size,
+            lora_id: scope.lora_id,
+            lora_name: scope.lora_name.clone(),
+            cache_salt: scope.cache_salt.clone(),
+            medium,
+            images: Vec::new(),
+            block_images: BlockImages::new(),
+        }
+    }
+
+    /// Appends the chain's next block: its key, its `block_size` keyed token
+    /// ids and its image runs in block order. Each image is listed once in
+    /// `images`; `block_images` stays empty until a block holds an image,
+    /// and from then on has one entry per block (the text blocks before the
+    /// first image block listed empty).
+    pub(crate) fn push_block(&mut self, key: BlockKey, tokens: &[u32], runs: &[ImageRun]) {
+        let block_index = self.keys.len();
+        self.keys.push(key);
+        self.token_ids.extend_from_slice(tokens);
+        if runs.is_empty() && self.block_images.is_empty() {
+            return;
+        }
+        while self.block_images.len() < block_index {
+            self.block_images.end_block();
+        }
+        for r in runs {
+            let image = match self.images.iter().position(|i| i.digest == r.digest) {
+                Some(p) => p,
+                None => {
+                    self.images.push(EventImage { digest: r.digest, uuid: None });
+                    self.images.len() - 1
+                }
+            } as u32;
+            self.block_images.push_run(EventImageRun {
+                image,
+                item_offset: r.item_offset,
+                block_offset: r.block_offset,
+                len: r.len,
+            });
+        }
+        self.block_images.end_block();
+    }
 }
 
 /// The image runs of each block of a [`BlockStored`] event, stored flat (one

@@ -1,10 +1,17 @@
 //! The per-step event queue.
+//!
+//! The queue sits below the resources: it names no resource, so the block
+//! cache can push the events its verbs imply (a tier move's `Removed` and
+//! `Stored`) in the same call. What closing a step needs from the resources
+//! (a UUID for each image digest) comes in as a function, and what the
+//! queue counts (events emitted, batches dropped) goes back as return
+//! values for the caller's counters.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Tier};
-use crate::keys::BlockKey;
-use crate::resources::{Counters, RoutingHints};
+use crate::keys::{BlockKey, ImageDigest};
 
 /// The events of one closed step.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -77,15 +84,15 @@ impl EventQueue {
         self.open.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq }));
     }
 
-    /// Closes the open step: resolves UUID hints of its image items and
-    /// returns its events as a batch (the caller publishes it and/or keeps it
-    /// with [`EventQueue::retain`]), or `None` when the step produced no event
-    /// (no empty batch is made).
+    /// Closes the open step: gives each image item of its events the UUID
+    /// that `uuid_of` finds for its digest (the routing-hint lookup), in event
+    /// order, and returns its events as a batch (the caller counts them,
+    /// publishes the batch and/or keeps it with [`EventQueue::retain`]), or
+    /// `None` when the step produced no event (no empty batch is made).
     pub fn close_step(
         &mut self,
         step_index: u64,
-        hints: &mut RoutingHints,
-        counters: &mut Counters,
+        mut uuid_of: impl FnMut(&ImageDigest) -> Option<Arc<str>>,
     ) -> Option<EventBatch> {
         if self.open.is_empty() {
             return None;
@@ -94,11 +101,10 @@ impl EventQueue {
         for e in &mut events {
             if let KvEvent::BlockStored(s) = e {
                 for image in &mut s.images {
-                    image.uuid = hints.lookup(&image.digest, counters);
+                    image.uuid = uuid_of(&image.digest);
                 }
             }
         }
-        counters.events_emitted += events.len() as u64;
         Some(EventBatch { step_index, events })
     }
 
@@ -109,18 +115,20 @@ impl EventQueue {
 
     /// Keeps a closed batch for draining. When `retain_max` batches are
     /// already waiting, the oldest is dropped (all of them when `retain_max`
-    /// is 0, this one included) and counted, so memory stays bounded when
-    /// nobody drains.
-    pub fn retain(&mut self, batch: EventBatch, counters: &mut Counters) {
+    /// is 0, this one included), so memory stays bounded when nobody drains.
+    /// Returns how many batches were dropped, for the caller's counters.
+    #[must_use = "dropped batches are counted"]
+    pub fn retain(&mut self, batch: EventBatch) -> u64 {
         if self.retain_max == 0 {
-            counters.event_batches_dropped += 1;
-            return;
+            return 1;
         }
+        let mut dropped = 0;
         while self.closed.len() >= self.retain_max {
             self.closed.pop_front();
-            counters.event_batches_dropped += 1;
+            dropped += 1;
         }
         self.closed.push_back(batch);
+        dropped
     }
 
     /// Takes every closed batch, oldest first.

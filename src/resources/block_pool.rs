@@ -1,18 +1,14 @@
-//! The block pool (free pages and eviction order per tier), the prefix index,
-//! and the pending block copies, bundled with the block table as [`KvCache`].
+//! The block pool: the free pages and the eviction order (LRU) of each tier,
+//! and the types of the copies between pages ([`PageRef`], [`BlockCopy`],
+//! [`copy_waves`]).
 //!
-//! Why a bundle: a block's row, its page, its place in an LRU and its index
-//! entry must change together or the pool's invariants break between two
-//! calls. Systems that move blocks take `&mut KvCache` and nothing else of the
-//! block side; the primitives here are each O(1).
-
-use ahash::AHashMap;
+//! Only [`KvCache`](super::KvCache) holds a pool: which page is free and
+//! which block is next to evict must change together with the block rows
+//! and the prefix index, so the pool's types are visible to the resources
+//! module alone (`pub(super)`) and every change goes through a cache verb.
 
 use crate::ids::BlockId;
-use crate::keys::BlockKey;
-use crate::resources::ScopeId;
-use crate::resources::Scopes;
-use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink};
+use crate::tables::{KvBlock, LruLinks};
 use crate::tier::Tier;
 use slotmap::SlotMap;
 
@@ -66,7 +62,7 @@ pub fn copy_waves(copies: &[BlockCopy]) -> Vec<usize> {
 /// ([`LruLinks`]): O(1) push, removal and pop, touching only the rows
 /// involved. Each tier has one; a row's tier says which list it is in.
 #[derive(Debug, Default)]
-pub struct BlockLru {
+pub(super) struct BlockLru {
     head: Option<BlockId>,
     tail: Option<BlockId>,
     len: usize,
@@ -74,17 +70,12 @@ pub struct BlockLru {
 
 impl BlockLru {
     /// Blocks listed.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether no block is listed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Appends `id` as the most recently used.
-    pub fn push_back(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) {
+    pub(super) fn push_back(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) {
         debug_assert!(!rows[id].lru.linked, "a block is listed at most once");
         rows[id].lru = LruLinks { prev: self.tail, next: None, linked: true };
         match self.tail {
@@ -96,7 +87,7 @@ impl BlockLru {
     }
 
     /// Unlinks `id`; returns whether it was listed.
-    pub fn remove(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) -> bool {
+    pub(super) fn remove(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) -> bool {
         let Some(b) = rows.get_mut(id) else { return false };
         if !b.lru.linked {
             return false;
@@ -115,15 +106,8 @@ impl BlockLru {
     }
 
     /// The least recently used block, left listed.
-    pub fn front(&self) -> Option<BlockId> {
+    pub(super) fn front(&self) -> Option<BlockId> {
         self.head
-    }
-
-    /// Unlinks and returns the least recently used block.
-    pub fn pop_front(&mut self, rows: &mut SlotMap<BlockId, KvBlock>) -> Option<BlockId> {
-        let id = self.head?;
-        self.remove(rows, id);
-        Some(id)
     }
 }
 
@@ -140,7 +124,7 @@ impl BlockLru {
 /// cooling pages first ([`FreePages::pop_for_compute`]), leaving the others
 /// to copies.
 #[derive(Debug)]
-pub struct FreePages {
+pub(super) struct FreePages {
     /// Free pages no queued copy touches.
     ready: Ready,
     /// Free pages a queued copy touches.
@@ -226,7 +210,7 @@ impl Ready {
 impl FreePages {
     /// Every page of `0..pages` free, handed out most recently freed first
     /// (page 0 first while none was freed).
-    pub fn stack(pages: u32) -> Self {
+    pub(super) fn stack(pages: u32) -> Self {
         Self::with_ready(pages, Ready::Stack((0..pages).rev().collect()))
     }
 
@@ -237,7 +221,7 @@ impl FreePages {
 
     /// Every page of `0..pages` free, handed out in address order from where
     /// the last one was taken, wrapping around (page 0 first).
-    pub fn ring(pages: u32) -> Self {
+    pub(super) fn ring(pages: u32) -> Self {
         let words = (pages as usize).div_ceil(64).max(1);
         let mut bits = vec![!0u64; words];
         let tail = pages as usize % 64;
@@ -251,28 +235,23 @@ impl FreePages {
     }
 
     /// Free pages, cooling ones included.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.ready.len() + self.cooling.len()
     }
 
-    /// Whether no page is free.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// A free page for a copy to write: one no queued copy touches, if any.
-    pub fn pop(&mut self) -> Option<u32> {
+    pub(super) fn pop(&mut self) -> Option<u32> {
         self.ready.pop().or_else(|| self.cooling.pop())
     }
 
     /// A free page for a fresh block, which no copy writes: a cooling page
     /// first, keeping the others for copies.
-    pub fn pop_for_compute(&mut self) -> Option<u32> {
+    pub(super) fn pop_for_compute(&mut self) -> Option<u32> {
         self.cooling.pop().or_else(|| self.ready.pop())
     }
 
     /// Notes that a copy queued this step reads or writes `page`.
-    pub fn touch(&mut self, page: u32) {
+    pub(super) fn touch(&mut self, page: u32) {
         let (w, b) = (page as usize / 64, page % 64);
         if self.touched[w] & (1 << b) == 0 {
             self.touched[w] |= 1 << b;
@@ -281,12 +260,12 @@ impl FreePages {
     }
 
     /// Whether a copy queued this step reads or writes `page`.
-    pub fn is_touched(&self, page: u32) -> bool {
+    pub(super) fn is_touched(&self, page: u32) -> bool {
         self.touched[page as usize / 64] & (1 << (page % 64)) != 0
     }
 
     /// Frees a page: cooling when a copy queued this step touches it.
-    pub fn release(&mut self, page: u32) {
+    pub(super) fn release(&mut self, page: u32) {
         if self.is_touched(page) {
             self.cooling.push(page);
         } else {
@@ -297,7 +276,7 @@ impl FreePages {
     /// Closes the step: its copies are handed out and run before the next
     /// step's, so no page is touched any more and every cooling page is an
     /// ordinary free page again.
-    pub fn settle(&mut self) {
+    pub(super) fn settle(&mut self) {
         for p in self.touched_list.drain(..) {
             self.touched[p as usize / 64] = 0;
         }
@@ -305,25 +284,28 @@ impl FreePages {
     }
 }
 
-/// Free pages and eviction order of each tier.
+/// Free pages and eviction order of each tier. The fields are private: a
+/// page's freedom and a block's LRU membership change only through the
+/// cache's verbs, which update the block's row in the same call.
 #[derive(Debug)]
-pub struct BlockPool {
+pub(super) struct BlockPool {
     /// Free device pages.
-    pub free_device: FreePages,
+    free_device: FreePages,
     /// Free host pages.
-    pub free_host: FreePages,
+    free_host: FreePages,
     /// Unreferenced indexed device blocks, least recently used first.
-    pub lru_device: BlockLru,
+    lru_device: BlockLru,
     /// Indexed host blocks, least recently used first.
-    pub lru_host: BlockLru,
+    lru_host: BlockLru,
     /// Device pages in all.
-    pub pages_device: u32,
+    pages_device: u32,
     /// Host pages in all.
-    pub pages_host: u32,
+    pages_host: u32,
 }
 
 impl BlockPool {
-    fn new(pages_device: u32, pages_host: u32) -> Self {
+    /// Every page of both tiers free, both LRUs empty.
+    pub(super) fn new(pages_device: u32, pages_host: u32) -> Self {
         Self {
             // Page 0 is handed out first, which keeps demos readable.
             free_device: FreePages::stack(pages_device),
@@ -336,242 +318,48 @@ impl BlockPool {
     }
 
     /// Free pages of a tier.
-    pub fn free(&mut self, medium: Tier) -> &mut FreePages {
+    pub(super) fn free(&mut self, medium: Tier) -> &mut FreePages {
         match medium {
             Tier::Device => &mut self.free_device,
             Tier::Host => &mut self.free_host,
         }
     }
 
+    /// Free pages of a tier, read only.
+    pub(super) fn free_ref(&self, medium: Tier) -> &FreePages {
+        match medium {
+            Tier::Device => &self.free_device,
+            Tier::Host => &self.free_host,
+        }
+    }
+
     /// Closes the step for both tiers ([`FreePages::settle`]).
-    pub fn settle(&mut self) {
+    pub(super) fn settle(&mut self) {
         self.free_device.settle();
         self.free_host.settle();
     }
 
     /// The LRU of a tier.
-    pub fn lru(&mut self, medium: Tier) -> &mut BlockLru {
+    pub(super) fn lru(&mut self, medium: Tier) -> &mut BlockLru {
         match medium {
             Tier::Device => &mut self.lru_device,
             Tier::Host => &mut self.lru_host,
         }
     }
-}
 
-/// Key to the one indexed (advertised, matchable) block that holds it.
-#[derive(Debug, Default)]
-pub struct PrefixIndex {
-    /// The map. ahash: in-memory only, never on the wire.
-    pub map: AHashMap<BlockKey, BlockId>,
-}
-
-/// The block side of the engine: table, pool, index and pending copies.
-#[derive(Debug)]
-pub struct KvCache {
-    /// The block table.
-    pub blocks: KvBlocks,
-    /// Free pages and LRUs.
-    pub pool: BlockPool,
-    /// The prefix index.
-    pub index: PrefixIndex,
-    /// Copies queued this step.
-    pub copies: Vec<BlockCopy>,
-    /// Tokens per block.
-    pub block_size: u32,
-    /// Scopes of requests and advertised blocks.
-    pub scopes: Scopes,
-}
-
-impl KvCache {
-    /// A cache with every page free, all capacity reserved now.
-    pub fn new(block_size: u32, pages_device: u32, pages_host: u32) -> Self {
-        let total = (pages_device + pages_host) as usize;
-        let mut index = PrefixIndex::default();
-        index.map.reserve(total);
-        Self {
-            blocks: KvBlocks::new(block_size, pages_device, pages_host),
-            pool: BlockPool::new(pages_device, pages_host),
-            index,
-            copies: Vec::with_capacity(total.min(1 << 16)),
-            block_size,
-            scopes: Scopes::default(),
+    /// The LRU of a tier, read only.
+    pub(super) fn lru_ref(&self, medium: Tier) -> &BlockLru {
+        match medium {
+            Tier::Device => &self.lru_device,
+            Tier::Host => &self.lru_host,
         }
     }
 
-    /// The content of a block that must hold some (an indexed block).
-    pub fn content_of(&self, id: BlockId) -> &BlockContent {
-        self.blocks.content(id).expect("indexed blocks hold content")
-    }
-
-    fn content_of_mut(&mut self, id: BlockId) -> &mut BlockContent {
-        self.blocks.content_mut(id).expect("indexed blocks hold content")
-    }
-
-    /// Queues a copy for the step, noting the pages it touches ([`FreePages`]).
-    pub fn queue_copy(&mut self, copy: BlockCopy) {
-        self.pool.free(copy.src.medium).touch(copy.src.page);
-        self.pool.free(copy.dst.medium).touch(copy.dst.page);
-        self.copies.push(copy);
-    }
-
-    /// Whether a host tier exists.
-    pub fn has_host_tier(&self) -> bool {
-        self.pool.pages_host > 0
-    }
-
-    /// Takes a free page and makes a fresh unkeyed row with one reference.
-    /// `copy_target`: a copy will write the page this step (partial reuse),
-    /// so it should not be one a queued copy reads ([`FreePages`]).
-    /// Returns `None` when the tier has no free page (the caller evicts first).
-    pub fn take_free_block(&mut self, medium: Tier, copy_target: bool) -> Option<BlockId> {
-        let free = self.pool.free(medium);
-        let page = if copy_target { free.pop() } else { free.pop_for_compute() }?;
-        Some(self.blocks.rows.insert(KvBlock {
-            page,
-            medium,
-            key: None,
-            ref_count: 1,
-            indexed: false,
-            lru: LruLinks::default(),
-            has_content: false,
-        }))
-    }
-
-    /// Removes a row that is neither referenced, indexed nor in an LRU, and
-    /// gives its page back.
-    pub fn release_row(&mut self, id: BlockId) {
-        self.remove_content(id);
-        let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
-        debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
-        self.pool.free(b.medium).release(b.page);
-    }
-
-    /// Drops a block's re-advertising content and its scope reference,
-    /// unlinking it from its siblings.
-    pub fn remove_content(&mut self, id: BlockId) {
-        self.unlink_child(id);
-        if let Some(scope) = self.blocks.take_content(id) {
-            self.scopes.release(scope);
-        }
-    }
-
-    /// The head of the children list of `parent` (a block, or the scope's
-    /// root list), or `None` when that parent is gone or not indexed.
-    fn children_head(&mut self, parent: Option<BlockId>, scope: ScopeId) -> Option<&mut Option<BlockId>> {
-        match parent {
-            Some(p) => self.blocks.content_mut(p).map(|c| &mut c.first_child),
-            None => Some(self.scopes.root_children_mut(scope)),
-        }
-    }
-
-    /// Links an indexed block at the head of its parent's children list, so
-    /// that partial reuse can find it. A parent that is not indexed has no
-    /// list: the block then stays unlinked.
-    pub fn link_child(&mut self, id: BlockId, parent: Option<BlockId>) {
-        let scope = self.content_of(id).scope;
-        let Some(head) = self.children_head(parent, scope) else { return };
-        let next = head.replace(id);
-        if let Some(n) = next {
-            let link = self.content_of_mut(n).link.as_mut().expect("listed blocks are linked");
-            link.prev = Some(id);
-        }
-        self.content_of_mut(id).link = Some(SiblingLink { parent, prev: None, next });
-    }
-
-    /// Removes a block from its parent's children list, if it is in one.
-    fn unlink_child(&mut self, id: BlockId) {
-        let Some(c) = self.blocks.content_mut(id) else { return };
-        let Some(link) = c.link.take() else { return };
-        let scope = c.scope;
-        if let Some(n) = link.next {
-            self.content_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
-        }
-        match link.prev {
-            Some(p) => self.content_of_mut(p).link.as_mut().expect("listed blocks are linked").next = link.next,
-            None => {
-                if let Some(head) = self.children_head(link.parent, scope)
-                    && *head == Some(id)
-                {
-                    *head = link.next;
-                }
-            }
-        }
-    }
-
-    /// Indexed device blocks in the children list starting at `head`, at most `max`.
-    pub fn children(&self, head: Option<BlockId>, max: usize) -> impl Iterator<Item = BlockId> + '_ {
-        std::iter::successors(head, move |id| self.content_of(*id).link.and_then(|l| l.next)).take(max)
-    }
-
-    /// Device blocks that an allocation could get now: free pages plus
-    /// unreferenced cached blocks.
-    pub fn device_blocks_available(&self) -> usize {
-        self.pool.free_device.len() + self.pool.lru_device.len()
-    }
-
-    /// Checks the block side's invariants; panics naming the one broken.
-    ///
-    /// 1. Free plus used pages equal capacity, per tier, and no page is used twice.
-    /// 2. A block is in its tier's LRU exactly when it is indexed and unreferenced
-    ///    (host blocks are never referenced).
-    /// 3. The index and the table agree: every entry names a live, indexed block
-    ///    with that key, and every indexed block is the entry for its key.
-    /// 4. Indexed blocks have re-advertising content; others have none.
-    /// 5. Sibling lists are well formed: links are symmetric, a head is
-    ///    the head of its parent's list, and every list member names it.
-    pub fn check_invariants(&self) {
-        let mut used = [0usize; 2];
-        let mut seen = ahash::AHashSet::new();
-        for (id, b) in &self.blocks.rows {
-            used[b.medium as usize] += 1;
-            assert!(seen.insert((b.medium, b.page)), "invariant 1: page {:?}/{} used twice", b.medium, b.page);
-            let in_lru = b.lru.linked;
-            assert_eq!(in_lru, b.indexed && b.ref_count == 0, "invariant 2: LRU membership of {id:?}");
-            if b.medium == Tier::Host {
-                assert!(b.indexed && b.ref_count == 0, "invariant 2: host blocks are indexed and unreferenced");
-            }
-            if b.indexed {
-                let key = b.key.expect("invariant 3: indexed blocks have keys");
-                assert_eq!(self.index.map.get(&key), Some(&id), "invariant 3: index entry of {id:?}");
-            }
-            assert_eq!(b.has_content, b.indexed, "invariant 4: content of {id:?}");
-        }
-        assert_eq!(used[0] + self.pool.free_device.len(), self.pool.pages_device as usize, "invariant 1: device pages");
-        assert_eq!(used[1] + self.pool.free_host.len(), self.pool.pages_host as usize, "invariant 1: host pages");
-        for (id, c) in self.blocks.contents() {
-            let Some(link) = c.link else { continue };
-            if let Some(n) = link.next {
-                assert_eq!(self.content_of(n).link.and_then(|l| l.prev), Some(id), "invariant 5: next.prev of {id:?}");
-                assert_eq!(
-                    self.content_of(n).link.map(|l| l.parent),
-                    Some(link.parent),
-                    "invariant 5: siblings share a parent"
-                );
-            }
-            match link.prev {
-                Some(p) => assert_eq!(
-                    self.content_of(p).link.and_then(|l| l.next),
-                    Some(id),
-                    "invariant 5: prev.next of {id:?}"
-                ),
-                None => {
-                    let head = match link.parent {
-                        Some(p) => self.blocks.content(p).map(|pc| pc.first_child),
-                        None => Some(*self.scopes.root_children(c.scope)),
-                    };
-                    if let Some(head) = head {
-                        assert_eq!(head, Some(id), "invariant 5: a list's first member is its head");
-                    }
-                }
-            }
-            if let Some(first) = c.first_child {
-                let l = self.content_of(first).link.expect("invariant 5: a head is linked");
-                assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
-            }
-        }
-        for (key, id) in &self.index.map {
-            let b = self.blocks.rows.get(*id).expect("invariant 3: index names a live block");
-            assert!(b.indexed && b.key == Some(*key), "invariant 3: index entry matches its block");
+    /// Pages of a tier in all.
+    pub(super) fn pages(&self, medium: Tier) -> u32 {
+        match medium {
+            Tier::Device => self.pages_device,
+            Tier::Host => self.pages_host,
         }
     }
 }
@@ -604,7 +392,7 @@ mod tests {
         // From page 68 on: 68, 69, then around: 1, 2, 3, 40, 66.
         let order: Vec<u32> = std::iter::from_fn(|| ring.pop()).collect();
         assert_eq!(order, vec![68, 69, 1, 2, 3, 40, 66]);
-        assert!(ring.is_empty());
+        assert_eq!(ring.len(), 0);
         let mut stack = FreePages::stack(4);
         assert_eq!((stack.pop(), stack.pop()), (Some(0), Some(1)));
         stack.release(0);

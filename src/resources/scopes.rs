@@ -7,17 +7,18 @@
 //! development machine (locked instructions are slow under its hypervisor):
 //! a third of a block's whole budget. A scope id with a plain counter costs a
 //! slot lookup.
+//!
+//! [`ScopeId`] is defined with the other row ids (`crate::ids`) because
+//! request rows and block contents, which are tables, name it. Only the
+//! block cache holds the table mutably: a scope's count changes with a
+//! request's admission and release and with a block's indexing and drop,
+//! through the cache's verbs.
 
 use ahash::AHashMap;
 use slotmap::SlotMap;
 
-use crate::ids::BlockId;
+use crate::ids::{BlockId, ScopeId};
 use crate::tables::RequestScope;
-
-slotmap::new_key_type! {
-    /// An interned scope.
-    pub struct ScopeId;
-}
 
 #[derive(Debug)]
 struct ScopeRow {
@@ -88,11 +89,6 @@ impl Scopes {
     /// Scopes alive.
     pub fn len(&self) -> usize {
         self.rows.len()
-    }
-
-    /// Whether no scope is alive.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 
     /// Reference count of a scope (for invariant checks).

@@ -1,5 +1,10 @@
 //! Admission: validate a request, match its longest cached prefix, take
 //! references and allocate the rest, all or nothing.
+//!
+//! The policy lives here (what matches, which partial source to copy, what
+//! capacity a request needs, in which order blocks are pinned, onboarded and
+//! allocated); every change to the block side goes through a [`KvCache`]
+//! verb, which keeps the pool, index, LRUs and references in step.
 
 use std::sync::Arc;
 
@@ -8,8 +13,7 @@ use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
 use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block, root_key};
-use crate::resources::{BlockCopy, Counters, HintInsert, KvCache, PageRef, RoutingHints};
-use crate::systems::{allocate, evict};
+use crate::resources::{Counters, HintInsert, KvCache, RoutingHints};
 use crate::tables::{MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
 use crate::tier::Tier;
 
@@ -199,8 +203,8 @@ pub fn admit_request(
                 &mut block_runs,
             );
             keys.push(key);
-            match cache.index.map.get(&key) {
-                Some(&b) => matched.push(b),
+            match cache.lookup(&key) {
+                Some(b) => matched.push(b),
                 None => break,
             }
         }
@@ -216,12 +220,12 @@ pub fn admit_request(
 
     // Capacity: every new block and every onboarded block needs a device page.
     let blocks_total = prompt_len.div_ceil(bs) as usize;
-    let on_host = matched.iter().filter(|b| cache.blocks.rows[**b].medium == Tier::Host).count();
+    let on_host = matched.iter().filter(|b| cache.block(**b).medium == Tier::Host).count();
     let pinned_from_lru = matched
         .iter()
         .chain(partial.as_ref().map(|p| &p.0))
         .filter(|b| {
-            let row = &cache.blocks.rows[**b];
+            let row = cache.block(**b);
             row.medium == Tier::Device && row.lru.linked
         })
         .count();
@@ -232,59 +236,37 @@ pub fn admit_request(
     }
 
     // From here on nothing can fail.
-    let scope = cache.scopes.acquire(RequestScope {
+    let scope = cache.acquire_scope(RequestScope {
         lora_id: spec.lora_id,
         lora_name: spec.lora_name.map(Arc::from),
         cache_salt: spec.cache_salt.map(Arc::from),
     });
+    // The request's references, taken first: they take the matched blocks
+    // out of their LRUs, so that the evictions and offloads made room for
+    // below cannot pick them (a host block holds its reference through its
+    // onboard).
     for &b in &matched {
-        let row = &mut cache.blocks.rows[b];
-        match row.medium {
-            Tier::Device => {
-                row.ref_count += 1;
-                if row.ref_count == 1 {
-                    cache.pool.lru_device.remove(&mut cache.blocks.rows, b);
-                }
-            }
-            // Pinned out of the host LRU so that offloads made room for below
-            // cannot pick it.
-            Tier::Host => {
-                cache.pool.lru_host.remove(&mut cache.blocks.rows, b);
-            }
-        }
+        cache.acquire(b);
     }
-    // The partial source is pinned too, while onboarding and allocation may evict.
+    // The partial source is pinned too (a reference no request holds, given
+    // back below), while onboarding and allocation may evict.
     if let Some((source, _)) = partial {
-        let row = &mut cache.blocks.rows[source];
-        row.ref_count += 1;
-        if row.ref_count == 1 {
-            cache.pool.lru_device.remove(&mut cache.blocks.rows, source);
-        }
+        cache.acquire(source);
     }
-    allocate::make_room(cache, needed, config.offload_first, events, counters);
+    cache.make_room(needed, config.offload_first, events, counters);
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {
-        if cache.blocks.rows[b].medium == Tier::Host {
-            evict::onboard_block(cache, b, events, counters);
+        if cache.block(b).medium == Tier::Host {
+            cache.onboard(b, events, counters);
         }
         blocks.push(b);
     }
     let fresh = blocks_total - matched.len();
-    allocate::allocate_device_blocks(cache, fresh, partial.is_some(), &mut blocks, events, counters);
+    cache.allocate_device_blocks(fresh, partial.is_some(), &mut blocks, events, counters);
     let mut tokens_cached = matched.len() as u32 * bs;
     if let Some((source, k)) = partial {
-        let dst = cache.blocks.rows[blocks[matched.len()]].page;
-        let src = cache.blocks.rows[source].page;
-        cache.queue_copy(BlockCopy {
-            src: PageRef { medium: Tier::Device, page: src },
-            dst: PageRef { medium: Tier::Device, page: dst },
-            tokens: k,
-        });
-        let row = &mut cache.blocks.rows[source];
-        row.ref_count -= 1;
-        if row.ref_count == 0 {
-            cache.pool.lru_device.push_back(&mut cache.blocks.rows, source);
-        }
+        cache.queue_prefix_copy(source, blocks[matched.len()], k);
+        cache.release(source);
         tokens_cached += k;
         counters.blocks_partially_reused += 1;
     }
@@ -347,26 +329,26 @@ fn find_partial(
         return None;
     }
     let head = match matched.last() {
-        Some(&parent) => cache.blocks.content(parent)?.first_child,
+        Some(&parent) => cache.content(parent)?.first_child,
         None => {
-            let scope = cache.scopes.find(&RequestScope {
+            let scope = cache.scopes().find(&RequestScope {
                 lora_id: spec.lora_id,
                 lora_name: spec.lora_name.map(Arc::from),
                 cache_salt: spec.cache_salt.map(Arc::from),
             })?;
-            *cache.scopes.root_children(scope)
+            *cache.scopes().root_children(scope)
         }
     };
     let want = &spec.tokens[start as usize..(start + limit) as usize];
     let mut best: Option<(BlockId, u32)> = None;
     for id in cache.children(head, PARTIAL_CANDIDATES_MAX) {
-        let row = &cache.blocks.rows[id];
+        let row = cache.block(id);
         if row.medium != Tier::Device {
             continue;
         }
         let content = cache.content_of(id);
         let cap = content.images.as_slice().first().map_or(limit, |r| r.block_offset.min(limit));
-        let have = cache.blocks.tokens(row);
+        let have = cache.tokens(row);
         let k = want[..cap as usize].iter().zip(have).take_while(|(a, b)| a == b).count() as u32;
         if k > best.map_or(0, |b| b.1) {
             best = Some((id, k));

@@ -2,17 +2,24 @@
 //! Blocks whose tokens are all computed get their keys, enter the prefix index
 //! and are advertised with a `BlockStored` event. A block is never matchable,
 //! nor advertised, before that.
+//!
+//! Indexing one block is [`KvCache::index_block`], which sets its key, index
+//! entry, tokens, content, scope reference and sibling place together; commit
+//! keeps the policy: keying the blocks, and grouping a chain's newly indexed
+//! blocks into one event.
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
-use crate::events::{BlockImages, BlockStored, EventImage, EventImageRun, EventQueue};
+use crate::events::{BlockStored, EventQueue};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
-use crate::resources::KvCache;
+use crate::resources::{CommittedBlock, KvCache};
 use crate::tables::{RequestScope, Requests};
 use crate::tier::Tier;
 
-/// Builds `BlockStored` events for a run of consecutive blocks of one chain.
+/// Builds `BlockStored` events for a run of consecutive blocks of one chain:
+/// the policy of how commit groups what it advertises (one event per run of
+/// newly indexed blocks, cut where a block is not indexed).
 struct StoredGroup {
     event: Option<BlockStored>,
     /// Blocks the event will probably hold, to size its vectors once.
@@ -31,45 +38,9 @@ impl StoredGroup {
         scope: &RequestScope,
     ) {
         let (blocks_hint, block_size, medium) = (self.blocks_hint, self.block_size, self.medium);
-        let e = self.event.get_or_insert_with(|| BlockStored {
-            event_seq: 0,
-            keys: Vec::with_capacity(blocks_hint),
-            parent,
-            token_ids: Vec::with_capacity(blocks_hint * block_size as usize),
-            block_size,
-            lora_id: scope.lora_id,
-            lora_name: scope.lora_name.clone(),
-            cache_salt: scope.cache_salt.clone(),
-            medium,
-            images: Vec::new(),
-            block_images: BlockImages::new(),
-        });
-        let block_index = e.keys.len();
-        e.keys.push(key);
-        e.token_ids.extend_from_slice(tokens);
-        if runs.is_empty() && e.block_images.is_empty() {
-            return;
-        }
-        // The first image block lists the text blocks before it as empty.
-        while e.block_images.len() < block_index {
-            e.block_images.end_block();
-        }
-        for r in runs {
-            let image = match e.images.iter().position(|i| i.digest == r.digest) {
-                Some(p) => p,
-                None => {
-                    e.images.push(EventImage { digest: r.digest, uuid: None });
-                    e.images.len() - 1
-                }
-            } as u32;
-            e.block_images.push_run(EventImageRun {
-                image,
-                item_offset: r.item_offset,
-                block_offset: r.block_offset,
-                len: r.len,
-            });
-        }
-        e.block_images.end_block();
+        self.event
+            .get_or_insert_with(|| BlockStored::start(parent, block_size, medium, scope, blocks_hint))
+            .push_block(key, tokens, runs);
     }
 
     fn flush(&mut self, events: &mut EventQueue) {
@@ -77,22 +48,6 @@ impl StoredGroup {
             events.push_stored(e);
         }
     }
-}
-
-/// The `BlockStored` event that advertises one indexed block again (after a
-/// tier move, or in a snapshot), built from its retained content.
-pub fn stored_event_for_block(cache: &KvCache, id: crate::ids::BlockId) -> BlockStored {
-    let b = &cache.blocks.rows[id];
-    let content = cache.content_of(id);
-    let mut g = StoredGroup { event: None, blocks_hint: 1, block_size: cache.block_size, medium: b.medium };
-    g.push(
-        b.key.expect("indexed blocks have keys"),
-        content.parent,
-        cache.blocks.tokens(b),
-        content.images.as_slice(),
-        cache.scopes.get(content.scope),
-    );
-    g.event.expect("one block was pushed")
 }
 
 /// Records that the request's first `tokens_computed` tokens have their KV
@@ -128,9 +83,7 @@ pub fn commit_computed(
         block_size: bs,
         medium: Tier::Device,
     };
-    // Each advertised block holds a reference on the scope; taken once below.
-    let mut scope_refs = 0u32;
-    let scope = &cache.scopes.get(request.scope).clone();
+    let scope = &cache.scopes().get(request.scope).clone();
     for i in request.blocks_committed..full {
         let start = i * bs;
         let tokens = &request.tokens[start as usize..(start + bs) as usize];
@@ -146,44 +99,26 @@ pub fn commit_computed(
             request.keys.push(k);
             k
         };
-        let block_id = request.blocks[i as usize];
-        let block = &mut cache.blocks.rows[block_id];
-        let matched = block.key.is_some();
-        block.key = Some(key);
-        let entry = match cache.index.map.entry(key) {
-            std::collections::hash_map::Entry::Vacant(v) if !matched => v,
-            // A block matched at admission, or a private copy of a cached key.
-            _ => {
-                group.flush(events);
-                continue;
-            }
+        let block = CommittedBlock {
+            key,
+            parent,
+            parent_block: (i > 0).then(|| request.blocks[i as usize - 1]),
+            depth: i,
+            scope: request.scope,
+            tokens: keyed,
+            images: &runs,
         };
-        entry.insert(block_id);
-        block.indexed = true;
-        let (medium, page) = (block.medium, block.page);
-        cache.blocks.set_tokens(medium, page, keyed);
+        // The sibling lists serve partial reuse only, so without it none is kept.
+        if !cache.index_block(request.blocks[i as usize], &block, config.partial_reuse) {
+            // A block matched at admission, or a private copy of a cached key.
+            group.flush(events);
+            continue;
+        }
         if events.enabled() {
             group.push(key, parent, keyed, &runs, scope);
         }
-        scope_refs += 1;
-        cache.blocks.set_content(block_id, parent, i, request.scope, &runs);
-        // Listed under its parent for partial reuse, when the parent is the
-        // indexed copy of its key (a private duplicate parent has no list).
-        // The lists serve partial reuse only, so without it none is kept.
-        if config.partial_reuse {
-            let parent_block = if i == 0 {
-                Some(None)
-            } else {
-                let p = request.blocks[i as usize - 1];
-                cache.blocks.rows[p].indexed.then_some(Some(p))
-            };
-            if let Some(parent_block) = parent_block {
-                cache.link_child(block_id, parent_block);
-            }
-        }
     }
     group.flush(events);
-    cache.scopes.retain(request.scope, scope_refs);
     request.blocks_committed = full;
     Ok(())
 }

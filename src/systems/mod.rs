@@ -5,6 +5,11 @@
 //! [`allocate::grow_request`], [`commit::commit_computed`],
 //! [`release::release_request`], [`evict::evict_device_blocks`],
 //! [`clear::clear_cache`]. [`run_step`] is what closes a step.
+//!
+//! A system holds policy and depends on tables, resources, events and keys
+//! only, never on a sibling system: what two systems share (eviction under
+//! pressure, re-advertising a block) is a verb of the block cache
+//! ([`KvCache`]), which keeps the pool, index, LRUs and references in step.
 
 pub mod admit;
 pub mod allocate;
@@ -32,8 +37,10 @@ pub fn run_step(
     events: &mut EventQueue,
     counters: &mut Counters,
 ) -> (Vec<BlockCopy>, Option<EventBatch>) {
-    let copies = std::mem::take(&mut cache.copies);
-    cache.pool.settle();
-    let batch = events.close_step(step_index, hints, counters);
+    let copies = cache.close_step();
+    let batch = events.close_step(step_index, |digest| hints.lookup(digest, counters));
+    if let Some(batch) = &batch {
+        counters.events_emitted += batch.events.len() as u64;
+    }
     (copies, batch)
 }

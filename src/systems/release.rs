@@ -1,6 +1,7 @@
 //! Release: a finished or cancelled request drops its references. Cached
 //! blocks that nobody references go to the device LRU and stay matchable;
-//! blocks that were never cached go straight back to the free pages.
+//! blocks that were never cached go straight back to the free pages (both
+//! through [`KvCache::release`]).
 
 use crate::error::RequestError;
 use crate::ids::RequestId;
@@ -16,20 +17,12 @@ pub fn release_request(
     cache: &mut KvCache,
 ) -> Result<(), RequestError> {
     let request = requests.rows.remove(id).ok_or(RequestError::UnknownRequest)?;
-    cache.scopes.release(request.scope);
+    cache.release_scope(request.scope);
     for item in request.items {
         items.rows.remove(item);
     }
     for &b in request.blocks.iter().rev() {
-        let row = &mut cache.blocks.rows[b];
-        row.ref_count -= 1;
-        if row.ref_count == 0 {
-            if row.indexed {
-                cache.pool.lru_device.push_back(&mut cache.blocks.rows, b);
-            } else {
-                cache.release_row(b);
-            }
-        }
+        cache.release(b);
     }
     Ok(())
 }

@@ -9,9 +9,8 @@
 
 use slotmap::SlotMap;
 
-use crate::ids::BlockId;
+use crate::ids::{BlockId, ScopeId};
 use crate::keys::{BlockKey, ImageRun};
-use crate::resources::ScopeId;
 use crate::tier::Tier;
 
 /// A KV block row.
@@ -32,9 +31,9 @@ pub struct KvBlock {
     /// Whether the block's page slot holds its re-advertising content (set
     /// while indexed; see [`KvBlocks::content`]).
     pub has_content: bool,
-    /// The block's place in its tier's LRU list (see
-    /// [`crate::resources::BlockLru`]), kept in the row so that listing a
-    /// block writes the row it already touches instead of a side table.
+    /// The block's place in its tier's LRU list, whose head the block pool (a
+    /// resource) keeps: the links live in the row so that listing a block
+    /// writes the row it already touches instead of a side table.
     pub lru: LruLinks,
 }
 

@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use slotmap::SlotMap;
 
-use crate::ids::{BlockId, MmItemId, RequestId};
+use crate::ids::{BlockId, MmItemId, RequestId, ScopeId};
 use crate::keys::{BlockKey, FlatRun};
-use crate::resources::ScopeId;
 
 /// What scopes a request's cache chain, shared by every block it advertises
 /// (so a block can be re-advertised after its request is gone).
@@ -69,6 +68,7 @@ impl Requests {
     /// 1. `blocks_committed` full blocks are covered by `keys` unless dummy.
     /// 2. Computed tokens never pass the request's tokens.
     /// 3. `tokens_cached <= tokens_computed`.
+    /// 4. A request holds exactly the blocks its tokens need.
     pub fn check_invariants(&self, block_size: u32) {
         for (id, r) in &self.rows {
             if !r.dummy {

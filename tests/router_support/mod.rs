@@ -167,16 +167,11 @@ impl Worker {
 
     /// The wire hashes the engine advertises as cached, per tier, sorted.
     pub fn advertised(&self, tier: Tier) -> Vec<i64> {
-        let cache = self.engine.cache();
-        let mut v: Vec<i64> = cache
-            .index
-            .map
-            .iter()
-            .filter(|(_, id)| {
-                let m = cache.blocks.rows[**id].medium;
-                (m == kvcore::Tier::Device) == (tier == Tier::Device)
-            })
-            .map(|(k, _)| k.wire_hash().0)
+        let mut v: Vec<i64> = self
+            .engine
+            .cached_blocks()
+            .filter(|b| (b.page.medium == kvcore::Tier::Device) == (tier == Tier::Device))
+            .map(|b| b.key.wire_hash().0)
             .collect();
         v.sort_unstable();
         v

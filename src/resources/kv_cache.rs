@@ -1,0 +1,560 @@
+//! The block side of the engine as one resource, [`KvCache`]: the block
+//! table, the block pool (free pages and LRUs per tier), the prefix index, the
+//! scopes that advertised blocks name, and the copies queued this step.
+//!
+//! Why one owner with verbs: a block's row, its page, its place in an LRU, its
+//! index entry, its sibling links, its scope reference and the events that
+//! advertise it must change together, or the invariants
+//! ([`KvCache::check_invariants`]) break between two calls. So every field is
+//! private, systems read through accessors, and every change is a verb that
+//! takes what it must keep consistent and fixes it in the same call (the
+//! shape of rapier's `RigidBodySet::remove`, which takes the islands,
+//! colliders and joints it must update). Systems keep the policy: what to
+//! match, which source to copy, how much room to make, when to evict.
+//!
+//! | verb | what it keeps in step |
+//! |---|---|
+//! | [`KvCache::acquire`] | reference count and LRU: the first reference takes a cached block out of its tier's LRU, so nothing evicts it |
+//! | [`KvCache::release`] | reference count, LRU, pool: the last reference lists a cached block at the back of its tier's LRU, or frees an uncached block's row and page |
+//! | [`KvCache::take_free_block`] | pool and table: a page leaves the free list as a fresh row with one reference |
+//! | [`KvCache::index_block`] | key, index entry, tokens, content, scope reference, sibling list: all or none |
+//! | [`KvCache::move_block`] | a tier move: new page, tokens and content moved, LRU membership switched, the copy queued (its pages marked), the old page freed (cooling), `Removed` and `Stored` queued |
+//! | [`KvCache::drop_block`] | index entry, LRU, content, scope reference, siblings, row and page go together; `Removed` queued |
+//! | [`KvCache::queue_prefix_copy`] | a partial-reuse copy between two live blocks' pages, its pages marked |
+//! | [`KvCache::clear`] | every index entry dropped; unreferenced blocks freed, referenced ones kept as private copies; `AllBlocksCleared` queued |
+//! | [`KvCache::close_step`] | the step's copies handed out as the free pages settle |
+//! | [`KvCache::acquire_scope`], [`KvCache::release_scope`] | a request's reference on its interned scope |
+//!
+//! A pin (the partial-reuse source held while admission may evict) is an
+//! [`KvCache::acquire`] that no request holds, given back with
+//! [`KvCache::release`] before admission returns.
+//!
+//! The replacement policy built on these verbs (eviction, offload or drop,
+//! onboarding, making room) is in `eviction.rs`, which reaches no field.
+//!
+//! Every verb is O(1) per block (`clear`: per index entry) and allocates
+//! nothing beyond the events and copies it queues.
+
+use std::collections::hash_map::Entry;
+
+use ahash::AHashMap;
+
+use super::block_pool::BlockPool;
+use super::{BlockCopy, PageRef, Scopes};
+use crate::events::{BlockStored, EventQueue};
+use crate::ids::{BlockId, ScopeId};
+use crate::keys::{BlockKey, ImageRun};
+use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, SiblingLink};
+use crate::tier::Tier;
+
+/// The block side of the engine: table, pool, index, scopes and pending
+/// copies, changed only through its verbs (see the module docs).
+#[derive(Debug)]
+pub struct KvCache {
+    /// The block table.
+    blocks: KvBlocks,
+    /// Free pages and LRUs.
+    pool: BlockPool,
+    /// Key to the one indexed (advertised, matchable) block that holds it.
+    /// ahash: in-memory only, never on the wire.
+    index: AHashMap<BlockKey, BlockId>,
+    /// Copies queued this step.
+    copies: Vec<BlockCopy>,
+    /// Tokens per block.
+    block_size: u32,
+    /// Scopes of requests and advertised blocks.
+    scopes: Scopes,
+}
+
+/// A block whose every token is computed, as its request knows it: what
+/// [`KvCache::index_block`] needs to index it and to advertise it again
+/// later without the request.
+#[derive(Clone, Copy, Debug)]
+pub struct CommittedBlock<'a> {
+    /// The block's key.
+    pub key: BlockKey,
+    /// The parent's key; `None` for the first block of a chain.
+    pub parent: Option<BlockKey>,
+    /// The request's previous block, whose children list the block joins;
+    /// `None` for a first block, which joins its scope's root list.
+    pub parent_block: Option<BlockId>,
+    /// Position of the block in its chain (0 for the first).
+    pub depth: u32,
+    /// The request's scope (LoRA and salt).
+    pub scope: ScopeId,
+    /// The keyed token ids (placeholder at image positions), one block's worth.
+    pub tokens: &'a [u32],
+    /// Image runs inside the block, in block order.
+    pub images: &'a [ImageRun],
+}
+
+/// Reads: ids given here must be live (held by a request, or in the index),
+/// as every caller's are; a stale one is a broken invariant and panics.
+impl KvCache {
+    /// A cache with every page free, all capacity reserved now.
+    pub fn new(block_size: u32, pages_device: u32, pages_host: u32) -> Self {
+        let total = (pages_device + pages_host) as usize;
+        let mut index = AHashMap::default();
+        index.reserve(total);
+        Self {
+            blocks: KvBlocks::new(block_size, pages_device, pages_host),
+            pool: BlockPool::new(pages_device, pages_host),
+            index,
+            copies: Vec::with_capacity(total.min(1 << 16)),
+            block_size,
+            scopes: Scopes::default(),
+        }
+    }
+
+    /// A live block's row.
+    pub fn block(&self, id: BlockId) -> &KvBlock {
+        &self.blocks.rows[id]
+    }
+
+    /// Every block row, in no particular order.
+    pub fn blocks(&self) -> impl Iterator<Item = (BlockId, &KvBlock)> + '_ {
+        self.blocks.rows.iter()
+    }
+
+    /// The token ids stored for a block (meaningful once keyed).
+    pub fn tokens(&self, block: &KvBlock) -> &[u32] {
+        self.blocks.tokens(block)
+    }
+
+    /// The re-advertising content of a block, `None` when it holds none
+    /// (not indexed) or the id is stale.
+    pub fn content(&self, id: BlockId) -> Option<&BlockContent> {
+        self.blocks.content(id)
+    }
+
+    /// The content of a block that must hold some (an indexed block).
+    pub fn content_of(&self, id: BlockId) -> &BlockContent {
+        self.blocks.content(id).expect("indexed blocks hold content")
+    }
+
+    /// Every block that holds content, with it.
+    pub fn contents(&self) -> impl Iterator<Item = (BlockId, &BlockContent)> + '_ {
+        self.blocks.contents()
+    }
+
+    /// The indexed block that holds `key`, if it is cached.
+    pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
+        self.index.get(key).copied()
+    }
+
+    /// Every index entry (cached key and its block), in no particular order.
+    pub fn indexed(&self) -> impl ExactSizeIterator<Item = (&BlockKey, BlockId)> + '_ {
+        self.index.iter().map(|(k, id)| (k, *id))
+    }
+
+    /// The scope table (read only: scope references change with requests
+    /// and indexed blocks, through the verbs).
+    pub fn scopes(&self) -> &Scopes {
+        &self.scopes
+    }
+
+    /// Whether a host tier exists.
+    pub fn has_host_tier(&self) -> bool {
+        self.pool.pages(Tier::Host) > 0
+    }
+
+    /// Free pages of a tier, cooling ones included.
+    pub fn free_pages(&self, medium: Tier) -> usize {
+        self.pool.free_ref(medium).len()
+    }
+
+    /// Blocks in a tier's LRU: the unreferenced cached device blocks, or
+    /// every cached host block.
+    pub fn lru_len(&self, medium: Tier) -> usize {
+        self.pool.lru_ref(medium).len()
+    }
+
+    /// The least recently used block of a tier's LRU (the next to evict).
+    pub fn lru_front(&self, medium: Tier) -> Option<BlockId> {
+        self.pool.lru_ref(medium).front()
+    }
+
+    /// Whether a copy queued this step reads or writes `page`.
+    pub fn copy_touches(&self, page: PageRef) -> bool {
+        self.pool.free_ref(page.medium).is_touched(page.page)
+    }
+
+    /// Device blocks that an allocation could get now: free pages plus
+    /// unreferenced cached blocks.
+    pub fn device_blocks_available(&self) -> usize {
+        self.free_pages(Tier::Device) + self.lru_len(Tier::Device)
+    }
+
+    /// Indexed device blocks in the children list starting at `head`, at most `max`.
+    pub fn children(&self, head: Option<BlockId>, max: usize) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::successors(head, move |id| self.content_of(*id).link.and_then(|l| l.next)).take(max)
+    }
+
+    /// The `BlockStored` event that advertises one indexed block again (after
+    /// a tier move, or in a snapshot), built from its retained content.
+    pub fn stored_event(&self, id: BlockId) -> BlockStored {
+        let b = &self.blocks.rows[id];
+        let content = self.content_of(id);
+        let mut e = BlockStored::start(content.parent, self.block_size, b.medium, self.scopes.get(content.scope), 1);
+        e.push_block(b.key.expect("indexed blocks have keys"), self.blocks.tokens(b), content.images.as_slice());
+        e
+    }
+}
+
+/// The verbs. Each leaves every invariant of [`KvCache::check_invariants`]
+/// holding, except that a pinned or matched host block holds a reference
+/// until its onboard in the same admission (invariant 2 holds again by then).
+impl KvCache {
+    /// Takes a reference on `scope` for a request, interning it if new.
+    pub fn acquire_scope(&mut self, scope: RequestScope) -> ScopeId {
+        self.scopes.acquire(scope)
+    }
+
+    /// Gives back a request's reference on its scope; the scope is
+    /// forgotten when no request and no indexed block names it any more.
+    pub fn release_scope(&mut self, scope: ScopeId) {
+        self.scopes.release(scope);
+    }
+
+    /// Takes one reference on a live block (a request's, or a pin). The
+    /// first reference takes a cached block out of its tier's LRU: nothing
+    /// evicts it, and a host block stays put until it is onboarded.
+    pub fn acquire(&mut self, id: BlockId) {
+        let row = &mut self.blocks.rows[id];
+        row.ref_count += 1;
+        if row.ref_count == 1 {
+            let medium = row.medium;
+            self.pool.lru(medium).remove(&mut self.blocks.rows, id);
+        }
+    }
+
+    /// Gives back one reference. The last one lists a cached block as the
+    /// most recently used of its tier's LRU (it stays matchable until
+    /// evicted), or frees an uncached block's row and page.
+    pub fn release(&mut self, id: BlockId) {
+        let row = &mut self.blocks.rows[id];
+        row.ref_count -= 1;
+        if row.ref_count == 0 {
+            if row.indexed {
+                let medium = row.medium;
+                self.pool.lru(medium).push_back(&mut self.blocks.rows, id);
+            } else {
+                self.release_row(id);
+            }
+        }
+    }
+
+    /// Takes a free page and makes a fresh unkeyed row with one reference.
+    /// `copy_target`: a copy will write the page this step (partial reuse),
+    /// so it should not be one a queued copy reads (see the block pool's
+    /// cooling pages). Returns `None` when the tier has no free page (the
+    /// caller evicts first).
+    pub fn take_free_block(&mut self, medium: Tier, copy_target: bool) -> Option<BlockId> {
+        let free = self.pool.free(medium);
+        let page = if copy_target { free.pop() } else { free.pop_for_compute() }?;
+        Some(self.blocks.rows.insert(KvBlock {
+            page,
+            medium,
+            key: None,
+            ref_count: 1,
+            indexed: false,
+            lru: LruLinks::default(),
+            has_content: false,
+        }))
+    }
+
+    /// Gives a computed block its key and, unless it already had one or the
+    /// key is cached already, makes it the index's copy of the key: the
+    /// entry, its tokens, its re-advertising content, a reference on its
+    /// scope and (with `link_siblings`) its place in its parent's children
+    /// list for partial reuse, all in this one call. Returns whether it was
+    /// indexed; the caller advertises it (commit puts a chain's blocks in one
+    /// `BlockStored`). A block left unindexed is a private copy, freed with
+    /// its last reference.
+    pub fn index_block(&mut self, id: BlockId, block: &CommittedBlock<'_>, link_siblings: bool) -> bool {
+        let row = &mut self.blocks.rows[id];
+        let matched = row.key.is_some();
+        row.key = Some(block.key);
+        let entry = match self.index.entry(block.key) {
+            Entry::Vacant(v) if !matched => v,
+            // A block matched at admission, or a private copy of a cached key.
+            _ => return false,
+        };
+        entry.insert(id);
+        row.indexed = true;
+        let (medium, page) = (row.medium, row.page);
+        self.blocks.set_tokens(medium, page, block.tokens);
+        self.blocks.set_content(id, block.parent, block.depth, block.scope, block.images);
+        self.scopes.retain(block.scope, 1);
+        // A parent that is not the indexed copy of its key has no list
+        // (`link_child` leaves the block unlinked then).
+        if link_siblings {
+            self.link_child(id, block.parent_block);
+        }
+        true
+    }
+
+    /// Moves an indexed block to a free page of the other tier (an offload
+    /// or an onboard): its tokens and content move with it, it leaves its old
+    /// tier's LRU and, unless referenced, joins the new tier's at the back,
+    /// the copy is queued (its pages marked, so the old page, freed last,
+    /// cools until the step closes), and `Removed` from the old tier then
+    /// `Stored` in the new one are queued. The block keeps its id, so its
+    /// index entry stays as it is. Returns `false`, changing nothing, when
+    /// the tier has no free page.
+    pub fn move_block(&mut self, id: BlockId, to: Tier, events: &mut EventQueue) -> bool {
+        let Some(page) = self.pool.free(to).pop() else { return false };
+        let row = &mut self.blocks.rows[id];
+        debug_assert!(row.indexed && row.medium != to, "only indexed blocks move, to the other tier");
+        let key = row.key.expect("indexed blocks have keys");
+        let from = PageRef { medium: row.medium, page: row.page };
+        let dst = PageRef { medium: to, page };
+        let listed_after = row.ref_count == 0;
+        row.medium = to;
+        row.page = page;
+        self.pool.lru(from.medium).remove(&mut self.blocks.rows, id);
+        self.blocks.move_page((from.medium, from.page), (dst.medium, dst.page));
+        self.queue_copy(BlockCopy { src: from, dst, tokens: self.block_size });
+        self.pool.free(from.medium).release(from.page);
+        if listed_after {
+            self.pool.lru(to).push_back(&mut self.blocks.rows, id);
+        }
+        events.push_removed(key, from.medium);
+        if events.enabled() {
+            events.push_stored(self.stored_event(id));
+        }
+        true
+    }
+
+    /// Drops a cached, unreferenced block from the cache entirely: its index
+    /// entry, its LRU place, its content (sibling links and scope reference
+    /// with it), its row and its page, and queues `Removed` in its tier.
+    pub fn drop_block(&mut self, id: BlockId, events: &mut EventQueue) {
+        let row = &mut self.blocks.rows[id];
+        debug_assert!(row.indexed && row.ref_count == 0, "only cached, unreferenced blocks are dropped");
+        let key = row.key.expect("cached blocks have keys");
+        let medium = row.medium;
+        row.indexed = false;
+        self.pool.lru(medium).remove(&mut self.blocks.rows, id);
+        self.index.remove(&key);
+        self.release_row(id);
+        events.push_removed(key, medium);
+    }
+
+    /// Queues the copy of a partial reuse: the first `tokens` tokens of
+    /// `source`'s page into `dest`'s page, marking both pages.
+    pub fn queue_prefix_copy(&mut self, source: BlockId, dest: BlockId, tokens: u32) {
+        let (s, d) = (&self.blocks.rows[source], &self.blocks.rows[dest]);
+        let src = PageRef { medium: s.medium, page: s.page };
+        let dst = PageRef { medium: d.medium, page: d.page };
+        self.queue_copy(BlockCopy { src, dst, tokens });
+    }
+
+    /// Forgets every cached key: unreferenced cached blocks (device and host)
+    /// leave their LRU and are freed; blocks still used by running requests
+    /// stay with them as private copies, freed with their last reference.
+    /// Queues `AllBlocksCleared`. The index keeps its allocated capacity.
+    pub fn clear(&mut self, events: &mut EventQueue) {
+        let mut index = std::mem::take(&mut self.index);
+        for (_, id) in index.drain() {
+            let b = &mut self.blocks.rows[id];
+            b.indexed = false;
+            let (unreferenced, medium) = (b.ref_count == 0, b.medium);
+            self.remove_content(id);
+            if unreferenced {
+                self.pool.lru(medium).remove(&mut self.blocks.rows, id);
+                self.release_row(id);
+            }
+        }
+        self.index = index;
+        events.push_cleared();
+    }
+
+    /// Closes the step's block side: hands out the copies queued this step
+    /// (they run before the next step's) and settles both tiers' free pages,
+    /// so that no page counts as touched by a copy any more.
+    pub fn close_step(&mut self) -> Vec<BlockCopy> {
+        let copies = std::mem::take(&mut self.copies);
+        self.pool.settle();
+        copies
+    }
+}
+
+/// The steps the verbs share, each of which leaves some invariant broken
+/// until the verb that calls it is done.
+impl KvCache {
+    fn content_of_mut(&mut self, id: BlockId) -> &mut BlockContent {
+        self.blocks.content_mut(id).expect("indexed blocks hold content")
+    }
+
+    /// Queues a copy for the step, noting the pages it touches, so that
+    /// freeing one of them cools it.
+    fn queue_copy(&mut self, copy: BlockCopy) {
+        self.pool.free(copy.src.medium).touch(copy.src.page);
+        self.pool.free(copy.dst.medium).touch(copy.dst.page);
+        self.copies.push(copy);
+    }
+
+    /// Removes a row that is neither referenced, indexed nor in an LRU, and
+    /// gives its page back.
+    fn release_row(&mut self, id: BlockId) {
+        self.remove_content(id);
+        let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
+        debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
+        self.pool.free(b.medium).release(b.page);
+    }
+
+    /// Drops a block's re-advertising content and its scope reference,
+    /// unlinking it from its siblings.
+    fn remove_content(&mut self, id: BlockId) {
+        self.unlink_child(id);
+        if let Some(scope) = self.blocks.take_content(id) {
+            self.scopes.release(scope);
+        }
+    }
+
+    /// The head of the children list of `parent` (a block, or the scope's
+    /// root list), or `None` when that parent is gone or not indexed.
+    fn children_head(&mut self, parent: Option<BlockId>, scope: ScopeId) -> Option<&mut Option<BlockId>> {
+        match parent {
+            Some(p) => self.blocks.content_mut(p).map(|c| &mut c.first_child),
+            None => Some(self.scopes.root_children_mut(scope)),
+        }
+    }
+
+    /// Links an indexed block at the head of its parent's children list, so
+    /// that partial reuse can find it. A parent that is not indexed has no
+    /// list: the block then stays unlinked.
+    fn link_child(&mut self, id: BlockId, parent: Option<BlockId>) {
+        let scope = self.content_of(id).scope;
+        let Some(head) = self.children_head(parent, scope) else { return };
+        let next = head.replace(id);
+        if let Some(n) = next {
+            let link = self.content_of_mut(n).link.as_mut().expect("listed blocks are linked");
+            link.prev = Some(id);
+        }
+        self.content_of_mut(id).link = Some(SiblingLink { parent, prev: None, next });
+    }
+
+    /// Removes a block from its parent's children list, if it is in one.
+    fn unlink_child(&mut self, id: BlockId) {
+        let Some(c) = self.blocks.content_mut(id) else { return };
+        let Some(link) = c.link.take() else { return };
+        let scope = c.scope;
+        if let Some(n) = link.next {
+            self.content_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
+        }
+        match link.prev {
+            Some(p) => self.content_of_mut(p).link.as_mut().expect("listed blocks are linked").next = link.next,
+            None => {
+                if let Some(head) = self.children_head(link.parent, scope)
+                    && *head == Some(id)
+                {
+                    *head = link.next;
+                }
+            }
+        }
+    }
+}
+
+impl KvCache {
+    /// Checks the block side's invariants; panics naming the one broken.
+    ///
+    /// 1. Free plus used pages equal capacity, per tier, and no page is used twice.
+    /// 2. A block is in an LRU exactly when it is indexed and unreferenced
+    ///    (host blocks are never referenced).
+    /// 3. The index and the table agree: every entry names a live, indexed block
+    ///    with that key, and every indexed block is the entry for its key.
+    /// 4. Indexed blocks have re-advertising content; others have none.
+    /// 5. Sibling lists are well formed: links are symmetric, a head is
+    ///    the head of its parent's list, and every list member names it.
+    /// 6. Each tier's LRU lists exactly the linked blocks of that tier, as a
+    ///    well-formed chain (`acquire`, `release`, `move_block` and
+    ///    `drop_block` pick the list from the block's tier and switch it on
+    ///    a move).
+    /// 7. Every page that a queued copy reads or writes is marked touched in
+    ///    its tier's free pages (`queue_copy`), so a freed one cools until the
+    ///    step closes instead of being written under the copy.
+    pub fn check_invariants(&self) {
+        let mut used = [0usize; 2];
+        let mut linked = [0usize; 2];
+        let mut seen = ahash::AHashSet::new();
+        for (id, b) in &self.blocks.rows {
+            used[b.medium as usize] += 1;
+            assert!(seen.insert((b.medium, b.page)), "invariant 1: page {:?}/{} used twice", b.medium, b.page);
+            let in_lru = b.lru.linked;
+            linked[b.medium as usize] += in_lru as usize;
+            assert_eq!(in_lru, b.indexed && b.ref_count == 0, "invariant 2: LRU membership of {id:?}");
+            if b.medium == Tier::Host {
+                assert!(b.indexed && b.ref_count == 0, "invariant 2: host blocks are indexed and unreferenced");
+            }
+            if b.indexed {
+                let key = b.key.expect("invariant 3: indexed blocks have keys");
+                assert_eq!(self.index.get(&key), Some(&id), "invariant 3: index entry of {id:?}");
+            }
+            assert_eq!(b.has_content, b.indexed, "invariant 4: content of {id:?}");
+        }
+        for medium in [Tier::Device, Tier::Host] {
+            assert_eq!(
+                used[medium as usize] + self.free_pages(medium),
+                self.pool.pages(medium) as usize,
+                "invariant 1: {medium:?} pages"
+            );
+        }
+        for (id, c) in self.blocks.contents() {
+            let Some(link) = c.link else { continue };
+            if let Some(n) = link.next {
+                assert_eq!(self.content_of(n).link.and_then(|l| l.prev), Some(id), "invariant 5: next.prev of {id:?}");
+                assert_eq!(
+                    self.content_of(n).link.map(|l| l.parent),
+                    Some(link.parent),
+                    "invariant 5: siblings share a parent"
+                );
+            }
+            match link.prev {
+                Some(p) => assert_eq!(
+                    self.content_of(p).link.and_then(|l| l.next),
+                    Some(id),
+                    "invariant 5: prev.next of {id:?}"
+                ),
+                None => {
+                    let head = match link.parent {
+                        Some(p) => self.blocks.content(p).map(|pc| pc.first_child),
+                        None => Some(*self.scopes.root_children(c.scope)),
+                    };
+                    if let Some(head) = head {
+                        assert_eq!(head, Some(id), "invariant 5: a list's first member is its head");
+                    }
+                }
+            }
+            if let Some(first) = c.first_child {
+                let l = self.content_of(first).link.expect("invariant 5: a head is linked");
+                assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
+            }
+        }
+        for (key, id) in &self.index {
+            let b = self.blocks.rows.get(*id).expect("invariant 3: index names a live block");
+            assert!(b.indexed && b.key == Some(*key), "invariant 3: index entry matches its block");
+        }
+        for medium in [Tier::Device, Tier::Host] {
+            let lru = self.pool.lru_ref(medium);
+            assert_eq!(lru.len(), linked[medium as usize], "invariant 6: {medium:?} LRU length");
+            let (mut prev, mut walked) = (None, 0usize);
+            let mut at = lru.front();
+            while let Some(id) = at {
+                let b = self.blocks.rows.get(id).expect("invariant 6: LRU names a live block");
+                assert!(b.medium == medium && b.lru.linked, "invariant 6: {id:?} listed in the {medium:?} LRU");
+                assert_eq!(b.lru.prev, prev, "invariant 6: LRU prev link of {id:?}");
+                walked += 1;
+                assert!(walked <= lru.len(), "invariant 6: {medium:?} LRU is a chain");
+                (prev, at) = (Some(id), b.lru.next);
+            }
+            assert_eq!(walked, lru.len(), "invariant 6: {medium:?} LRU walk");
+        }
+        for c in &self.copies {
+            for page in [c.src, c.dst] {
+                assert!(self.copy_touches(page), "invariant 7: queued copy's page {page:?} is marked");
+            }
+        }
+    }
+}
