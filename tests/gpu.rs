@@ -21,13 +21,13 @@ fn random_pool(rng: &mut StdRng, g: &BlockGeometry, blocks: u32) -> CpuKvPool {
 }
 
 /// A device pool and a host tier filled with the same random bytes as their
-/// CPU twins, attached as one copy engine.
+/// CPU twins, attached as one pool.
 struct Twins {
     cpu_dev: CpuKvPool,
     cpu_host: CpuKvPool,
     dev_buf: std::sync::Arc<cudarc::driver::CudaSlice<u8>>,
     tier: std::sync::Arc<kvcore::gpu::HostTier>,
-    engine: kvcore::gpu::CopyEngine,
+    engine: kvcore::gpu::AttachedPool,
 }
 
 fn twins(gpu: &kvcore::gpu::Gpu, rng: &mut StdRng, g: BlockGeometry, dev_n: u32, host_n: u32) -> Twins {
@@ -178,9 +178,9 @@ fn gpu() -> Option<std::sync::Arc<kvcore::gpu::Gpu>> {
 #[cfg(feature = "cuda")]
 mod device {
     use super::*;
-    use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
     use kvcore::gpu::{
-        CopyOp, DeviceBytes, Gpu, HostCopyPath, HostLayout, HostTier, OneItemPath, StagingConfig, launch_copy_wave,
+        CopyOp, DeviceBytes, Gpu, HostCopyPath, HostLayout, HostTier, KernelId, KernelOptions, ModuleId, OneItemPath,
+        StagingConfig, compile, launch_copy_wave, nvrtc_available,
     };
     use std::sync::Arc;
 
@@ -270,7 +270,7 @@ mod device {
             // its counters. The digests are zeroed first, so that a kernel
             // cannot pass on the digests of the one before.
             gpu.clear_digests(&mut batch).unwrap();
-            kvcore::gpu::launch::blake3_digest(gpu, &batch, variant).unwrap();
+            gpu.launch_digests_with(&batch, variant).unwrap();
             let got = gpu.read_digests(&batch).unwrap();
             for ((off, len), d) in items.iter().zip(&got) {
                 let want = blake3::hash(&data[*off as usize..(off + len) as usize]);

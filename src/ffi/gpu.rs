@@ -73,7 +73,7 @@ pub struct kvc_kv_pool {
 pub(crate) struct GpuState {
     /// The attached pool (dropped before the device handle).
     #[cfg(feature = "cuda")]
-    pool: Option<crate::gpu::CopyEngine>,
+    pool: Option<crate::gpu::AttachedPool>,
     /// The open device's ordinal and handle.
     #[cfg(feature = "cuda")]
     gpu: Option<(u32, std::sync::Arc<crate::gpu::Gpu>)>,
@@ -264,7 +264,7 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
                 // SAFETY: every region was found inside a live CUDA allocation
                 // and no two overlap (checked above); the caller's contract
                 // (this export's `# Safety`) keeps the memory allocated for
-                // the engine's life, which the copy engine does not outlive
+                // the engine's life, which the attached pool does not outlive
                 // (it is dropped with the handle).
                 let attached = unsafe { gpu.attach(device, host) }.map_err(gpu_failure)?;
                 st.gpu.pool = Some(attached);

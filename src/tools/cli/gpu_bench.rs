@@ -2,7 +2,8 @@
 //! the device (device copy, pinned copies each way and both ways) and every
 //! kernel in the same run (every BLAKE3 variant, every host-tier path),
 //! checks the digests, and writes one JSON report. Figures go into
-//! docs/benchmarks.md ("CUDA kernels").
+//! docs/benchmarks.md. The lab variants and measurements are in
+//! `kvcore_tools::lab`.
 
 /// Runs the bench; returns the process exit code.
 #[cfg(not(feature = "cuda"))]
@@ -20,16 +21,38 @@ mod imp {
     use std::time::Instant;
 
     use cudarc::driver::CudaSlice;
-    use kvcore::gpu::kernels::{KernelId, ModuleId};
-    use kvcore::gpu::measure::{CopyLimits, copy_limits, median, time_ms};
     use kvcore::gpu::{
-        BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, OneItemPath,
-        StagingConfig, launch_copy_wave,
+        AttachedPool, BlockGeometry, CopyOp, DeviceBytes, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, KernelId,
+        OneItemPath, StagingConfig, batch_api_in_use, launch_copy_wave,
     };
+    use kvcore_tools::lab::blake3::Blake3Lab;
+    use kvcore_tools::lab::host_explore::two_way_wave;
+    use kvcore_tools::lab::measure::{CopyLimits, copy_limits, median, time_ms};
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
 
     type R<T> = Result<T, GpuError>;
+
+    /// One way of making the one-item digest call: the library's
+    /// (`Gpu::digest_device_via`), or the lab's with a lab kernel, launched
+    /// directly or as a graph. Labels as `OneItemPath` prints them, so that
+    /// the report's keys stay the same.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum CallPath {
+        Library(OneItemPath),
+        Experiment(&'static str),
+        GraphExperiment(&'static str),
+    }
+
+    impl CallPath {
+        fn label(self) -> String {
+            match self {
+                CallPath::Library(p) => format!("{p:?}"),
+                CallPath::Experiment(n) => format!("Experiment({n:?})"),
+                CallPath::GraphExperiment(n) => format!("GraphExperiment({n:?})"),
+            }
+        }
+    }
 
     /// Random bytes on the host and the device.
     fn random_data(gpu: &Gpu, rng: &mut StdRng, bytes: usize) -> R<(Vec<u8>, CudaSlice<u8>)> {
@@ -54,7 +77,7 @@ mod imp {
         cases
     }
 
-    fn digests(gpu: &Arc<Gpu>, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
+    fn digests(gpu: &Arc<Gpu>, lab: &Blake3Lab, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
         let mut out = Vec::new();
         for (name, items) in digest_cases(host.len() as u64) {
             let mut batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
@@ -68,7 +91,7 @@ mod imp {
             let mut variants = serde_json::Map::new();
             let mut again = true;
             for v in KernelId::BLAKE3 {
-                let t = match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_digest(gpu, &batch, v)) {
+                let t = match time_ms(gpu, 3, 30, || gpu.launch_digests_with(&batch, v)) {
                     Ok(t) => t,
                     Err(e) => {
                         println!("blake3 {name:<24} {:<26} failed: {e}", v.name());
@@ -91,20 +114,18 @@ mod imp {
             let mut experiments = serde_json::Map::new();
             let sms = gpu.sm_count();
             if batch.groups() > 16 * sms {
-                // blake3_digest_multi as it was before the fifth pass (its
-                // chunk loop tests the alignment at each load).
+                // One climbing launch whose chunk loop tests the alignment
+                // at each load, against the library's two fixed loops.
                 let k = "b3x_multi_branchy";
                 let g4 = batch.groups().div_ceil(4);
-                let run = || {
-                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)
-                };
+                let run = || lab.table_kernel(gpu, &batch, k, 128, Some(g4), None);
                 let t = time_ms(gpu, 3, 30, run)?;
                 let ok = gpu.read_digests(&batch)? == got;
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
-                // Seventh pass: blake3_digest_multi as it was (one launch,
-                // warps climb); the chunk launch with the plain table search
+                // One launch whose warps climb (the scheme the two launches
+                // replaced); the chunk launch with the plain table search
                 // followed by the fold launch, without and with
                 // programmatic stream serialization; the chunk launch that
                 // triggers the fold launch early; then the library's
@@ -120,19 +141,11 @@ mod imp {
                     gpu.clear_digests(&mut batch)?;
                     let run = || {
                         if k == "blake3_digest_multi" {
-                            return kvcore::gpu::launch::blake3_digest(gpu, &batch, KernelId::Blake3Multi);
+                            return gpu.launch_digests_with(&batch, KernelId::Blake3Multi);
                         }
-                        kvcore::gpu::launch::blake3_experiment(
-                            gpu,
-                            &batch,
-                            ModuleId::Blake3Pair,
-                            k,
-                            128,
-                            Some(g4),
-                            None,
-                        )?;
+                        lab.table_kernel(gpu, &batch, k, 128, Some(g4), None)?;
                         match second {
-                            Some(pdl) => kvcore::gpu::launch::blake3_fold_sets(gpu, &batch, pdl),
+                            Some(pdl) => lab.fold_sets(gpu, &batch, pdl),
                             None => Ok(()),
                         }
                     };
@@ -153,21 +166,20 @@ mod imp {
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
                 for one in [KernelId::Blake3One.name(), "b3x_one_generic", "b3x_one_whole2"] {
-                    let t =
-                        time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, one, 64, None))?;
+                    let t = time_ms(gpu, 3, 30, || lab.one_kernel(gpu, &batch, one, None))?;
                     let ok = gpu.read_digests(&batch)? == got;
                     println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
                     experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
                 }
                 // An empty kernel: launch and completion alone.
                 let k = "b3x_one_empty";
-                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, k, 64, None))?;
+                let t = time_ms(gpu, 3, 30, || lab.one_kernel(gpu, &batch, k, None))?;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3}));
                 // The host side of a launch alone (the call returns before
                 // the kernel ends), through cudarc's builder and directly.
                 for k in ["b3x_one_empty", "b3x_one_trace"] {
-                    let probe = kvcore::gpu::launch::launch_call_probe(gpu, &batch, k, 200)?;
+                    let probe = lab.launch_call_probe(gpu, &batch, k, 200)?;
                     println!("blake3 {name:<24} launch call of {k} (median us) {probe:?}");
                     experiments.insert(
                         format!("launch_call_{k}_us"),
@@ -183,7 +195,7 @@ mod imp {
                 }
                 let mut tr = gpu.stream().alloc_zeros::<u64>(8 * batch.groups() as usize)?;
                 for _ in 0..5 {
-                    kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, kernel, 64, Some(&mut tr))?;
+                    lab.one_kernel(gpu, &batch, kernel, Some(&mut tr))?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -218,15 +230,7 @@ mod imp {
                 }
                 let mut tr = gpu.stream().alloc_zeros::<u64>(4 * grid as usize)?;
                 for _ in 0..3 {
-                    kvcore::gpu::launch::blake3_experiment(
-                        gpu,
-                        &batch,
-                        ModuleId::Blake3Pair,
-                        kernel,
-                        block,
-                        Some(grid),
-                        Some(&mut tr),
-                    )?;
+                    lab.table_kernel(gpu, &batch, kernel, block, Some(grid), Some(&mut tr))?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -292,32 +296,38 @@ mod imp {
                 let view = data.slice(..items[0].1 as usize);
                 let empty = "b3x_one_empty";
                 let paths = [
-                    OneItemPath::Table,
-                    OneItemPath::ByValue,
-                    OneItemPath::ByValueFlagLaunch,
-                    OneItemPath::ByValueFlag,
-                    OneItemPath::Experiment("b3x_one_generic"),
-                    OneItemPath::GraphExperiment("b3x_one_generic"),
-                    OneItemPath::Experiment(empty),
-                    OneItemPath::GraphExperiment(empty),
+                    CallPath::Library(OneItemPath::Table),
+                    CallPath::Library(OneItemPath::ByValue),
+                    CallPath::Library(OneItemPath::ByValueFlagLaunch),
+                    CallPath::Library(OneItemPath::ByValueFlag),
+                    CallPath::Experiment("b3x_one_generic"),
+                    CallPath::GraphExperiment("b3x_one_generic"),
+                    CallPath::Experiment(empty),
+                    CallPath::GraphExperiment(empty),
                 ];
                 let (ptr, len) = {
                     use cudarc::driver::DevicePtr;
                     (view.device_ptr(gpu.stream()).0, view.len() as u64)
                 };
-                let item = [kvcore::gpu::DeviceBytes { ptr, len }];
-                let is_empty = |p: &OneItemPath| matches!(p, OneItemPath::Experiment(n) | OneItemPath::GraphExperiment(n) if *n == empty);
-                let call = |p: OneItemPath| -> R<f64> {
+                let item = [DeviceBytes { ptr, len }];
+                let is_empty =
+                    |p: &CallPath| matches!(p, CallPath::Experiment(n) | CallPath::GraphExperiment(n) if *n == empty);
+                let call = |p: CallPath| -> R<f64> {
                     let t0 = Instant::now();
-                    // SAFETY: the item is a view of `data`, alive for the whole loop.
-                    let d = unsafe { gpu.digest_device_via(&item, p)? };
+                    let d = match p {
+                        // SAFETY: the item is a view of `data`, alive for the whole loop.
+                        CallPath::Library(path) => (unsafe { gpu.digest_device_via(&item, path) })?[0],
+                        // The batch's single item is the same bytes (offset 0).
+                        CallPath::Experiment(k) => lab.one_call(gpu, &batch, k, false)?,
+                        CallPath::GraphExperiment(k) => lab.one_call(gpu, &batch, k, true)?,
+                    };
                     let us = t0.elapsed().as_secs_f64() * 1e6;
                     if !is_empty(&p) {
-                        assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                        assert_eq!(d, got[0], "repeated digests agree ({})", p.label());
                     }
                     Ok(us)
                 };
-                let mut walls: Vec<(String, Vec<f64>)> = paths.iter().map(|p| (format!("{p:?}"), Vec::new())).collect();
+                let mut walls: Vec<(String, Vec<f64>)> = paths.iter().map(|p| (p.label(), Vec::new())).collect();
                 for round in 0..300 {
                     for (k, p) in paths.iter().enumerate() {
                         let idle = Instant::now();
@@ -331,9 +341,9 @@ mod imp {
                     }
                 }
                 for p in [
-                    OneItemPath::ByValueFlag,
-                    OneItemPath::ByValueFlagLaunch,
-                    OneItemPath::Experiment("b3x_one_generic"),
+                    CallPath::Library(OneItemPath::ByValueFlag),
+                    CallPath::Library(OneItemPath::ByValueFlagLaunch),
+                    CallPath::Experiment("b3x_one_generic"),
                 ] {
                     let mut w = Vec::new();
                     for round in 0..220 {
@@ -342,7 +352,7 @@ mod imp {
                             w.push(us);
                         }
                     }
-                    walls.push((format!("{p:?} back to back"), w));
+                    walls.push((format!("{} back to back", p.label()), w));
                 }
                 let mut calls = serde_json::Map::new();
                 for (p, w) in walls {
@@ -378,7 +388,7 @@ mod imp {
         g: BlockGeometry,
         bytes: usize,
         host: Option<Arc<HostTier>>,
-    ) -> R<(CopyEngine, u32)> {
+    ) -> R<(AttachedPool, u32)> {
         let blocks = (bytes as u64 / (g.block_bytes * g.regions as u64)) as u32;
         let (_, buf) = random_data(gpu, rng, (g.block_bytes * g.regions as u64 * blocks as u64) as usize)?;
         Ok((gpu.attach_in(Arc::new(buf), g, blocks, host)?, blocks))
@@ -513,13 +523,13 @@ mod imp {
                     100.0 * rate / limit,
                     limit,
                     wave.staged_runs() != (0, 0),
-                    kvcore::gpu::dma::batch_api_in_use(),
+                    batch_api_in_use(),
                     if staging.is_some() { staging_desc.as_str() } else { "" }
                 );
                 gpu.synchronize()?;
                 entry[name] = json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved,
                     "dma_runs": [runs_out, runs_in], "staged": wave.staged_runs() != (0, 0),
-                    "batched_call": kvcore::gpu::dma::batch_api_in_use()});
+                    "batched_call": batch_api_in_use()});
             }
             out.push(entry);
         }
@@ -575,7 +585,7 @@ mod imp {
                     h.extend(pages(zone(m, k_out), k_in, &mut rng));
                     h
                 };
-                let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host);
+                let ops = two_way_wave(&dev_perm, &host);
                 let moved = ops.len() as f64 * 32.0 * bb as f64;
                 // The staged path also with more slots and copy-engine
                 // streams (`StagingConfig`), each on its own staging buffers.
@@ -645,7 +655,7 @@ mod imp {
             dev_perm.shuffle(&mut rng);
             let mut host_perm: Vec<u32> = (0..n).collect();
             host_perm.shuffle(&mut rng);
-            let all = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host_perm);
+            let all = two_way_wave(&dev_perm, &host_perm);
             for &mib in mibs {
                 let blocks = ((mib << 20) / (32 * bb)).max(1) as usize;
                 let both: Vec<CopyOp> = all.iter().take(blocks.max(2)).copied().collect();
@@ -868,7 +878,8 @@ mod imp {
         if only == "host" || only == "host-explore" {
             // The host tier's both-ways variants for fully scattered blocks alone.
             let sizes = block_sizes(&[8, 16]);
-            let v = kvcore::gpu::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
+            let v =
+                kvcore_tools::lab::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
             report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
             return write_report(report, out_path);
         }
@@ -878,7 +889,8 @@ mod imp {
             // pinned bounce slots; the copy engines move only whole slots.
             let pages: Vec<usize> = block_sizes(&[8, 16, 64]).iter().map(|b| *b as usize).collect();
             let half = if quick { 256 << 20 } else { 1 << 30 };
-            let v = kvcore::gpu::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, if quick { 1 } else { 3 })?;
+            let v =
+                kvcore_tools::lab::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, if quick { 1 } else { 3 })?;
             report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
             return write_report(report, out_path);
         }
@@ -921,13 +933,15 @@ mod imp {
 
         let mut rng = StdRng::seed_from_u64(42);
         // KVCORE_GPU_BENCH_DIGEST_MIB sets the digest data (default 288 MiB,
-        // 96 images of 3 MiB): the target holds for batches of 256
-        // MiB or more, and larger ones show how much of a launch the tail is.
+        // 96 images of 3 MiB): the digest's throughput target holds for
+        // batches of 256 MiB or more, and larger ones show how much of a
+        // launch the tail is.
         let mib = std::env::var("KVCORE_GPU_BENCH_DIGEST_MIB").ok().and_then(|v| v.parse::<usize>().ok());
         let total: usize = if quick { 63 << 20 } else { mib.unwrap_or(288).max(3) << 20 };
         let (host, data) = random_data(&gpu, &mut rng, total)?;
         let data = Arc::new(data);
-        report.insert("blake3".into(), Value::Array(digests(&gpu, &host, &data)?));
+        let lab = Blake3Lab::new(&gpu)?;
+        report.insert("blake3".into(), Value::Array(digests(&gpu, &lab, &host, &data)?));
 
         if std::env::var("KVCORE_GPU_BENCH_ONLY").as_deref() == Ok("blake3") {
             // A shorter run while tuning the digest kernels.
