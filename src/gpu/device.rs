@@ -122,9 +122,9 @@ impl Gpu {
     /// Checks that `[ptr, ptr + len)` lies inside one live allocation of
     /// device memory on this handle's device, so that a kernel given it
     /// cannot fault on a made-up or freed address or on another GPU's
-    /// memory. The C API checks every device address it is given with this.
-    /// An empty range passes whatever `ptr` is. What it cannot see: memory
-    /// freed after the check.
+    /// memory. [`EngineGpu`](super::EngineGpu) checks every device address
+    /// it is given with this. An empty range passes whatever `ptr` is. What
+    /// it cannot see: memory freed after the check.
     pub fn check_device_range(&self, ptr: u64, len: u64, what: &str) -> Result<(), GpuError> {
         if len == 0 {
             return Ok(());

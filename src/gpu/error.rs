@@ -27,4 +27,12 @@ pub enum GpuError {
     /// outside CUDA's allocations, a pool attached twice...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// An [`EngineGpu`](super::EngineGpu) call needs an open device and none
+    /// is open.
+    #[error("no GPU is open")]
+    NotOpen,
+    /// An [`EngineGpu`](super::EngineGpu) call needs an attached KV pool and
+    /// none is attached.
+    #[error("no KV pool is attached")]
+    NotAttached,
 }

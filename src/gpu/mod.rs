@@ -23,6 +23,12 @@
 //! blocks in random order reach 90-96 GB/s both ways through the staging
 //! buffer, where the kernel stops near 80.
 //!
+//! [`EngineGpu`] is the GPU side of one engine (open device, attached pool,
+//! the step's pending copies); the C API's GPU calls are thin wrappers of
+//! its methods. The types below it ([`Gpu`], [`AttachedPool`], [`HostTier`],
+//! [`CopyWave`], [`DigestBatch`]) are for tests and benchmarks that drive
+//! the kernels directly.
+//!
 //! Why twins: the crate must build and pass every test where no CUDA exists,
 //! and a kernel is only trusted when it agrees bit for bit with a CPU
 //! computation that follows the same decomposition. The twins are also what
@@ -44,9 +50,10 @@
 //! `digest_arena`, `digest_batch`, `dma` (launch arguments, buffers, run
 //! lists); `device` ([`Gpu`]); `host_tier`; `attached_pool`; `wave`;
 //! `launch` (one typed wrapper per kernel); `copy` and `device_digest` (what
-//! a [`Gpu`] does with them).
+//! a [`Gpu`] does with them); `engine_gpu`.
 
 mod digest;
+mod engine_gpu;
 mod error;
 mod pool;
 
@@ -76,6 +83,7 @@ mod one_item;
 mod wave;
 
 pub use digest::{DeviceBytes, digest_grouped_cpu};
+pub use engine_gpu::{DevicePool, EngineGpu};
 pub use error::GpuError;
 pub use pool::{BlockGeometry, CopyOp, CpuKvPool, KvPool, copy_blocks_cpu, plan_copy_waves};
 
