@@ -1,13 +1,116 @@
-//! `kvcore gpu-bench [--out FILE] [--quick]`: measures the physical limits of
-//! the device (device copy, pinned copies each way and both ways) and every
-//! kernel in the same run (every BLAKE3 variant, every host-tier path),
-//! checks the digests, and writes one JSON report. Figures go into
-//! docs/benchmarks.md. The lab variants and measurements are in
-//! `kvcore_tools::lab`.
+//! `kvcore gpu-bench [--out FILE] [--quick] [--only PART] ...`: measures the
+//! physical limits of the device (device copy, pinned copies each way and
+//! both ways) and every kernel in the same run (every BLAKE3 variant and
+//! the lab's, every host-tier path), checks the digests, and writes one JSON
+//! report. Figures go into docs/benchmarks.md. The lab variants and
+//! measurements are in `kvcore_tools::lab`.
+
+use clap::{Args, ValueEnum};
+
+/// The options of `kvcore gpu-bench`.
+#[derive(Args, Debug, Clone)]
+pub struct GpuBenchArgs {
+    /// Where to write the JSON report (stdout when absent).
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Smaller sizes, for a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run one part alone instead of the whole bench (the copy limits are
+    /// always measured first).
+    #[arg(long, value_enum)]
+    pub only: Option<Only>,
+    /// With `--only host-runs`: `mixed` runs k = 1 and 64 and more cases
+    /// where each direction has its own run length (absent: runs of 1 to 64
+    /// pages, then three such cases).
+    #[arg(long, value_enum)]
+    pub runs: Option<Runs>,
+    /// With `--only replay`: the `kvcore sim --record-copies` logs to replay
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub replay: Vec<String>,
+    /// With `--only replay`: KiB per block and region of the replay's pools.
+    #[arg(long, default_value_t = 128)]
+    pub replay_block_kib: u64,
+    /// With `--only replay`: the host copy paths to replay with
+    /// (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    pub replay_paths: Vec<ReplayPath>,
+    /// Block sizes in KiB (comma-separated) of the host-tier parts: default
+    /// 8,16 for `host` and `host-explore`, 8,16,64 for `host-runs` and
+    /// `host-bounce` (host page sizes there), 8,64 for `wave-sizes`.
+    #[arg(long, value_delimiter = ',')]
+    pub blocks: Option<Vec<u64>>,
+    /// MiB of digest data (at least 3; 96 images of 3 MiB by default; 63
+    /// with `--quick`, whatever this says).
+    #[arg(long, default_value_t = 288)]
+    pub digest_mib: usize,
+    /// Host tier layouts of the host-tier cases (comma-separated); the
+    /// replay takes the first.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "block")]
+    pub host_layout: Vec<Layout>,
+    /// With `--only wave-sizes`: the wave sizes in MiB (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [2u64, 4, 8, 16, 32, 64, 128, 512])]
+    pub wave_mib: Vec<u64>,
+}
+
+/// The parts `--only` runs alone.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Only {
+    /// The digests alone (every BLAKE3 kernel and lab variant).
+    Blake3,
+    /// The host tier's both-ways variants for fully scattered blocks: the
+    /// library's paths and kernel options, the lab's reference kernels and
+    /// the copy engines.
+    Host,
+    /// As `host`, with every lab variant.
+    HostExplore,
+    /// Both ways with host pages in runs of consecutive pages, then each
+    /// direction with its own run length (see `--runs`).
+    HostRuns,
+    /// Replays `kvcore sim --record-copies` logs (`--replay`) through the
+    /// engine's GPU path.
+    Replay,
+    /// Where the staged path starts to pay: fully scattered waves of each
+    /// size of `--wave-mib`.
+    WaveSizes,
+    /// CPU threads gathering and scattering host pages through pinned bounce
+    /// slots for the copy engines.
+    HostBounce,
+}
+
+/// `--runs` values.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runs {
+    /// k = 1 and 64, and more cases with a run length per direction.
+    Mixed,
+}
+
+/// The host copy paths a replay can take.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayPath {
+    /// The library's default: chosen per wave.
+    Auto,
+    /// The copy kernel.
+    Kernel,
+    /// The copy engines through the staging slots.
+    Staged,
+    /// The copy engines directly.
+    CopyEngines,
+}
+
+/// Host tier layouts.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Block-major: a page's regions side by side (the library's default).
+    Block,
+    /// Region-major: each region's pages back to back.
+    Region,
+}
 
 /// Runs the bench; returns the process exit code.
 #[cfg(not(feature = "cuda"))]
-pub fn run_cli(_out: Option<&str>, _quick: bool) -> i32 {
+pub fn run_cli(_args: &GpuBenchArgs) -> i32 {
     eprintln!("gpu-bench: built without the cuda feature");
     2
 }
@@ -30,6 +133,8 @@ mod imp {
     use kvcore_tools::lab::measure::{CopyLimits, copy_limits, median, time_ms};
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
+
+    use super::{GpuBenchArgs, Layout, Only, ReplayPath, Runs};
 
     type R<T> = Result<T, GpuError>;
 
@@ -437,10 +542,12 @@ mod imp {
     /// Offload, onboard and both at once through the host tier, by each
     /// [`HostCopyPath`] (the kernel with 16 thread blocks, the copy engines,
     /// or one of each).
+    #[allow(clippy::too_many_arguments, reason = "one case of the report: the device, its limits and the case's knobs")]
     fn host_copies(
         gpu: &Arc<Gpu>,
         l: &CopyLimits,
         quick: bool,
+        layouts: &[HostLayout],
         sizes: &[u64],
         path: HostCopyPath,
         staging: Option<StagingConfig>,
@@ -448,7 +555,7 @@ mod imp {
         let mut rng = StdRng::seed_from_u64(8);
         let options = format!("{:?}", gpu.modules().options());
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = if quick { 128 << 20 } else { 1 << 30 };
             let host_blocks = (tier_bytes / (bb * 32)) as u32;
@@ -543,11 +650,18 @@ mod imp {
     /// up, by the kernel, the staged path and `Auto`; then the `mixed`
     /// cases (offload runs, onboard runs), where each direction has its own
     /// half of the tier and its own run length.
-    /// `KVCORE_GPU_BENCH_RUNS=mixed` runs k = 1 and 64 and more mixed cases.
-    fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32], mixed: &[(u32, u32)]) -> R<Vec<Value>> {
+    /// `--runs mixed` runs k = 1 and 64 and more mixed cases.
+    fn host_runs(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layouts: &[HostLayout],
+        sizes: &[u64],
+        runs: &[u32],
+        mixed: &[(u32, u32)],
+    ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(9);
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = 1 << 30;
             let n = (tier_bytes / (bb * 32)) as u32;
@@ -643,10 +757,16 @@ mod imp {
     /// once, offload alone and onboard alone, each through the kernel and
     /// the staged path, timed as the engine runs a wave: the wall clock of
     /// preparing it, launching it and waiting for it (median of 7 after 2).
-    fn wave_sizes(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], mibs: &[u64]) -> R<Vec<Value>> {
+    fn wave_sizes(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layouts: &[HostLayout],
+        sizes: &[u64],
+        mibs: &[u64],
+    ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(11);
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let n = ((1u64 << 30) / (bb * 32)) as u32;
             let tier = Arc::new(HostTier::with_layout(gpu, g, n, layout)?);
@@ -704,7 +824,14 @@ mod imp {
     /// log's size with `block_kib` KiB per block and region, 32 regions.
     /// Timed by the wall clock from the first step to the synchronize after
     /// the last, planning included; each log twice, interleaved.
-    fn replay(gpu: &Arc<Gpu>, l: &CopyLimits, files: &[String], block_kib: u64) -> R<Vec<Value>> {
+    fn replay(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layout: HostLayout,
+        files: &[String],
+        block_kib: u64,
+        paths: &[HostCopyPath],
+    ) -> R<Vec<Value>> {
         use kvcore::Tier;
         use kvcore::{BlockCopy, PageRef};
         let bad = |f: &str, e: String| GpuError::InvalidArgument(format!("replay log {f}: {e}"));
@@ -737,24 +864,10 @@ mod imp {
         }
         let Some((bs, blocks_device, blocks_host)) = shape else { return Ok(Vec::new()) };
         let g = BlockGeometry { regions: 32, block_bytes: block_kib << 10, planes: 2, tokens_per_block: bs };
-        let layout = *host_layouts()?.first().expect("at least one layout");
         let tier = Arc::new(HostTier::with_layout(gpu, g, blocks_host, layout)?);
         let mut rng = StdRng::seed_from_u64(10);
         let pool_bytes = (blocks_device as u64 * 32 * g.block_bytes) as usize;
         let (mut engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
-        // KVCORE_GPU_BENCH_REPLAY_PATHS: the host paths to replay with
-        // (comma-separated: auto, kernel, staged, copy-engines; default auto).
-        let paths: Vec<HostCopyPath> = std::env::var("KVCORE_GPU_BENCH_REPLAY_PATHS")
-            .unwrap_or_else(|_| "auto".to_owned())
-            .split(',')
-            .map(|p| match p.trim() {
-                "kernel" => Ok(HostCopyPath::Kernel),
-                "staged" => Ok(HostCopyPath::Staged),
-                "copy-engines" => Ok(HostCopyPath::CopyEngines),
-                "auto" => Ok(HostCopyPath::Auto),
-                other => Err(GpuError::InvalidArgument(format!("unknown replay path {other:?}"))),
-            })
-            .collect::<Result<_, _>>()?;
         let mut out = Vec::new();
         for (pass, path) in (0..2).flat_map(|p| paths.iter().map(move |x| (p, *x))) {
             engine.set_host_path(path);
@@ -804,33 +917,18 @@ mod imp {
         Ok(out)
     }
 
-    /// Host tier layouts from `KVCORE_GPU_BENCH_HOST_LAYOUT` (comma-separated
-    /// `block`, `region`; default `block`, the library's default), for the
-    /// host-tier cases; the replay takes the first.
-    fn host_layouts() -> R<Vec<HostLayout>> {
-        std::env::var("KVCORE_GPU_BENCH_HOST_LAYOUT")
-            .unwrap_or_else(|_| "block".to_owned())
-            .split(',')
-            .map(|s| match s.trim() {
-                "block" => Ok(HostLayout::BlockMajor),
-                "region" => Ok(HostLayout::RegionMajor),
-                other => {
-                    Err(GpuError::InvalidArgument(format!("KVCORE_GPU_BENCH_HOST_LAYOUT: unknown layout {other:?}")))
-                }
-            })
-            .collect()
+    /// The host tier layouts of `--host-layout`.
+    fn host_layouts(args: &GpuBenchArgs) -> Vec<HostLayout> {
+        let layout = |l: &Layout| match l {
+            Layout::Block => HostLayout::BlockMajor,
+            Layout::Region => HostLayout::RegionMajor,
+        };
+        args.host_layout.iter().map(layout).collect()
     }
 
-    /// Block sizes in bytes from `KVCORE_GPU_BENCH_BLOCKS` (KiB,
-    /// comma-separated), else `default_kib`.
-    fn block_sizes(default_kib: &[u64]) -> Vec<u64> {
-        std::env::var("KVCORE_GPU_BENCH_BLOCKS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).collect::<Vec<_>>())
-            .unwrap_or_else(|| default_kib.to_vec())
-            .into_iter()
-            .map(|k| k << 10)
-            .collect()
+    /// Block sizes in bytes from `--blocks` (KiB), else `default_kib`.
+    fn block_sizes(args: &GpuBenchArgs, default_kib: &[u64]) -> Vec<u64> {
+        args.blocks.as_deref().unwrap_or(default_kib).iter().map(|k| k << 10).collect()
     }
 
     /// Writes the report as pretty JSON to `out_path`, when given.
@@ -842,7 +940,9 @@ mod imp {
         Ok(())
     }
 
-    fn run(out_path: Option<&str>, quick: bool) -> R<()> {
+    fn run(args: &GpuBenchArgs) -> R<()> {
+        let (out_path, quick) = (args.out.as_deref(), args.quick);
+        let layouts = host_layouts(args);
         let t0 = Instant::now();
         let gpu = Gpu::probe(0)?;
         gpu.warm()?;
@@ -874,90 +974,87 @@ mod imp {
             l.device_copy, l.pinned_h2d, l.pinned_d2h, l.pinned_both
         );
         report.insert("limits".into(), serde_json::to_value(l).expect("limits serialise"));
-        let only = std::env::var("KVCORE_GPU_BENCH_ONLY").unwrap_or_default();
-        if only == "host" || only == "host-explore" {
-            // The host tier's both-ways variants for fully scattered blocks alone.
-            let sizes = block_sizes(&[8, 16]);
-            let v =
-                kvcore_tools::lab::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
-            report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
-            return write_report(report, out_path);
-        }
-
-        if only == "host-bounce" {
-            // CPU threads gather and scatter scattered host pages through
-            // pinned bounce slots; the copy engines move only whole slots.
-            let pages: Vec<usize> = block_sizes(&[8, 16, 64]).iter().map(|b| *b as usize).collect();
-            let half = if quick { 256 << 20 } else { 1 << 30 };
-            let v =
-                kvcore_tools::lab::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, if quick { 1 } else { 3 })?;
-            report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
-            return write_report(report, out_path);
-        }
-        if only == "replay" {
-            let files: Vec<String> = std::env::var("KVCORE_GPU_BENCH_REPLAY")
-                .unwrap_or_default()
-                .split(',')
-                .filter(|f| !f.is_empty())
-                .map(str::to_owned)
-                .collect();
-            let kib =
-                std::env::var("KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
-            let v = replay(&gpu, &l, &files, kib)?;
-            report.insert("replay".into(), Value::Array(v));
-            return write_report(report, out_path);
-        }
-        if only == "wave-sizes" {
-            let sizes = block_sizes(&[8, 64]);
-            let mibs: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_WAVE_MIB")
-                .unwrap_or_else(|_| "2,4,8,16,32,64,128,512".to_owned())
-                .split(',')
-                .filter_map(|x| x.trim().parse().ok())
-                .collect();
-            let v = wave_sizes(&gpu, &l, &sizes, &mibs)?;
-            report.insert("wave_sizes".into(), Value::Array(v));
-            return write_report(report, out_path);
-        }
-        if only == "host-runs" {
-            let sizes = block_sizes(&[8, 16, 64]);
-            let (runs, mixed): (Vec<u32>, Vec<(u32, u32)>) =
-                if std::env::var("KVCORE_GPU_BENCH_RUNS").as_deref() == Ok("mixed") {
+        match args.only {
+            Some(only @ (Only::Host | Only::HostExplore)) => {
+                // The host tier's both-ways variants for fully scattered blocks alone.
+                let sizes = block_sizes(args, &[8, 16]);
+                let full = only == Only::HostExplore;
+                let v = kvcore_tools::lab::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, full)?;
+                report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
+                return write_report(report, out_path);
+            }
+            Some(Only::HostBounce) => {
+                // CPU threads gather and scatter scattered host pages through
+                // pinned bounce slots; the copy engines move only whole slots.
+                let pages: Vec<usize> = block_sizes(args, &[8, 16, 64]).iter().map(|b| *b as usize).collect();
+                let half = if quick { 256 << 20 } else { 1 << 30 };
+                let reps = if quick { 1 } else { 3 };
+                let v = kvcore_tools::lab::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, reps)?;
+                report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
+                return write_report(report, out_path);
+            }
+            Some(Only::Replay) => {
+                let files: Vec<String> = args.replay.iter().filter(|f| !f.is_empty()).cloned().collect();
+                let paths: Vec<HostCopyPath> = args
+                    .replay_paths
+                    .iter()
+                    .map(|p| match p {
+                        ReplayPath::Kernel => HostCopyPath::Kernel,
+                        ReplayPath::Staged => HostCopyPath::Staged,
+                        ReplayPath::CopyEngines => HostCopyPath::CopyEngines,
+                        ReplayPath::Auto => HostCopyPath::Auto,
+                    })
+                    .collect();
+                let layout = *layouts.first().expect("at least one layout");
+                let v = replay(&gpu, &l, layout, &files, args.replay_block_kib, &paths)?;
+                report.insert("replay".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::WaveSizes) => {
+                let sizes = block_sizes(args, &[8, 64]);
+                let v = wave_sizes(&gpu, &l, &layouts, &sizes, &args.wave_mib)?;
+                report.insert("wave_sizes".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::HostRuns) => {
+                let sizes = block_sizes(args, &[8, 16, 64]);
+                let (runs, mixed): (Vec<u32>, Vec<(u32, u32)>) = if args.runs == Some(Runs::Mixed) {
                     (vec![1, 64], vec![(64, 1), (16, 1), (8, 1), (4, 1), (1, 64), (1, 16)])
                 } else {
                     (vec![1, 2, 4, 8, 16, 32, 64], vec![(64, 1), (16, 1), (1, 64)])
                 };
-            let v = host_runs(&gpu, &l, &sizes, &runs, &mixed)?;
-            report.insert("host_runs".into(), Value::Array(v));
-            return write_report(report, out_path);
+                let v = host_runs(&gpu, &l, &layouts, &sizes, &runs, &mixed)?;
+                report.insert("host_runs".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::Blake3) | None => {}
         }
 
         let mut rng = StdRng::seed_from_u64(42);
-        // KVCORE_GPU_BENCH_DIGEST_MIB sets the digest data (default 288 MiB,
-        // 96 images of 3 MiB): the digest's throughput target holds for
-        // batches of 256 MiB or more, and larger ones show how much of a
-        // launch the tail is.
-        let mib = std::env::var("KVCORE_GPU_BENCH_DIGEST_MIB").ok().and_then(|v| v.parse::<usize>().ok());
-        let total: usize = if quick { 63 << 20 } else { mib.unwrap_or(288).max(3) << 20 };
+        // `--digest-mib` sets the digest data (default 288 MiB, 96 images of
+        // 3 MiB): the digest's throughput target holds for batches of 256 MiB
+        // or more, and larger ones show how much of a launch the tail is.
+        let total: usize = if quick { 63 << 20 } else { args.digest_mib.max(3) << 20 };
         let (host, data) = random_data(&gpu, &mut rng, total)?;
         let data = Arc::new(data);
         let lab = Blake3Lab::new(&gpu)?;
         report.insert("blake3".into(), Value::Array(digests(&gpu, &lab, &host, &data)?));
 
-        if std::env::var("KVCORE_GPU_BENCH_ONLY").as_deref() == Ok("blake3") {
+        if args.only == Some(Only::Blake3) {
             // A shorter run while tuning the digest kernels.
             return write_report(report, out_path);
         }
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
         for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Staged, HostCopyPath::Auto] {
-            hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path, None)?);
+            hc.extend(host_copies(&gpu, &l, quick, &layouts, &[8 << 10, 16 << 10, 64 << 10], path, None)?);
         }
         for slot_mib in [4u64, 16] {
             let cfg = StagingConfig { slot_bytes: slot_mib << 20, ..StagingConfig::default() };
-            hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
+            hc.extend(host_copies(&gpu, &l, quick, &layouts, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
         }
         let cfg = StagingConfig { blocks: 4, ..StagingConfig::default() };
-        hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
+        hc.extend(host_copies(&gpu, &l, quick, &layouts, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
         report.insert("host_copy".into(), Value::Array(hc));
 
         let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
@@ -969,8 +1066,8 @@ mod imp {
     }
 
     /// Runs the bench; returns the process exit code.
-    pub fn run_cli(out: Option<&str>, quick: bool) -> i32 {
-        match run(out, quick) {
+    pub fn run_cli(args: &GpuBenchArgs) -> i32 {
+        match run(args) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("gpu-bench: {e}");
