@@ -1,5 +1,6 @@
-//! `kvcore core-bench`: issue 2's engine benchmark with the four cases
-//! interleaved in one run, reported as ratios to the bare SHA-256 chain.
+//! `kvcore core-bench`: the engine's cost per prompt (the workload of
+//! `kvcore_tools::bench`) with the four cases interleaved in one run,
+//! reported as ratios to the bare SHA-256 chain.
 
 use kvcore_tools::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench};
 

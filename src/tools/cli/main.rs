@@ -19,9 +19,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Issue 2's engine benchmark: admit + commit + finish of a 4096-token
-    /// prompt, cold, cold under eviction and warm, interleaved with the bare
-    /// SHA-256 chain and reported as ratios to it.
+    /// The engine's own cost per prompt: admit, commit and finish of a
+    /// 4096-token prompt (128 blocks of 32 tokens, one 1024-token image
+    /// given by its digest), cold, cold under eviction and warm, interleaved
+    /// with the bare SHA-256 chain that the block keys compute over the same
+    /// bytes, and reported as ratios to it.
     CoreBench {
         /// Repetitions of each case.
         #[arg(long, default_value_t = 2000)]
