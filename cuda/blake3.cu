@@ -15,9 +15,9 @@
 // (blake3_fold_sets, with programmatic dependent launch) folds every set
 // above them with the same last-warp reduction. A block whose warp folded a
 // set under full load held its slot 15-30 us longer with three warps idle,
-// and the last sets' folds ran while the GPU drained: on an H200, 256 MiB
-// as 85 images of 3 MiB or one item take 169.5-175 us in the two launches
-// against 181-183 us in one (docs/benchmarks.md, "Seventh pass").
+// and the last sets' folds ran while the GPU drained: measured on an H200,
+// 256 MiB as 85 images of 3 MiB or one item take 169.5-175 us in the two
+// launches against 181-183 us in one.
 //
 // Why folding sets of 64 is the BLAKE3 tree: the tree is what merging values
 // level by level gives, pairing left to right and carrying an odd last value
@@ -317,9 +317,8 @@ __device__ __forceinline__ void b3_compress2(u32 cva[8], const u32 ma[16], u64 c
 // AL 1 (blake3_digest_multi's) picks one of two loops by `aligned`, each
 // with its loads fixed (the aligned one then holds no branch and no byte
 // loads: 1639 instructions instead of 1868 in the loop body); AL 0 (the
-// other kernels, and the multi kernel before the fifth pass) tests
-// `aligned` at each load inside the loop. Measured on an H200: 2.0-3.9 %
-// more throughput on 288 MiB (docs/benchmarks.md, "Fifth pass").
+// other kernels) tests `aligned` at each load inside the loop. Measured on
+// an H200: 2.0-3.9 % more throughput on 288 MiB with AL 1.
 template <int MODE, int AL = 0>
 __device__ void b3_chunk2(u32 cva[8], u32 cvb[8], const u8* pa, const u8* pb, u64 ca, bool aligned, u32 one) {
     if (AL == 1) {
@@ -548,8 +547,7 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_throughput(
 // groups in one block the levels of all W groups are spread over all lanes
 // of the block; W = 4 needs 4 + 2 + 1 + 1 + 1 + 1 warp compressions for 4
 // groups, 2.5 per group instead of 6 (measured on an H200: 1.44-1.49
-// against 1.30-1.35 TB/s on 288 MiB; W = 2 gave 1.38, W = 8 1.41-1.45,
-// docs/benchmarks.md, "Fourth pass").
+// against 1.30-1.35 TB/s on 288 MiB; W = 2 gave 1.38, W = 8 1.41-1.45).
 
 // Folds groups of values in place, side by side: group w's k[w] values
 // start at row w * 64 of s_cv; at each level its value j sits at row
@@ -699,13 +697,9 @@ __device__ __forceinline__ void b3_digest_multi(const Blake3Item* __restrict__ i
 // did not ask for it): the fold launch waits for the chunk launch's
 // completion (and its stores) only after the part of its work that reads
 // nothing the chunk launch writes. The chunk launch does not trigger its
-// dependents early (b3x_multi_trigger, which does, was no faster), so the
-// fold launch starts as its last block exits, without a launch gap.
-__device__ __forceinline__ void b3_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// dependents early (a chunk launch that triggers them at the start of every
+// block was measured no faster), so the fold launch starts as its last
+// block exits, without a launch gap.
 __device__ __forceinline__ void b3_wait_prerequisites() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -798,60 +792,6 @@ extern "C" __global__ void __launch_bounds__(128) blake3_fold_sets(const Blake3I
     b3_fold_sets(items, n_items, cvs, counters, one);
 }
 
-// For the bench's side by side (seventh pass): the chunk launch with the
-// early trigger of its dependents (at the start of every block, so that
-// the fold launch's blocks become resident while the chunk launch drains).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trigger(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_launch_dependents();
-    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one);
-}
-
-// For the bench's side by side (seventh pass): the chunk launch with the
-// plain table search (b3_find_item).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_store(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, false, false>(items, n_items, cvs, counters, one);
-}
-
-// For the bench's side by side (seventh pass): blake3_digest_multi as it
-// was before, one launch whose warps climb (the warp that hands over a
-// set's value last folds the set).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_climb(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 1, true, false>(items, n_items, cvs, counters, one);
-}
-
-// Diagnostics for the bench: blake3_digest_multi with, per block, its start
-// and end (globaltimer ns), the cycles (clock64) in between, and the SM it
-// ran on (high word) with the set folds its warps did while climbing (low
-// word).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_trace(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one, u64* trace) {
-    __shared__ u32 s_folds;
-    u64 t0, t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    const u64 c0 = clock64();
-    if (threadIdx.x == 0) s_folds = 0;
-    __syncthreads();
-    b3_digest_multi<1, 1, false>(items, n_items, cvs, counters, one, &s_folds);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32 smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        u64* r = trace + 4 * (u64)blockIdx.x;
-        r[0] = t0; r[1] = t1; r[2] = clock64() - c0; r[3] = ((u64)smid << 32) | s_folds;
-    }
-}
-
-// For the bench's side by side (fifth pass): blake3_digest_multi as it was
-// before, its chunk loop testing the alignment at each load (AL 0).
-extern "C" __global__ void __launch_bounds__(32 * B3_MULTI) b3x_multi_branchy(
-    const Blake3Item* __restrict__ items, u32 n_items, u32* cvs, u32* counters, u32 one) {
-    b3_digest_multi<1, 0, true, false>(items, n_items, cvs, counters, one);
-}
-
 // One warp per group, two chunks per thread (launch with 32 threads per
 // block): the default for large batches before blake3_digest_multi, kept as
 // a variant that the bench and the tests compare.
@@ -888,8 +828,7 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP / 2) blake3_digest_pair(
 // each group's 64 KiB into shared memory first (cp.async), 16 or 8 active
 // lanes per warp over more warps, additions on the FMA pipe (longer
 // chains), four threads per chunk with the state diagonalised by shuffles,
-// an L2 prefetch of each chunk (docs/benchmarks.md, "Third pass" to "Fifth
-// pass").
+// an L2 prefetch of each chunk.
 
 __device__ __forceinline__ u64 b3_ns() {
     u64 t;
@@ -900,12 +839,11 @@ __device__ __forceinline__ u64 b3_ns() {
 // The value of a whole (1024-byte), aligned, non-root chunk, by a loop
 // that has no partial-block branch: CV 1 (the one-image kernel's) loads
 // block j + 1 into a second buffer while block j is compressed (16 moves
-// per block); CV 2 (an experiment) is unrolled twice over two buffers (no
+// per block); CV 2 (a lab variant, cuda/lab/blake3_x.cu) is unrolled twice over two buffers (no
 // moves, twice the loop code, and ptxas may issue the loads late).
 // b3_chunk's loop, which also serves partial blocks, compiles to 32 moves
 // per block and branches around that path: measured on an H200, the one-image chunk
-// phase takes 12.1 us with it and 10.4-10.6 with either loop here
-// (docs/benchmarks.md, "Fifth pass").
+// phase takes 12.1 us with it and 10.4-10.6 with either loop here.
 template <int CV>
 __device__ __forceinline__ void b3_chunk_whole(u32 cv[8], const u8* p, u64 chunk, u32 one) {
 #pragma unroll
@@ -941,9 +879,9 @@ __device__ __forceinline__ void b3_chunk_whole(u32 cv[8], const u8* p, u64 chunk
 // group's own fold, and when the block learned that it was last of its set
 // (0 if never): 8 words per group. With `flag`, the block that wrote the
 // digest then raises *flag to `seq` after a system fence.
-// CV: 0 (an experiment: the kernel before the fifth pass) hashes every
-// chunk with b3_chunk; 1 and 2 take b3_chunk_whole's loops for whole,
-// aligned, non-root chunks (1: the one-image kernel).
+// CV 1 (the one-image kernel) takes b3_chunk_whole's loop for whole,
+// aligned, non-root chunks; the lab's variants (cuda/lab/blake3_x.cu) take
+// 2 (its other loop) and 0 (b3_chunk for every chunk).
 template <int CV>
 __device__ __forceinline__ void b3_digest_one(const Blake3Item& it, u32 local_group, u32* cvs, u32* counters, u32 one,
                                               u64* trace, u32* flag, u32 seq) {
@@ -1046,35 +984,5 @@ extern "C" __global__ void __launch_bounds__(B3_GROUP) blake3_digest_one_flag(
     b3_digest_one<1>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, nullptr, flag, seq);
 }
 
-// Diagnostics for the bench, with the signature of blake3_digest_one_flag
-// plus a trace (null: none): the same kernel with the trace, and an empty
-// kernel whose block 0 only raises the flag (what launch and completion
-// cost alone).
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_trace(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
-                                                                    u32* counters, u32 one, u32* flag, u32 seq,
-                                                                    u64* trace) {
-    b3_digest_one<1>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
-}
-// Experiments (fifth pass), with the same signature and trace: the chunk
-// loop unrolled twice (CV 2), and b3_chunk's loop for every chunk (CV 0, the
-// kernel before).
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_whole2(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
-                                                                     u32* counters, u32 one, u32* flag, u32 seq,
-                                                                     u64* trace) {
-    b3_digest_one<2>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_generic(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
-                                                                      u32* counters, u32 one, u32* flag, u32 seq,
-                                                                      u64* trace) {
-    b3_digest_one<0>(b3_item(data, len, out, groups), blockIdx.x, cvs, counters, one, trace, flag, seq);
-}
-extern "C" __global__ void __launch_bounds__(B3_GROUP) b3x_one_empty(u64 data, u64 len, u64 out, u32 groups, u32* cvs,
-                                                                    u32* counters, u32 one, u32* flag, u32 seq,
-                                                                    u64* trace) {
-    if (blockIdx.x == 0 && threadIdx.x == 0 && flag != nullptr) {
-        __threadfence_system();
-        *(volatile u32*)flag = seq;
-    }
-}
 #endif  // B3_ONE
 

@@ -26,8 +26,8 @@
 // flight per lane and the host reads COPY_UNROLL_READ: both directions share
 // PCIe, and reads with many requests in flight crowd the writes out (fewer
 // read requests, more write blocks: both directions end together, 76-81
-// GB/s against 66-69 with 8/8 and half the blocks each, docs/benchmarks.md,
-// sixth pass). Single-direction and device-only waves use COPY_UNROLL
+// GB/s against 66-69 with 8/8 and half the blocks each, measured on an
+// H200). Single-direction and device-only waves use COPY_UNROLL
 // (`kv_block_copy`); split waves launch `kv_block_copy_split`.
 
 #ifndef COPY_UNROLL
@@ -43,7 +43,7 @@
 #define COPY_WRITE_SHARE 10
 #endif
 
-// Must match `CopyOp` in src/gpu/launch.rs.
+// Must match `CopyOp` in src/gpu/pool.rs.
 struct CopyOp {
     u32 src_page;
     u32 dst_page;

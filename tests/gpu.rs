@@ -21,13 +21,13 @@ fn random_pool(rng: &mut StdRng, g: &BlockGeometry, blocks: u32) -> CpuKvPool {
 }
 
 /// A device pool and a host tier filled with the same random bytes as their
-/// CPU twins, attached as one copy engine.
+/// CPU twins, attached as one pool.
 struct Twins {
     cpu_dev: CpuKvPool,
     cpu_host: CpuKvPool,
     dev_buf: std::sync::Arc<cudarc::driver::CudaSlice<u8>>,
     tier: std::sync::Arc<kvcore::gpu::HostTier>,
-    engine: kvcore::gpu::CopyEngine,
+    engine: kvcore::gpu::AttachedPool,
 }
 
 fn twins(gpu: &kvcore::gpu::Gpu, rng: &mut StdRng, g: BlockGeometry, dev_n: u32, host_n: u32) -> Twins {
@@ -162,6 +162,84 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
     assert!(bad.validate().is_err(), "planes must divide the block");
 }
 
+/// An engine's GPU side with no device open refuses every GPU call with its
+/// typed error and changes nothing: no pool gets attached, the step's copies
+/// stay pending (and a new step's replace them), digests of no items are
+/// none. Runs on any machine, with or without CUDA; the C API's statuses for
+/// the same refusals are checked in src/ffi/tests.rs and ffi-tests/c/gpu.c.
+#[test]
+fn engine_gpu_refuses_without_an_open_gpu() {
+    use kvcore::gpu::{DeviceBytes, DevicePool, EngineGpu, GpuError};
+    use kvcore::{Engine, EngineConfig};
+    let engine =
+        Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 8, blocks_host: 4, ..Default::default() })
+            .unwrap();
+    let mut g = EngineGpu::new();
+    let not_open = |e: &GpuError| {
+        if cfg!(feature = "cuda") { matches!(e, GpuError::NotOpen) } else { matches!(e, GpuError::Unavailable(_)) }
+    };
+    assert!(matches!(g.copy_pending(), Err(GpuError::NotAttached)));
+    // SAFETY: no item, nothing to read.
+    assert!(unsafe { g.digest_device(&[]) }.unwrap().is_empty(), "no items, no digests, no device needed");
+    let items = [DeviceBytes { ptr: 0x7f00_0000_1000, len: 64 }];
+    // SAFETY: no device is open, so the call is refused before any address is used.
+    let e = unsafe { g.digest_device(&items) }.unwrap_err();
+    assert!(not_open(&e), "{e}");
+    let bases = [0x7f00_0000_0000u64];
+    let pool = DevicePool { region_bases: &bases, planes: 1, block_bytes: 64, blocks: 8 };
+    // SAFETY: as above: refused before any address is used.
+    let e = unsafe { g.attach(&engine, pool) }.unwrap_err();
+    assert!(not_open(&e), "{e}");
+    let copies = [
+        BlockCopy { src: page(Tier::Device, 1), dst: page(Tier::Host, 0), tokens: 4 },
+        BlockCopy { src: page(Tier::Host, 2), dst: page(Tier::Device, 3), tokens: 2 },
+    ];
+    g.set_pending(&copies);
+    assert!(matches!(g.copy_pending(), Err(GpuError::NotAttached)));
+    assert_eq!(g.pending(), &copies, "refused copies stay pending");
+    g.set_pending(&copies[1..]);
+    assert_eq!(g.pending(), &copies[1..], "a new step's copies replace those not performed");
+    #[cfg(feature = "cuda")]
+    assert!(g.gpu().is_none() && g.pool().is_none());
+}
+
+/// `EngineGpu::open` opens the device or says why not; once one is open,
+/// opening it again does nothing and another ordinal is refused, and attach
+/// refuses a pool whose pages are not the engine's device blocks, a region
+/// at an address CUDA never allocated, and any pool once the engine has
+/// admitted a request. (Without a device only the first branch runs; the C
+/// API test in `c_api` covers a real pool.)
+#[test]
+fn engine_gpu_opens_or_says_why() {
+    use kvcore::gpu::{DevicePool, EngineGpu, GpuError};
+    use kvcore::{Engine, EngineConfig, RequestSpec};
+    let mut engine =
+        Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 8, ..Default::default() }).unwrap();
+    let mut g = EngineGpu::new();
+    match g.open(0) {
+        Err(e) => assert!(matches!(e, GpuError::Unavailable(_)), "{e}"),
+        Ok(()) => {
+            g.open(0).unwrap();
+            assert!(matches!(g.open(1), Err(GpuError::InvalidArgument(_))));
+            let bases = [0x10u64];
+            let wrong_blocks = DevicePool { region_bases: &bases, planes: 1, block_bytes: 64, blocks: 9 };
+            // SAFETY: refused by the checks before any address is used.
+            let e = unsafe { g.attach(&engine, wrong_blocks) }.unwrap_err();
+            assert!(e.to_string().contains("device blocks"), "{e}");
+            let wild = DevicePool { blocks: 8, ..wrong_blocks };
+            // SAFETY: as above (the address is checked against CUDA's records).
+            let e = unsafe { g.attach(&engine, wild) }.unwrap_err();
+            assert!(e.to_string().contains("not in memory CUDA has allocated"), "{e}");
+            engine.add_request(&RequestSpec { tokens: &[1, 2, 3, 4, 5], ..Default::default() }).unwrap();
+            // SAFETY: as above.
+            let e = unsafe { g.attach(&engine, wild) }.unwrap_err();
+            assert!(e.to_string().contains("before the first request"), "{e}");
+            #[cfg(feature = "cuda")]
+            assert!(g.pool().is_none(), "a refused attach changes nothing");
+        }
+    }
+}
+
 /// The GPU, or `None` (and a line saying so) where there is none: the
 /// device tests then pass without running.
 #[cfg(feature = "cuda")]
@@ -178,9 +256,9 @@ fn gpu() -> Option<std::sync::Arc<kvcore::gpu::Gpu>> {
 #[cfg(feature = "cuda")]
 mod device {
     use super::*;
-    use kvcore::gpu::kernels::{KernelId, KernelOptions, ModuleId, compile, nvrtc_available};
     use kvcore::gpu::{
-        CopyOp, DeviceBytes, Gpu, HostCopyPath, HostLayout, HostTier, OneItemPath, StagingConfig, launch_copy_wave,
+        CopyOp, DeviceBytes, Gpu, HostCopyPath, HostLayout, HostTier, KernelId, KernelOptions, ModuleId, OneItemPath,
+        StagingConfig, compile, launch_copy_wave, nvrtc_available,
     };
     use std::sync::Arc;
 
@@ -270,7 +348,7 @@ mod device {
             // its counters. The digests are zeroed first, so that a kernel
             // cannot pass on the digests of the one before.
             gpu.clear_digests(&mut batch).unwrap();
-            kvcore::gpu::launch::blake3_digest(gpu, &batch, variant).unwrap();
+            gpu.launch_digests_with(&batch, variant).unwrap();
             let got = gpu.read_digests(&batch).unwrap();
             for ((off, len), d) in items.iter().zip(&got) {
                 let want = blake3::hash(&data[*off as usize..(off + len) as usize]);

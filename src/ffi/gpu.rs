@@ -24,7 +24,13 @@
 //!
 //! Built without the `cuda` feature, or on a machine without a CUDA driver,
 //! the functions exist and report `KVC_STATUS_GPU_UNAVAILABLE`.
+//!
+//! The state (open device, attached pool, pending copies and the wave to
+//! resume at) and every check live in [`EngineGpu`], which Rust callers use
+//! directly; the exports here only turn pointers into references and slices,
+//! call it, and map its [`GpuError`] to a status and message.
 
+use crate::gpu::{DeviceBytes, DevicePool, EngineGpu, GpuError};
 use crate::resources::BlockCopy;
 
 use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
@@ -68,78 +74,51 @@ pub struct kvc_kv_pool {
     pub reserved: u32,
 }
 
-/// What a handle holds of the GPU path: nothing until `kvc_engine_gpu_open`.
+/// What a handle holds of the GPU path: the engine's [`EngineGpu`], which
+/// keeps the state and makes every check; the exports below only convert
+/// and report.
 #[derive(Default)]
-pub(crate) struct GpuState {
-    /// The attached pool (dropped before the device handle).
-    #[cfg(feature = "cuda")]
-    pool: Option<crate::gpu::CopyEngine>,
-    /// The open device's ordinal and handle.
-    #[cfg(feature = "cuda")]
-    gpu: Option<(u32, std::sync::Arc<crate::gpu::Gpu>)>,
-    /// The last closed step's copies, until `kvc_engine_copy_blocks` performs
-    /// them (empty once done).
-    pending: Vec<BlockCopy>,
-    /// Waves of `pending` already launched (a failed call resumes after them).
-    waves_done: usize,
-}
+pub(crate) struct GpuState(EngineGpu);
 
 impl GpuState {
     /// Called by `kvc_engine_step`: the step's copies replace any that were
     /// not performed (the caller then performed them itself, or skipped them).
     pub(crate) fn set_pending(&mut self, copies: &[BlockCopy]) {
-        self.pending.clear();
-        self.pending.extend_from_slice(copies);
-        self.waves_done = 0;
+        self.0.set_pending(copies);
     }
 
-    /// Digests of device-resident byte strings, in order. Every range is
-    /// checked first.
+    /// Digests of device-resident byte strings, in order (every range is
+    /// checked first), for `kvc_engine_digest_device` and device image items.
+    ///
+    /// The caller's contract (the exports' `# Safety`) keeps every item's
+    /// memory allocated and unchanged for the call.
     pub(crate) fn digests(&self, items: &[kvc_device_bytes]) -> Result<Vec<[u8; 32]>, Failure> {
-        if items.is_empty() {
-            return Ok(Vec::new());
+        let list: Vec<DeviceBytes> = items.iter().map(|it| DeviceBytes { ptr: it.ptr, len: it.len }).collect();
+        // SAFETY: the items are the caller's, whose contract (the exports'
+        // `# Safety`, for `kvc_engine_digest_device` and for device image
+        // items of `kvc_engine_add_request`) keeps them allocated and
+        // unchanged for the call; the ranges themselves are checked.
+        unsafe { self.0.digest_device(&list) }.map_err(gpu_failure)
+    }
+}
+
+/// Maps a GPU error to a status and message: bad arguments stay
+/// `INVALID_ARGUMENT`, a missing driver or device and no open GPU are
+/// `GPU_UNAVAILABLE`, no attached pool is `KV_POOL_NOT_ATTACHED`, anything
+/// else a failed CUDA call. The messages of the two state refusals name the
+/// call that fixes them.
+fn gpu_failure(e: GpuError) -> Failure {
+    match e {
+        GpuError::NotOpen => Failure::new(kvc_status::GpuUnavailable, "no GPU is open: call kvc_engine_gpu_open first"),
+        GpuError::NotAttached => {
+            Failure::new(kvc_status::KvPoolNotAttached, "no KV pool is attached: call kvc_engine_attach_kv_pool first")
         }
+        GpuError::InvalidArgument(_) => Failure::new(kvc_status::InvalidArgument, e.to_string()),
+        GpuError::Unavailable(_) => Failure::new(kvc_status::GpuUnavailable, e.to_string()),
         #[cfg(feature = "cuda")]
-        {
-            let gpu = self.gpu()?;
-            let mut list = Vec::with_capacity(items.len());
-            for it in items {
-                let what = format!("the device range {:#x} + {}", it.ptr, it.len);
-                gpu.check_device_range(it.ptr, it.len, &what).map_err(gpu_failure)?;
-                list.push(crate::gpu::DeviceBytes { ptr: it.ptr, len: it.len });
-            }
-            // SAFETY: every range was just found inside a live CUDA
-            // allocation; the caller's contract (the exports' `# Safety`)
-            // keeps it allocated and unchanged for the call, and
-            // `digest_device` returns only after the kernel read it all.
-            unsafe { gpu.digest_device(&list) }.map_err(gpu_failure)
-        }
-        #[cfg(not(feature = "cuda"))]
-        Err(unavailable("kvcore was built without the `cuda` feature"))
+        GpuError::Driver(_) => Failure::new(kvc_status::GpuFailed, e.to_string()),
+        GpuError::Compile { .. } => Failure::new(kvc_status::GpuFailed, e.to_string()),
     }
-
-    #[cfg(feature = "cuda")]
-    fn gpu(&self) -> Result<&std::sync::Arc<crate::gpu::Gpu>, Failure> {
-        self.gpu.as_ref().map(|(_, g)| g).ok_or_else(|| unavailable("no GPU is open: call kvc_engine_gpu_open first"))
-    }
-}
-
-fn unavailable(why: impl Into<String>) -> Failure {
-    Failure::new(kvc_status::GpuUnavailable, why)
-}
-
-/// Maps a GPU error to a status: bad arguments stay `INVALID_ARGUMENT`, a
-/// missing driver or device is `GPU_UNAVAILABLE`, anything else a failed
-/// CUDA call.
-#[cfg(feature = "cuda")]
-fn gpu_failure(e: crate::gpu::GpuError) -> Failure {
-    use crate::gpu::GpuError as E;
-    let status = match &e {
-        E::InvalidArgument(_) => kvc_status::InvalidArgument,
-        E::Unavailable(_) => kvc_status::GpuUnavailable,
-        E::Driver(_) | E::Compile { .. } => kvc_status::GpuFailed,
-    };
-    Failure::new(status, e.to_string())
 }
 
 /// Opens CUDA device `ordinal` for this engine: loads `libcuda` and
@@ -158,31 +137,7 @@ fn gpu_failure(e: crate::gpu::GpuError) -> Failure {
 /// `engine` is NULL or a live engine.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvc_engine_gpu_open(engine: *mut kvc_engine, ordinal: u32) -> kvc_status {
-    ffi_boundary!({
-        with_engine(engine, |st| {
-            #[cfg(feature = "cuda")]
-            {
-                if let Some((open, _)) = &st.gpu.gpu {
-                    if *open == ordinal {
-                        return Ok(());
-                    }
-                    return Err(Failure::new(
-                        kvc_status::InvalidArgument,
-                        format!("device {open} is already open on this engine; {ordinal} cannot be opened too"),
-                    ));
-                }
-                let gpu = crate::gpu::Gpu::probe(ordinal as usize).map_err(gpu_failure)?;
-                gpu.warm().map_err(gpu_failure)?;
-                st.gpu.gpu = Some((ordinal, gpu));
-                Ok(())
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (st, ordinal);
-                Err(unavailable("kvcore was built without the `cuda` feature"))
-            }
-        })
-    })
+    ffi_boundary!({ with_engine(engine, |st| st.gpu.0.open(ordinal).map_err(gpu_failure)) })
 }
 
 /// Attaches the caller's paged KV pool (see `kvc_kv_pool`) to the engine
@@ -216,65 +171,16 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
         with_engine(engine, |st| {
             let p = try_ref!(pool);
             let bases: &[u64] = try_slice!(p.region_bases, p.regions as usize, "pool.region_bases");
-            #[cfg(feature = "cuda")]
-            {
-                use crate::gpu::{BlockGeometry, HostTier, KvPool};
-                let invalid = |m: String| Failure::new(kvc_status::InvalidArgument, m);
-                let gpu = std::sync::Arc::clone(st.gpu.gpu()?);
-                if st.gpu.pool.is_some() {
-                    return Err(invalid("a KV pool is already attached to this engine".to_owned()));
-                }
-                let config = st.engine.config();
-                if st.engine.counters().requests_admitted > 0 {
-                    return Err(invalid("attach the KV pool before the first request".to_owned()));
-                }
-                if p.reserved != 0 {
-                    return Err(invalid("`pool.reserved` must be 0".to_owned()));
-                }
-                if p.blocks != config.blocks_device {
-                    return Err(invalid(format!(
-                        "`pool.blocks` is {} but the engine has {} device blocks",
-                        p.blocks, config.blocks_device
-                    )));
-                }
-                let geometry = BlockGeometry {
-                    regions: p.regions,
-                    block_bytes: p.block_bytes,
-                    planes: p.planes,
-                    tokens_per_block: config.block_size_tokens,
-                };
-                geometry.validate().map_err(gpu_failure)?;
-                let region_bytes = p
-                    .block_bytes
-                    .checked_mul(p.blocks as u64)
-                    .ok_or_else(|| invalid("`pool.block_bytes * pool.blocks` overflows".to_owned()))?;
-                for (r, base) in bases.iter().enumerate() {
-                    gpu.check_device_range(*base, region_bytes, &format!("pool region {r}")).map_err(gpu_failure)?;
-                }
-                let mut sorted: Vec<u64> = bases.to_vec();
-                sorted.sort_unstable();
-                if sorted.windows(2).any(|w| w[1] - w[0] < region_bytes) {
-                    return Err(invalid("two pool regions overlap".to_owned()));
-                }
-                let host = match config.blocks_host {
-                    0 => None,
-                    n => Some(std::sync::Arc::new(HostTier::new(&gpu, geometry, n).map_err(gpu_failure)?)),
-                };
-                let device = KvPool::region_major(bases.to_vec(), p.blocks, geometry);
-                // SAFETY: every region was found inside a live CUDA allocation
-                // and no two overlap (checked above); the caller's contract
-                // (this export's `# Safety`) keeps the memory allocated for
-                // the engine's life, which the copy engine does not outlive
-                // (it is dropped with the handle).
-                let attached = unsafe { gpu.attach(device, host) }.map_err(gpu_failure)?;
-                st.gpu.pool = Some(attached);
-                Ok(())
+            if p.reserved != 0 {
+                return Err(Failure::new(kvc_status::InvalidArgument, "`pool.reserved` must be 0"));
             }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (st, bases);
-                Err(unavailable("kvcore was built without the `cuda` feature"))
-            }
+            let device =
+                DevicePool { region_bases: bases, planes: p.planes, block_bytes: p.block_bytes, blocks: p.blocks };
+            // SAFETY: this export's contract keeps the pool's memory
+            // allocated until the engine is freed (which drops its
+            // `EngineGpu` and the attached pool with it) and forbids other
+            // writes to a page while `kvc_engine_copy_blocks` copies it.
+            unsafe { st.gpu.0.attach(&st.engine, device) }.map_err(gpu_failure)
         })
     })
 }
@@ -311,27 +217,9 @@ pub unsafe extern "C" fn kvc_engine_copy_blocks(engine: *mut kvc_engine, launche
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(launches_out);
-            #[cfg(feature = "cuda")]
-            {
-                let GpuState { pool, gpu, pending, waves_done } = &mut st.gpu;
-                let (Some(pool), Some((_, gpu))) = (pool.as_ref(), gpu.as_ref()) else {
-                    return Err(Failure::new(
-                        kvc_status::KvPoolNotAttached,
-                        "no KV pool is attached: call kvc_engine_attach_kv_pool first",
-                    ));
-                };
-                let launches = gpu.copy_blocks_from(pool, pending, waves_done).map_err(gpu_failure)?;
-                gpu.synchronize().map_err(gpu_failure)?;
-                pending.clear();
-                *waves_done = 0;
-                out.write(launches);
-                Ok(())
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (out, st);
-                Err(Failure::new(kvc_status::KvPoolNotAttached, "kvcore was built without the `cuda` feature"))
-            }
+            let launches = st.gpu.0.copy_pending().map_err(gpu_failure)?;
+            out.write(launches);
+            Ok(())
         })
     })
 }

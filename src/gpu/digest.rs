@@ -11,6 +11,20 @@
 //! by level gives, pairing left to right and carrying an odd last value up
 //! unchanged. An aligned set of 64 values is then a complete subtree, and a
 //! trailing partial set folds to the same node the whole-tree fold gives it.
+//!
+//! The tree's shape ([`groups_of_len`], [`scratch_of_len`]) sizes the GPU's
+//! launches and scratch, and [`DeviceBytes`] names what they hash, so both
+//! live here, with no CUDA dependency.
+
+/// A device-resident byte string, what the GPU digests hash: a device
+/// address and a length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBytes {
+    /// Device address of the first byte (any alignment; 16-byte aligned is fastest).
+    pub ptr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
 
 /// Chunks per group: the threads of one block of the BLAKE3 kernels.
 pub const GROUP_CHUNKS: u64 = 64;
@@ -112,6 +126,7 @@ pub fn groups_of_len(len: u64) -> u64 {
 /// Scratch an item of `len` bytes needs on the GPU above its groups: values
 /// of every level that has more than one (8 words each), and one counter per
 /// set of 64 of them. Items of one group need none.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code, reason = "only the GPU path and the tests size scratch"))]
 pub fn scratch_of_len(len: u64) -> (u64, u64) {
     let mut count = groups_of_len(len);
     let (mut values, mut counters) = (0, 0);

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{CudaStream, sys};
 
-use super::GpuError;
+use super::error::GpuError;
 use super::pool::{BlockGeometry, CopyOp};
 
 /// Byte runs for one direction, merged where they continue each other.
 #[derive(Debug, Default, Clone)]
-pub struct RunList {
+pub(super) struct RunList {
     pub(super) dsts: Vec<u64>,
     pub(super) srcs: Vec<u64>,
     pub(super) sizes: Vec<usize>,
@@ -144,7 +144,7 @@ pub(super) struct StagedPiece {
 /// 512 MiB direction of 8 KiB blocks over 32 regions is 2 048 records to
 /// build and upload instead of 65 536.
 #[derive(Debug, Clone, Default)]
-pub struct StagedList {
+pub(super) struct StagedList {
     pub(super) segs: Vec<Seg>,
     pub(super) blocks: Vec<BlockSeg>,
     pub(super) block_span: u64,
@@ -168,6 +168,7 @@ impl StagedList {
     }
 
     /// Pieces (staging slot fills).
+    #[cfg(test)]
     pub fn pieces(&self) -> usize {
         self.pieces.len()
     }
@@ -310,19 +311,18 @@ impl<'a> SlotFill<'a> {
 /// (in a two-way wave of at least [`STAGED_MIN_BYTES`] each way).
 /// Measured on an H200 (both ways, 1 GiB, 32 regions, host pages in runs of
 /// k consecutive pages in random order, so that a direction's sorted runs
-/// average about 2k pages; docs/benchmarks.md, "Host runs"): with 8 and 16
+/// average about 2k pages): with 8 and 16
 /// KiB blocks the kernel (78-80 GB/s whatever the runs) stays ahead up to
 /// runs of about 128 KiB (staged 72-73), the two are even near 256 KiB (81
 /// against 80 for 16 KiB blocks), and the staged path leads from there on
 /// (86-93 at 256 KiB to 1 MiB); with 64 KiB blocks, 128 KiB runs gave 84
-/// staged against 80 (and 71-78 against 78-79 in an earlier pass on other
+/// staged against 80 (and 71-78 against 78-79 in an earlier run on other
 /// machines: even). The threshold sits between 128 and 256 KiB.
 pub const STAGED_LONG_RUN: u64 = 192 << 10;
 
 /// Bytes each direction of a two-way wave must move for
 /// [`HostCopyPath::Auto`](super::HostCopyPath) to take the staged path.
-/// Measured on an H200 (docs/benchmarks.md, "Block-major host tier"), the
-/// wall clock of preparing, launching and finishing fully scattered
+/// Measured on an H200, the wall clock of preparing, launching and finishing fully scattered
 /// two-way waves of 64 KiB blocks: the staged path 10 % behind the kernel
 /// at 8 MiB each way, even from 16 MiB; and every one-way wave, and the
 /// replayed engine waves of about 2 MiB, ran slower staged.

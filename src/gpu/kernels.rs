@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
-use super::GpuError;
+use super::error::GpuError;
 
 /// A CUDA source file: one NVRTC compilation, one loaded module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,18 +81,20 @@ pub struct KernelOptions {
 }
 
 impl Default for KernelOptions {
-    /// Measured on an H200 (docs/benchmarks.md, sixth pass): 8 loads in
-    /// flight for one-way waves; for both ways at once 16 for writes, 4 for
-    /// reads, and 10 of 16 blocks writing, so that the two directions end
-    /// together.
+    /// Measured on an H200: 8 loads in flight for one-way waves; for both
+    /// ways at once 16 for writes, 4 for reads, and 10 of 16 blocks writing,
+    /// so that the two directions end together (fully scattered blocks
+    /// both ways: 76-81 GB/s, against 66-69 with
+    /// [`KernelOptions::even_split`]).
     fn default() -> Self {
         Self { copy_unroll: 8, copy_unroll_write: 16, copy_unroll_read: 4, copy_write_share: 10 }
     }
 }
 
 impl KernelOptions {
-    /// The copy kernel as it was before the sixth pass (8 loads in flight
-    /// both ways, half of the blocks each way): benchmarks compare with it.
+    /// The even split: 8 loads in flight both ways and half of the blocks
+    /// each way, the baseline the defaults were measured against (tests and
+    /// benchmarks compare with it).
     pub fn even_split() -> Self {
         Self { copy_unroll_write: 8, copy_unroll_read: 8, copy_write_share: 8, ..Self::default() }
     }
@@ -260,15 +262,18 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// The NVRTC options kvcore compiles its modules with, for the target `arch`
+/// ([`Gpu::arch`](super::Gpu::arch)) and the program name `name`: C++17, no
+/// other flag. Offered so that code outside the library (the tools' lab
+/// kernels) compiles its own sources exactly as kvcore compiles its own.
+pub fn nvrtc_options(arch: Option<&'static str>, name: &str) -> CompileOptions {
+    CompileOptions { arch, name: Some(name.to_owned()), options: vec!["--std=c++17".to_owned()], ..Default::default() }
+}
+
 /// Compiles one module to PTX. Needs `libnvrtc` but no device.
 pub fn compile(module: ModuleId, arch: Option<&'static str>, options: &KernelOptions) -> Result<Ptx, GpuError> {
     options.validate()?;
-    let opts = CompileOptions {
-        arch,
-        name: Some(module.file_name().to_owned()),
-        options: vec!["--std=c++17".to_owned()],
-        ..Default::default()
-    };
+    let opts = nvrtc_options(arch, module.file_name());
     cudarc::nvrtc::compile_ptx_with_opts(module.source(options), opts).map_err(|e| GpuError::Compile {
         kernel: module.file_name(),
         log: match e {
@@ -286,27 +291,23 @@ pub struct ModuleCache {
     options: KernelOptions,
     modules: Mutex<[Option<Arc<CudaModule>>; ModuleId::ALL.len()]>,
     functions: Mutex<[Option<CudaFunction>; KernelId::ALL.len()]>,
-    /// Experimental entry points loaded by name, kept so that a timed call
-    /// pays no lookup (as a [`KernelId`]'s function).
-    named: Mutex<Vec<(ModuleId, String, CudaFunction)>>,
 }
 
 impl ModuleCache {
     /// An empty cache for `ctx`, compiling for `arch` with `options`.
     pub fn new(ctx: Arc<CudaContext>, arch: Option<&'static str>, options: KernelOptions) -> Self {
-        Self {
-            ctx,
-            arch,
-            options,
-            modules: Mutex::new(Default::default()),
-            functions: Mutex::new(Default::default()),
-            named: Mutex::new(Vec::new()),
-        }
+        Self { ctx, arch, options, modules: Mutex::new(Default::default()), functions: Mutex::new(Default::default()) }
     }
 
     /// The options the modules are compiled with.
     pub fn options(&self) -> KernelOptions {
         self.options
+    }
+
+    /// The NVRTC target the modules are compiled for (`None`: NVRTC's
+    /// default, for a compute capability `arch_for` does not know).
+    pub fn arch(&self) -> Option<&'static str> {
+        self.arch
     }
 
     /// The kernel's function, compiling and loading its module on first use.
@@ -318,18 +319,6 @@ impl ModuleCache {
         let module = self.module(id.module())?;
         let f = module.load_function(id.name())?;
         functions[id.index()] = Some(f.clone());
-        Ok(f)
-    }
-
-    /// An entry point of `module` by name, loaded on first use (benchmarks
-    /// of experimental kernels that have no [`KernelId`]).
-    pub fn function_named(&self, module: ModuleId, name: &str) -> Result<CudaFunction, GpuError> {
-        let mut named = self.named.lock().expect("module cache lock is never poisoned by a panic inside");
-        if let Some((_, _, f)) = named.iter().find(|(m, n, _)| *m == module && n == name) {
-            return Ok(f.clone());
-        }
-        let f = self.module(module)?.load_function(name)?;
-        named.push((module, name.to_owned(), f.clone()));
         Ok(f)
     }
 

@@ -33,7 +33,7 @@
 use crate::resources::{BlockCopy, copy_waves};
 use crate::tier::Tier;
 
-use super::GpuError;
+use super::error::GpuError;
 
 /// How a block is laid out, shared by the device pool and the host tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +152,9 @@ pub struct CopyOp {
     /// Bit 0: the source is in the host tier; bit 1: the destination is.
     pub media: u32,
 }
+
+// The kernel reads 16-byte records.
+const _: () = assert!(std::mem::size_of::<CopyOp>() == 16);
 
 impl CopyOp {
     /// Whether either end is in the host tier.

@@ -1,12 +1,116 @@
-//! `kvcore gpu-bench [--out FILE] [--quick]`: measures the physical limits of
-//! the device (device copy, pinned copies each way and both ways) and every
-//! kernel in the same run (every BLAKE3 variant, every host-tier path),
-//! checks the digests, and writes one JSON report. Figures go into
-//! docs/benchmarks.md ("CUDA kernels").
+//! `kvcore gpu-bench [--out FILE] [--quick] [--only PART] ...`: measures the
+//! physical limits of the device (device copy, pinned copies each way and
+//! both ways) and every kernel in the same run (every BLAKE3 variant and
+//! the lab's, every host-tier path), checks the digests, and writes one JSON
+//! report. Figures go into docs/benchmarks.md. The lab variants and
+//! measurements are in `kvcore_tools::lab`.
+
+use clap::{Args, ValueEnum};
+
+/// The options of `kvcore gpu-bench`.
+#[derive(Args, Debug, Clone)]
+pub struct GpuBenchArgs {
+    /// Where to write the JSON report (stdout when absent).
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Smaller sizes, for a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run one part alone instead of the whole bench (the copy limits are
+    /// always measured first).
+    #[arg(long, value_enum)]
+    pub only: Option<Only>,
+    /// With `--only host-runs`: `mixed` runs k = 1 and 64 and more cases
+    /// where each direction has its own run length (absent: runs of 1 to 64
+    /// pages, then three such cases).
+    #[arg(long, value_enum)]
+    pub runs: Option<Runs>,
+    /// With `--only replay`: the `kvcore sim --record-copies` logs to replay
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub replay: Vec<String>,
+    /// With `--only replay`: KiB per block and region of the replay's pools.
+    #[arg(long, default_value_t = 128)]
+    pub replay_block_kib: u64,
+    /// With `--only replay`: the host copy paths to replay with
+    /// (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    pub replay_paths: Vec<ReplayPath>,
+    /// Block sizes in KiB (comma-separated) of the host-tier parts: default
+    /// 8,16 for `host` and `host-explore`, 8,16,64 for `host-runs` and
+    /// `host-bounce` (host page sizes there), 8,64 for `wave-sizes`.
+    #[arg(long, value_delimiter = ',')]
+    pub blocks: Option<Vec<u64>>,
+    /// MiB of digest data (at least 3; 96 images of 3 MiB by default; 63
+    /// with `--quick`, whatever this says).
+    #[arg(long, default_value_t = 288)]
+    pub digest_mib: usize,
+    /// Host tier layouts of the host-tier cases (comma-separated); the
+    /// replay takes the first.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "block")]
+    pub host_layout: Vec<Layout>,
+    /// With `--only wave-sizes`: the wave sizes in MiB (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [2u64, 4, 8, 16, 32, 64, 128, 512])]
+    pub wave_mib: Vec<u64>,
+}
+
+/// The parts `--only` runs alone.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Only {
+    /// The digests alone (every BLAKE3 kernel and lab variant).
+    Blake3,
+    /// The host tier's both-ways variants for fully scattered blocks: the
+    /// library's paths and kernel options, the lab's reference kernels and
+    /// the copy engines.
+    Host,
+    /// As `host`, with every lab variant.
+    HostExplore,
+    /// Both ways with host pages in runs of consecutive pages, then each
+    /// direction with its own run length (see `--runs`).
+    HostRuns,
+    /// Replays `kvcore sim --record-copies` logs (`--replay`) through the
+    /// engine's GPU path.
+    Replay,
+    /// Where the staged path starts to pay: fully scattered waves of each
+    /// size of `--wave-mib`.
+    WaveSizes,
+    /// CPU threads gathering and scattering host pages through pinned bounce
+    /// slots for the copy engines.
+    HostBounce,
+}
+
+/// `--runs` values.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runs {
+    /// k = 1 and 64, and more cases with a run length per direction.
+    Mixed,
+}
+
+/// The host copy paths a replay can take.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayPath {
+    /// The library's default: chosen per wave.
+    Auto,
+    /// The copy kernel.
+    Kernel,
+    /// The copy engines through the staging slots.
+    Staged,
+    /// The copy engines directly.
+    CopyEngines,
+}
+
+/// Host tier layouts.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Block-major: a page's regions side by side (the library's default).
+    Block,
+    /// Region-major: each region's pages back to back.
+    Region,
+}
 
 /// Runs the bench; returns the process exit code.
 #[cfg(not(feature = "cuda"))]
-pub fn run_cli(_out: Option<&str>, _quick: bool) -> i32 {
+pub fn run_cli(_args: &GpuBenchArgs) -> i32 {
     eprintln!("gpu-bench: built without the cuda feature");
     2
 }
@@ -20,16 +124,40 @@ mod imp {
     use std::time::Instant;
 
     use cudarc::driver::CudaSlice;
-    use kvcore::gpu::kernels::{KernelId, ModuleId};
-    use kvcore::gpu::measure::{CopyLimits, copy_limits, median, time_ms};
     use kvcore::gpu::{
-        BlockGeometry, CopyEngine, CopyOp, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, OneItemPath,
-        StagingConfig, launch_copy_wave,
+        AttachedPool, BlockGeometry, CopyOp, DeviceBytes, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, KernelId,
+        OneItemPath, StagingConfig, batch_api_in_use, launch_copy_wave,
     };
+    use kvcore_tools::lab::blake3::Blake3Lab;
+    use kvcore_tools::lab::host_explore::two_way_wave;
+    use kvcore_tools::lab::measure::{CopyLimits, copy_limits, median, time_ms};
     use rand::{RngCore, SeedableRng, rngs::StdRng, seq::SliceRandom};
     use serde_json::{Value, json};
 
+    use super::{GpuBenchArgs, Layout, Only, ReplayPath, Runs};
+
     type R<T> = Result<T, GpuError>;
+
+    /// One way of making the one-item digest call: the library's
+    /// (`Gpu::digest_device_via`), or the lab's with a lab kernel, launched
+    /// directly or as a graph. Labels as `OneItemPath` prints them, so that
+    /// the report's keys stay the same.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum CallPath {
+        Library(OneItemPath),
+        Experiment(&'static str),
+        GraphExperiment(&'static str),
+    }
+
+    impl CallPath {
+        fn label(self) -> String {
+            match self {
+                CallPath::Library(p) => format!("{p:?}"),
+                CallPath::Experiment(n) => format!("Experiment({n:?})"),
+                CallPath::GraphExperiment(n) => format!("GraphExperiment({n:?})"),
+            }
+        }
+    }
 
     /// Random bytes on the host and the device.
     fn random_data(gpu: &Gpu, rng: &mut StdRng, bytes: usize) -> R<(Vec<u8>, CudaSlice<u8>)> {
@@ -54,7 +182,7 @@ mod imp {
         cases
     }
 
-    fn digests(gpu: &Arc<Gpu>, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
+    fn digests(gpu: &Arc<Gpu>, lab: &Blake3Lab, host: &[u8], data: &Arc<CudaSlice<u8>>) -> R<Vec<Value>> {
         let mut out = Vec::new();
         for (name, items) in digest_cases(host.len() as u64) {
             let mut batch = gpu.prepare_digests_in(Arc::clone(data), &items)?;
@@ -68,7 +196,7 @@ mod imp {
             let mut variants = serde_json::Map::new();
             let mut again = true;
             for v in KernelId::BLAKE3 {
-                let t = match time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_digest(gpu, &batch, v)) {
+                let t = match time_ms(gpu, 3, 30, || gpu.launch_digests_with(&batch, v)) {
                     Ok(t) => t,
                     Err(e) => {
                         println!("blake3 {name:<24} {:<26} failed: {e}", v.name());
@@ -91,20 +219,18 @@ mod imp {
             let mut experiments = serde_json::Map::new();
             let sms = gpu.sm_count();
             if batch.groups() > 16 * sms {
-                // blake3_digest_multi as it was before the fifth pass (its
-                // chunk loop tests the alignment at each load).
+                // One climbing launch whose chunk loop tests the alignment
+                // at each load, against the library's two fixed loops.
                 let k = "b3x_multi_branchy";
                 let g4 = batch.groups().div_ceil(4);
-                let run = || {
-                    kvcore::gpu::launch::blake3_experiment(gpu, &batch, ModuleId::Blake3Pair, k, 128, Some(g4), None)
-                };
+                let run = || lab.table_kernel(gpu, &batch, k, 128, Some(g4), None);
                 let t = time_ms(gpu, 3, 30, run)?;
                 let ok = gpu.read_digests(&batch)? == got;
                 let tbps = bytes / (t * 1e-3) / 1e12;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us  {tbps:.3} TB/s  correct={ok}", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3, "TBps": tbps, "correct": ok}));
-                // Seventh pass: blake3_digest_multi as it was (one launch,
-                // warps climb); the chunk launch with the plain table search
+                // One launch whose warps climb (the scheme the two launches
+                // replaced); the chunk launch with the plain table search
                 // followed by the fold launch, without and with
                 // programmatic stream serialization; the chunk launch that
                 // triggers the fold launch early; then the library's
@@ -120,19 +246,11 @@ mod imp {
                     gpu.clear_digests(&mut batch)?;
                     let run = || {
                         if k == "blake3_digest_multi" {
-                            return kvcore::gpu::launch::blake3_digest(gpu, &batch, KernelId::Blake3Multi);
+                            return gpu.launch_digests_with(&batch, KernelId::Blake3Multi);
                         }
-                        kvcore::gpu::launch::blake3_experiment(
-                            gpu,
-                            &batch,
-                            ModuleId::Blake3Pair,
-                            k,
-                            128,
-                            Some(g4),
-                            None,
-                        )?;
+                        lab.table_kernel(gpu, &batch, k, 128, Some(g4), None)?;
                         match second {
-                            Some(pdl) => kvcore::gpu::launch::blake3_fold_sets(gpu, &batch, pdl),
+                            Some(pdl) => lab.fold_sets(gpu, &batch, pdl),
                             None => Ok(()),
                         }
                     };
@@ -153,21 +271,20 @@ mod imp {
             if batch.len() == 1 && bytes <= (3 << 20) as f64 {
                 // The one-image kernel alone (event-timed, no flag).
                 for one in [KernelId::Blake3One.name(), "b3x_one_generic", "b3x_one_whole2"] {
-                    let t =
-                        time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, one, 64, None))?;
+                    let t = time_ms(gpu, 3, 30, || lab.one_kernel(gpu, &batch, one, None))?;
                     let ok = gpu.read_digests(&batch)? == got;
                     println!("blake3 {name:<24} {one:<26} {:>9.1} us  correct={ok}", t * 1e3);
                     experiments.insert(one.into(), json!({"us": t * 1e3, "correct": ok}));
                 }
                 // An empty kernel: launch and completion alone.
                 let k = "b3x_one_empty";
-                let t = time_ms(gpu, 3, 30, || kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, k, 64, None))?;
+                let t = time_ms(gpu, 3, 30, || lab.one_kernel(gpu, &batch, k, None))?;
                 println!("blake3 {name:<24} {k:<26} {:>9.1} us", t * 1e3);
                 experiments.insert(k.into(), json!({"us": t * 1e3}));
                 // The host side of a launch alone (the call returns before
                 // the kernel ends), through cudarc's builder and directly.
                 for k in ["b3x_one_empty", "b3x_one_trace"] {
-                    let probe = kvcore::gpu::launch::launch_call_probe(gpu, &batch, k, 200)?;
+                    let probe = lab.launch_call_probe(gpu, &batch, k, 200)?;
                     println!("blake3 {name:<24} launch call of {k} (median us) {probe:?}");
                     experiments.insert(
                         format!("launch_call_{k}_us"),
@@ -183,7 +300,7 @@ mod imp {
                 }
                 let mut tr = gpu.stream().alloc_zeros::<u64>(8 * batch.groups() as usize)?;
                 for _ in 0..5 {
-                    kvcore::gpu::launch::blake3_one_experiment(gpu, &batch, kernel, 64, Some(&mut tr))?;
+                    lab.one_kernel(gpu, &batch, kernel, Some(&mut tr))?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -218,15 +335,7 @@ mod imp {
                 }
                 let mut tr = gpu.stream().alloc_zeros::<u64>(4 * grid as usize)?;
                 for _ in 0..3 {
-                    kvcore::gpu::launch::blake3_experiment(
-                        gpu,
-                        &batch,
-                        ModuleId::Blake3Pair,
-                        kernel,
-                        block,
-                        Some(grid),
-                        Some(&mut tr),
-                    )?;
+                    lab.table_kernel(gpu, &batch, kernel, block, Some(grid), Some(&mut tr))?;
                 }
                 let v = gpu.stream().clone_dtoh(&tr)?;
                 gpu.synchronize()?;
@@ -292,32 +401,38 @@ mod imp {
                 let view = data.slice(..items[0].1 as usize);
                 let empty = "b3x_one_empty";
                 let paths = [
-                    OneItemPath::Table,
-                    OneItemPath::ByValue,
-                    OneItemPath::ByValueFlagLaunch,
-                    OneItemPath::ByValueFlag,
-                    OneItemPath::Experiment("b3x_one_generic"),
-                    OneItemPath::GraphExperiment("b3x_one_generic"),
-                    OneItemPath::Experiment(empty),
-                    OneItemPath::GraphExperiment(empty),
+                    CallPath::Library(OneItemPath::Table),
+                    CallPath::Library(OneItemPath::ByValue),
+                    CallPath::Library(OneItemPath::ByValueFlagLaunch),
+                    CallPath::Library(OneItemPath::ByValueFlag),
+                    CallPath::Experiment("b3x_one_generic"),
+                    CallPath::GraphExperiment("b3x_one_generic"),
+                    CallPath::Experiment(empty),
+                    CallPath::GraphExperiment(empty),
                 ];
                 let (ptr, len) = {
                     use cudarc::driver::DevicePtr;
                     (view.device_ptr(gpu.stream()).0, view.len() as u64)
                 };
-                let item = [kvcore::gpu::DeviceBytes { ptr, len }];
-                let is_empty = |p: &OneItemPath| matches!(p, OneItemPath::Experiment(n) | OneItemPath::GraphExperiment(n) if *n == empty);
-                let call = |p: OneItemPath| -> R<f64> {
+                let item = [DeviceBytes { ptr, len }];
+                let is_empty =
+                    |p: &CallPath| matches!(p, CallPath::Experiment(n) | CallPath::GraphExperiment(n) if *n == empty);
+                let call = |p: CallPath| -> R<f64> {
                     let t0 = Instant::now();
-                    // SAFETY: the item is a view of `data`, alive for the whole loop.
-                    let d = unsafe { gpu.digest_device_via(&item, p)? };
+                    let d = match p {
+                        // SAFETY: the item is a view of `data`, alive for the whole loop.
+                        CallPath::Library(path) => (unsafe { gpu.digest_device_via(&item, path) })?[0],
+                        // The batch's single item is the same bytes (offset 0).
+                        CallPath::Experiment(k) => lab.one_call(gpu, &batch, k, false)?,
+                        CallPath::GraphExperiment(k) => lab.one_call(gpu, &batch, k, true)?,
+                    };
                     let us = t0.elapsed().as_secs_f64() * 1e6;
                     if !is_empty(&p) {
-                        assert_eq!(d[0], got[0], "repeated digests agree ({p:?})");
+                        assert_eq!(d, got[0], "repeated digests agree ({})", p.label());
                     }
                     Ok(us)
                 };
-                let mut walls: Vec<(String, Vec<f64>)> = paths.iter().map(|p| (format!("{p:?}"), Vec::new())).collect();
+                let mut walls: Vec<(String, Vec<f64>)> = paths.iter().map(|p| (p.label(), Vec::new())).collect();
                 for round in 0..300 {
                     for (k, p) in paths.iter().enumerate() {
                         let idle = Instant::now();
@@ -331,9 +446,9 @@ mod imp {
                     }
                 }
                 for p in [
-                    OneItemPath::ByValueFlag,
-                    OneItemPath::ByValueFlagLaunch,
-                    OneItemPath::Experiment("b3x_one_generic"),
+                    CallPath::Library(OneItemPath::ByValueFlag),
+                    CallPath::Library(OneItemPath::ByValueFlagLaunch),
+                    CallPath::Experiment("b3x_one_generic"),
                 ] {
                     let mut w = Vec::new();
                     for round in 0..220 {
@@ -342,7 +457,7 @@ mod imp {
                             w.push(us);
                         }
                     }
-                    walls.push((format!("{p:?} back to back"), w));
+                    walls.push((format!("{} back to back", p.label()), w));
                 }
                 let mut calls = serde_json::Map::new();
                 for (p, w) in walls {
@@ -378,7 +493,7 @@ mod imp {
         g: BlockGeometry,
         bytes: usize,
         host: Option<Arc<HostTier>>,
-    ) -> R<(CopyEngine, u32)> {
+    ) -> R<(AttachedPool, u32)> {
         let blocks = (bytes as u64 / (g.block_bytes * g.regions as u64)) as u32;
         let (_, buf) = random_data(gpu, rng, (g.block_bytes * g.regions as u64 * blocks as u64) as usize)?;
         Ok((gpu.attach_in(Arc::new(buf), g, blocks, host)?, blocks))
@@ -427,10 +542,12 @@ mod imp {
     /// Offload, onboard and both at once through the host tier, by each
     /// [`HostCopyPath`] (the kernel with 16 thread blocks, the copy engines,
     /// or one of each).
+    #[allow(clippy::too_many_arguments, reason = "one case of the report: the device, its limits and the case's knobs")]
     fn host_copies(
         gpu: &Arc<Gpu>,
         l: &CopyLimits,
         quick: bool,
+        layouts: &[HostLayout],
         sizes: &[u64],
         path: HostCopyPath,
         staging: Option<StagingConfig>,
@@ -438,7 +555,7 @@ mod imp {
         let mut rng = StdRng::seed_from_u64(8);
         let options = format!("{:?}", gpu.modules().options());
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = if quick { 128 << 20 } else { 1 << 30 };
             let host_blocks = (tier_bytes / (bb * 32)) as u32;
@@ -513,13 +630,13 @@ mod imp {
                     100.0 * rate / limit,
                     limit,
                     wave.staged_runs() != (0, 0),
-                    kvcore::gpu::dma::batch_api_in_use(),
+                    batch_api_in_use(),
                     if staging.is_some() { staging_desc.as_str() } else { "" }
                 );
                 gpu.synchronize()?;
                 entry[name] = json!({"GBps": rate, "ratio_to_copy_engine": rate / limit, "bytes": moved,
                     "dma_runs": [runs_out, runs_in], "staged": wave.staged_runs() != (0, 0),
-                    "batched_call": kvcore::gpu::dma::batch_api_in_use()});
+                    "batched_call": batch_api_in_use()});
             }
             out.push(entry);
         }
@@ -533,11 +650,18 @@ mod imp {
     /// up, by the kernel, the staged path and `Auto`; then the `mixed`
     /// cases (offload runs, onboard runs), where each direction has its own
     /// half of the tier and its own run length.
-    /// `KVCORE_GPU_BENCH_RUNS=mixed` runs k = 1 and 64 and more mixed cases.
-    fn host_runs(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], runs: &[u32], mixed: &[(u32, u32)]) -> R<Vec<Value>> {
+    /// `--runs mixed` runs k = 1 and 64 and more mixed cases.
+    fn host_runs(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layouts: &[HostLayout],
+        sizes: &[u64],
+        runs: &[u32],
+        mixed: &[(u32, u32)],
+    ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(9);
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let tier_bytes: u64 = 1 << 30;
             let n = (tier_bytes / (bb * 32)) as u32;
@@ -575,7 +699,7 @@ mod imp {
                     h.extend(pages(zone(m, k_out), k_in, &mut rng));
                     h
                 };
-                let ops = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host);
+                let ops = two_way_wave(&dev_perm, &host);
                 let moved = ops.len() as f64 * 32.0 * bb as f64;
                 // The staged path also with more slots and copy-engine
                 // streams (`StagingConfig`), each on its own staging buffers.
@@ -633,10 +757,16 @@ mod imp {
     /// once, offload alone and onboard alone, each through the kernel and
     /// the staged path, timed as the engine runs a wave: the wall clock of
     /// preparing it, launching it and waiting for it (median of 7 after 2).
-    fn wave_sizes(gpu: &Arc<Gpu>, l: &CopyLimits, sizes: &[u64], mibs: &[u64]) -> R<Vec<Value>> {
+    fn wave_sizes(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layouts: &[HostLayout],
+        sizes: &[u64],
+        mibs: &[u64],
+    ) -> R<Vec<Value>> {
         let mut rng = StdRng::seed_from_u64(11);
         let mut out = Vec::new();
-        for (layout, bb) in host_layouts()?.into_iter().flat_map(|l| sizes.iter().map(move |bb| (l, *bb))) {
+        for (layout, bb) in layouts.iter().flat_map(|l| sizes.iter().map(move |bb| (*l, *bb))) {
             let g = BlockGeometry { regions: 32, block_bytes: bb, planes: 2, tokens_per_block: 16 };
             let n = ((1u64 << 30) / (bb * 32)) as u32;
             let tier = Arc::new(HostTier::with_layout(gpu, g, n, layout)?);
@@ -645,7 +775,7 @@ mod imp {
             dev_perm.shuffle(&mut rng);
             let mut host_perm: Vec<u32> = (0..n).collect();
             host_perm.shuffle(&mut rng);
-            let all = kvcore::gpu::host_explore::two_way_wave(&dev_perm, &host_perm);
+            let all = two_way_wave(&dev_perm, &host_perm);
             for &mib in mibs {
                 let blocks = ((mib << 20) / (32 * bb)).max(1) as usize;
                 let both: Vec<CopyOp> = all.iter().take(blocks.max(2)).copied().collect();
@@ -694,7 +824,14 @@ mod imp {
     /// log's size with `block_kib` KiB per block and region, 32 regions.
     /// Timed by the wall clock from the first step to the synchronize after
     /// the last, planning included; each log twice, interleaved.
-    fn replay(gpu: &Arc<Gpu>, l: &CopyLimits, files: &[String], block_kib: u64) -> R<Vec<Value>> {
+    fn replay(
+        gpu: &Arc<Gpu>,
+        l: &CopyLimits,
+        layout: HostLayout,
+        files: &[String],
+        block_kib: u64,
+        paths: &[HostCopyPath],
+    ) -> R<Vec<Value>> {
         use kvcore::Tier;
         use kvcore::{BlockCopy, PageRef};
         let bad = |f: &str, e: String| GpuError::InvalidArgument(format!("replay log {f}: {e}"));
@@ -727,24 +864,10 @@ mod imp {
         }
         let Some((bs, blocks_device, blocks_host)) = shape else { return Ok(Vec::new()) };
         let g = BlockGeometry { regions: 32, block_bytes: block_kib << 10, planes: 2, tokens_per_block: bs };
-        let layout = *host_layouts()?.first().expect("at least one layout");
         let tier = Arc::new(HostTier::with_layout(gpu, g, blocks_host, layout)?);
         let mut rng = StdRng::seed_from_u64(10);
         let pool_bytes = (blocks_device as u64 * 32 * g.block_bytes) as usize;
         let (mut engine, _) = device_pool(gpu, &mut rng, g, pool_bytes, Some(tier))?;
-        // KVCORE_GPU_BENCH_REPLAY_PATHS: the host paths to replay with
-        // (comma-separated: auto, kernel, staged, copy-engines; default auto).
-        let paths: Vec<HostCopyPath> = std::env::var("KVCORE_GPU_BENCH_REPLAY_PATHS")
-            .unwrap_or_else(|_| "auto".to_owned())
-            .split(',')
-            .map(|p| match p.trim() {
-                "kernel" => Ok(HostCopyPath::Kernel),
-                "staged" => Ok(HostCopyPath::Staged),
-                "copy-engines" => Ok(HostCopyPath::CopyEngines),
-                "auto" => Ok(HostCopyPath::Auto),
-                other => Err(GpuError::InvalidArgument(format!("unknown replay path {other:?}"))),
-            })
-            .collect::<Result<_, _>>()?;
         let mut out = Vec::new();
         for (pass, path) in (0..2).flat_map(|p| paths.iter().map(move |x| (p, *x))) {
             engine.set_host_path(path);
@@ -794,33 +917,18 @@ mod imp {
         Ok(out)
     }
 
-    /// Host tier layouts from `KVCORE_GPU_BENCH_HOST_LAYOUT` (comma-separated
-    /// `block`, `region`; default `block`, the library's default), for the
-    /// host-tier cases; the replay takes the first.
-    fn host_layouts() -> R<Vec<HostLayout>> {
-        std::env::var("KVCORE_GPU_BENCH_HOST_LAYOUT")
-            .unwrap_or_else(|_| "block".to_owned())
-            .split(',')
-            .map(|s| match s.trim() {
-                "block" => Ok(HostLayout::BlockMajor),
-                "region" => Ok(HostLayout::RegionMajor),
-                other => {
-                    Err(GpuError::InvalidArgument(format!("KVCORE_GPU_BENCH_HOST_LAYOUT: unknown layout {other:?}")))
-                }
-            })
-            .collect()
+    /// The host tier layouts of `--host-layout`.
+    fn host_layouts(args: &GpuBenchArgs) -> Vec<HostLayout> {
+        let layout = |l: &Layout| match l {
+            Layout::Block => HostLayout::BlockMajor,
+            Layout::Region => HostLayout::RegionMajor,
+        };
+        args.host_layout.iter().map(layout).collect()
     }
 
-    /// Block sizes in bytes from `KVCORE_GPU_BENCH_BLOCKS` (KiB,
-    /// comma-separated), else `default_kib`.
-    fn block_sizes(default_kib: &[u64]) -> Vec<u64> {
-        std::env::var("KVCORE_GPU_BENCH_BLOCKS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|x| x.trim().parse::<u64>().ok()).collect::<Vec<_>>())
-            .unwrap_or_else(|| default_kib.to_vec())
-            .into_iter()
-            .map(|k| k << 10)
-            .collect()
+    /// Block sizes in bytes from `--blocks` (KiB), else `default_kib`.
+    fn block_sizes(args: &GpuBenchArgs, default_kib: &[u64]) -> Vec<u64> {
+        args.blocks.as_deref().unwrap_or(default_kib).iter().map(|k| k << 10).collect()
     }
 
     /// Writes the report as pretty JSON to `out_path`, when given.
@@ -832,7 +940,9 @@ mod imp {
         Ok(())
     }
 
-    fn run(out_path: Option<&str>, quick: bool) -> R<()> {
+    fn run(args: &GpuBenchArgs) -> R<()> {
+        let (out_path, quick) = (args.out.as_deref(), args.quick);
+        let layouts = host_layouts(args);
         let t0 = Instant::now();
         let gpu = Gpu::probe(0)?;
         gpu.warm()?;
@@ -864,86 +974,87 @@ mod imp {
             l.device_copy, l.pinned_h2d, l.pinned_d2h, l.pinned_both
         );
         report.insert("limits".into(), serde_json::to_value(l).expect("limits serialise"));
-        let only = std::env::var("KVCORE_GPU_BENCH_ONLY").unwrap_or_default();
-        if only == "host" || only == "host-explore" {
-            // The host tier's both-ways variants for fully scattered blocks alone.
-            let sizes = block_sizes(&[8, 16]);
-            let v = kvcore::gpu::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, only == "host-explore")?;
-            report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
-            return write_report(report, out_path);
-        }
-
-        if only == "host-bounce" {
-            // CPU threads gather and scatter scattered host pages through
-            // pinned bounce slots; the copy engines move only whole slots.
-            let pages: Vec<usize> = block_sizes(&[8, 16, 64]).iter().map(|b| *b as usize).collect();
-            let half = if quick { 256 << 20 } else { 1 << 30 };
-            let v = kvcore::gpu::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, if quick { 1 } else { 3 })?;
-            report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
-            return write_report(report, out_path);
-        }
-        if only == "replay" {
-            let files: Vec<String> = std::env::var("KVCORE_GPU_BENCH_REPLAY")
-                .unwrap_or_default()
-                .split(',')
-                .filter(|f| !f.is_empty())
-                .map(str::to_owned)
-                .collect();
-            let kib =
-                std::env::var("KVCORE_GPU_BENCH_REPLAY_BLOCK_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
-            let v = replay(&gpu, &l, &files, kib)?;
-            report.insert("replay".into(), Value::Array(v));
-            return write_report(report, out_path);
-        }
-        if only == "wave-sizes" {
-            let sizes = block_sizes(&[8, 64]);
-            let mibs: Vec<u64> = std::env::var("KVCORE_GPU_BENCH_WAVE_MIB")
-                .unwrap_or_else(|_| "2,4,8,16,32,64,128,512".to_owned())
-                .split(',')
-                .filter_map(|x| x.trim().parse().ok())
-                .collect();
-            let v = wave_sizes(&gpu, &l, &sizes, &mibs)?;
-            report.insert("wave_sizes".into(), Value::Array(v));
-            return write_report(report, out_path);
-        }
-        if only == "host-runs" {
-            let sizes = block_sizes(&[8, 16, 64]);
-            let (runs, mixed): (Vec<u32>, Vec<(u32, u32)>) =
-                if std::env::var("KVCORE_GPU_BENCH_RUNS").as_deref() == Ok("mixed") {
+        match args.only {
+            Some(only @ (Only::Host | Only::HostExplore)) => {
+                // The host tier's both-ways variants for fully scattered blocks alone.
+                let sizes = block_sizes(args, &[8, 16]);
+                let full = only == Only::HostExplore;
+                let v = kvcore_tools::lab::host_explore::run(&gpu, &sizes, if quick { 3 } else { 7 }, full)?;
+                report.insert("host_explore".into(), serde_json::to_value(v).expect("variants serialise"));
+                return write_report(report, out_path);
+            }
+            Some(Only::HostBounce) => {
+                // CPU threads gather and scatter scattered host pages through
+                // pinned bounce slots; the copy engines move only whole slots.
+                let pages: Vec<usize> = block_sizes(args, &[8, 16, 64]).iter().map(|b| *b as usize).collect();
+                let half = if quick { 256 << 20 } else { 1 << 30 };
+                let reps = if quick { 1 } else { 3 };
+                let v = kvcore_tools::lab::host_bounce::run(&gpu, &pages, &[1, 2, 4, 6, 8], half, reps)?;
+                report.insert("host_bounce".into(), serde_json::to_value(v).expect("cases serialise"));
+                return write_report(report, out_path);
+            }
+            Some(Only::Replay) => {
+                let files: Vec<String> = args.replay.iter().filter(|f| !f.is_empty()).cloned().collect();
+                let paths: Vec<HostCopyPath> = args
+                    .replay_paths
+                    .iter()
+                    .map(|p| match p {
+                        ReplayPath::Kernel => HostCopyPath::Kernel,
+                        ReplayPath::Staged => HostCopyPath::Staged,
+                        ReplayPath::CopyEngines => HostCopyPath::CopyEngines,
+                        ReplayPath::Auto => HostCopyPath::Auto,
+                    })
+                    .collect();
+                let layout = *layouts.first().expect("at least one layout");
+                let v = replay(&gpu, &l, layout, &files, args.replay_block_kib, &paths)?;
+                report.insert("replay".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::WaveSizes) => {
+                let sizes = block_sizes(args, &[8, 64]);
+                let v = wave_sizes(&gpu, &l, &layouts, &sizes, &args.wave_mib)?;
+                report.insert("wave_sizes".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::HostRuns) => {
+                let sizes = block_sizes(args, &[8, 16, 64]);
+                let (runs, mixed): (Vec<u32>, Vec<(u32, u32)>) = if args.runs == Some(Runs::Mixed) {
                     (vec![1, 64], vec![(64, 1), (16, 1), (8, 1), (4, 1), (1, 64), (1, 16)])
                 } else {
                     (vec![1, 2, 4, 8, 16, 32, 64], vec![(64, 1), (16, 1), (1, 64)])
                 };
-            let v = host_runs(&gpu, &l, &sizes, &runs, &mixed)?;
-            report.insert("host_runs".into(), Value::Array(v));
-            return write_report(report, out_path);
+                let v = host_runs(&gpu, &l, &layouts, &sizes, &runs, &mixed)?;
+                report.insert("host_runs".into(), Value::Array(v));
+                return write_report(report, out_path);
+            }
+            Some(Only::Blake3) | None => {}
         }
 
         let mut rng = StdRng::seed_from_u64(42);
-        // KVCORE_GPU_BENCH_DIGEST_MIB sets the digest data (default 288 MiB,
-        // 96 images of 3 MiB): the target holds for batches of 256
-        // MiB or more, and larger ones show how much of a launch the tail is.
-        let mib = std::env::var("KVCORE_GPU_BENCH_DIGEST_MIB").ok().and_then(|v| v.parse::<usize>().ok());
-        let total: usize = if quick { 63 << 20 } else { mib.unwrap_or(288).max(3) << 20 };
+        // `--digest-mib` sets the digest data (default 288 MiB, 96 images of
+        // 3 MiB): the digest's throughput target holds for batches of 256 MiB
+        // or more, and larger ones show how much of a launch the tail is.
+        let total: usize = if quick { 63 << 20 } else { args.digest_mib.max(3) << 20 };
         let (host, data) = random_data(&gpu, &mut rng, total)?;
         let data = Arc::new(data);
-        report.insert("blake3".into(), Value::Array(digests(&gpu, &host, &data)?));
+        let lab = Blake3Lab::new(&gpu)?;
+        report.insert("blake3".into(), Value::Array(digests(&gpu, &lab, &host, &data)?));
 
-        if std::env::var("KVCORE_GPU_BENCH_ONLY").as_deref() == Ok("blake3") {
+        if args.only == Some(Only::Blake3) {
             // A shorter run while tuning the digest kernels.
             return write_report(report, out_path);
         }
         report.insert("device_copy".into(), Value::Array(device_copies(&gpu, &l, quick)?));
         let mut hc = Vec::new();
         for path in [HostCopyPath::Kernel, HostCopyPath::CopyEngines, HostCopyPath::Staged, HostCopyPath::Auto] {
-            hc.extend(host_copies(&gpu, &l, quick, &[8 << 10, 16 << 10, 64 << 10], path, None)?);
+            hc.extend(host_copies(&gpu, &l, quick, &layouts, &[8 << 10, 16 << 10, 64 << 10], path, None)?);
         }
         for slot_mib in [4u64, 16] {
             let cfg = StagingConfig { slot_bytes: slot_mib << 20, ..StagingConfig::default() };
-            hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
+            hc.extend(host_copies(&gpu, &l, quick, &layouts, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
         }
         let cfg = StagingConfig { blocks: 4, ..StagingConfig::default() };
-        hc.extend(host_copies(&gpu, &l, quick, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
+        hc.extend(host_copies(&gpu, &l, quick, &layouts, &[16 << 10], HostCopyPath::Staged, Some(cfg))?);
         report.insert("host_copy".into(), Value::Array(hc));
 
         let text = serde_json::to_string_pretty(&Value::Object(report)).expect("a JSON value serialises");
@@ -955,8 +1066,8 @@ mod imp {
     }
 
     /// Runs the bench; returns the process exit code.
-    pub fn run_cli(out: Option<&str>, quick: bool) -> i32 {
-        match run(out, quick) {
+    pub fn run_cli(args: &GpuBenchArgs) -> i32 {
+        match run(args) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("gpu-bench: {e}");

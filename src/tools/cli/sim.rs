@@ -58,7 +58,7 @@ pub struct SimArgs {
     offload_first: bool,
     /// Write worker 0's block copies under the first policy, step by step,
     /// to FILE (JSON), for `kvcore gpu-bench` to replay
-    /// (`KVCORE_GPU_BENCH_ONLY=replay`).
+    /// (`kvcore gpu-bench --only replay --replay FILE`).
     #[arg(long, value_name = "FILE")]
     record_copies: Option<PathBuf>,
     /// Comma-separated policies to run (default: all).

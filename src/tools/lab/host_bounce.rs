@@ -1,4 +1,4 @@
-//! Benchmarks only: can host CPU threads do what the copy engines cannot,
+//! Can host CPU threads do what the copy engines cannot,
 //! gather and scatter fully scattered host pages, so that the copy engines
 //! move only large contiguous buffers? (docs/benchmarks.md, "CPU bounce
 //! buffers".)
@@ -25,7 +25,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use super::{Gpu, GpuError};
+use kvcore::gpu::{Gpu, GpuError};
 
 /// One measured case.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -1,8 +1,9 @@
-// Experiments for the host tier both ways at once with fully scattered
-// blocks (docs/benchmarks.md, sixth pass): segment copies with the grid split
-// between the directions at a chosen point, and a bulk-copy (TMA) variant
-// that moves each segment through shared memory with `cp.async.bulk`. Only
-// the benchmark loads this module (src/gpu/host_explore.rs).
+// Lab kernels for the host tier both ways at once with fully scattered
+// blocks: segment copies with the grid split between the directions at a
+// chosen point, and a bulk-copy (TMA) variant that moves each segment
+// through shared memory with `cp.async.bulk`. Only `kvcore gpu-bench` loads
+// this module (src/tools/lab/host_explore.rs compiles it after
+// cuda/common.cuh); kvcore never does.
 
 struct Seg {
     u64 dst;

@@ -6,9 +6,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 
-use super::device::HostTier;
-use super::pool::BlockGeometry;
-use super::{Gpu, GpuError};
+use kvcore::gpu::{BlockGeometry, Gpu, GpuError, HostTier};
 
 /// Measured copy rates in GB/s (10^9 bytes per second).
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -1,6 +1,7 @@
-//! Benchmarks only: variants of the host tier's "both ways at once" copies
-//! for fully scattered blocks (device and host pages both in random order),
-//! measured side by side in one run (docs/benchmarks.md, sixth pass).
+//! Variants of the host tier's "both ways at once" copies for fully
+//! scattered blocks (device and host pages both in random order), measured
+//! side by side in one run (`kvcore gpu-bench --only host` and
+//! `--only host-explore`).
 //!
 //! Every variant moves the same wave: half of the host pages receive
 //! offloaded device pages, the other half are onboarded into device pages,
@@ -10,7 +11,7 @@
 //! - the library's copy kernel through the engine (`kv_block_copy`), once
 //!   per [`KernelOptions`] set, so that the default is compared with the
 //!   even split of before in the same run, and the automatic path;
-//! - the experiment kernels of `cuda/host_copy_x.cu` over segment lists:
+//! - the lab kernels of `cuda/lab/host_copy_x.cu` over segment lists:
 //!   the split with chosen loads in flight per direction and write blocks,
 //!   read-side variants (an L2 fetch-size hint, bulk L2 prefetches), and a
 //!   bulk-copy (TMA) kernel that moves each segment through shared memory;
@@ -21,22 +22,71 @@
 //! reference kernels and the copy engines with default attributes. Each
 //! variant is checked against its sources after its timed launches (its
 //! destinations are overwritten with a marker first). Mixes of kernel and
-//! copy engines were measured with earlier versions of this file (the logs
-//! `docs/gpu-runs/2026-11-30-h200-sixth-pass-explore{1,2}.log`); the copy
-//! engines lost there because the batched call costs the host 0.5-3 µs per
-//! run, so they are no longer listed.
+//! copy engines were measured with earlier versions of this file (logs in
+//! `docs/gpu-runs/`); the copy engines lost there because the batched call
+//! costs the host 0.5-3 µs per run, so they are no longer listed.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
 
-use super::device::{HostLayout, HostTier};
-use super::dma::{RunList, Seg};
-use super::kernels::{KernelOptions, arch_for};
+use kvcore::gpu::{
+    BlockGeometry, CopyOp, Gpu, GpuError, HostCopyPath, HostLayout, HostTier, KernelOptions, launch_copy_wave,
+    nvrtc_options,
+};
+
 use super::measure::{median, time_ms};
-use super::pool::{BlockGeometry, CopyOp};
-use super::{Gpu, GpuError, HostCopyPath, launch_copy_wave};
+
+/// A byte segment as the lab kernels read it (`Seg` in
+/// `cuda/lab/host_copy_x.cu`: destination, source, length).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seg {
+    dst: u64,
+    src: u64,
+    len: u64,
+}
+
+/// The segments as the bytes the kernels read (three little-endian words each).
+fn seg_bytes(segs: &[Seg]) -> Vec<u8> {
+    segs.iter().flat_map(|s| [s.dst, s.src, s.len]).flat_map(u64::to_le_bytes).collect()
+}
+
+/// Byte runs for the copy engines' batched call, merged where they continue
+/// each other.
+#[derive(Debug, Default, Clone)]
+struct RunList {
+    dsts: Vec<u64>,
+    srcs: Vec<u64>,
+    sizes: Vec<usize>,
+}
+
+impl RunList {
+    fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+
+    fn push(&mut self, dst: u64, src: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let (Some(d), Some(s), Some(z)) = (self.dsts.last(), self.srcs.last(), self.sizes.last_mut())
+            && *d + *z as u64 == dst
+            && *s + *z as u64 == src
+        {
+            *z += n as usize;
+            return;
+        }
+        self.dsts.push(dst);
+        self.srcs.push(src);
+        self.sizes.push(n as usize);
+    }
+}
 
 /// One measured variant.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -60,36 +110,32 @@ pub struct Variant {
     pub reads_end_ms: f64,
 }
 
-/// A kernel launch of the experiment module.
+/// A kernel launch of the lab module.
 struct Kernel {
     f: CudaFunction,
     block: u32,
     smem: u32,
 }
 
-/// The verification kernels of the experiment module.
+/// The verification kernels of the lab module.
 struct Module {
     _m: Arc<CudaModule>,
     fill: CudaFunction,
     compare: CudaFunction,
 }
 
-/// Compiles `cuda/host_copy_x.cu` with `defines` for `gpu`'s device and loads it.
+/// Compiles `cuda/lab/host_copy_x.cu` after kvcore's shared header, with
+/// `defines`, as kvcore compiles its own modules for `gpu`'s device, and
+/// loads it.
 fn compile(gpu: &Gpu, defines: &str) -> Result<Arc<CudaModule>, GpuError> {
-    let ctx = gpu.context();
-    let major = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-    let minor = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    let src =
-        format!("{defines}{}\n{}", include_str!("../../cuda/common.cuh"), include_str!("../../cuda/host_copy_x.cu"));
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: arch_for(major, minor),
-        name: Some("host_copy_x.cu".to_owned()),
-        options: vec!["--std=c++17".to_owned()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+    let src = format!(
+        "{defines}{}\n{}",
+        include_str!("../../../cuda/common.cuh"),
+        include_str!("../../../cuda/lab/host_copy_x.cu")
+    );
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, nvrtc_options(gpu.arch(), "host_copy_x.cu"))
         .map_err(|e| GpuError::Compile { kernel: "host_copy_x.cu", log: format!("{e:?}") })?;
-    Ok(ctx.load_module(ptx)?)
+    Ok(gpu.context().load_module(ptx)?)
 }
 
 /// Makes `streams` wait for the work queued so far on the handle's stream.
@@ -119,8 +165,9 @@ fn join(gpu: &Gpu, streams: &[&Arc<CudaStream>]) -> Result<(), GpuError> {
 /// access order and flags.
 ///
 /// # Safety
-/// As [`super::dma::enqueue`]: every run inside live allocations, no run
-/// writing bytes another reads or writes.
+/// Every run inside live allocations (device memory of the stream's context
+/// or mapped pinned host memory) until the stream has passed this point, no
+/// run writing bytes another reads or writes.
 unsafe fn batch(list: &RunList, stream: &CudaStream, attr: CeAttr) -> Result<(), GpuError> {
     if list.is_empty() {
         return Ok(());
@@ -166,7 +213,7 @@ struct CeAttr {
 /// `split` of them writes to the host moved by the first `first_blocks`
 /// blocks (a single-direction launch of writes passes split = n and
 /// first_blocks = grid; of reads, 0 and 0); `stream`: index into the
-/// experiment's kernel streams, `None` for the handle's stream.
+/// lab's kernel streams, `None` for the handle's stream.
 #[derive(Clone, Copy)]
 struct Launch<'a> {
     k: &'a Kernel,
@@ -273,11 +320,8 @@ fn run_plan(
 }
 
 fn upload_segs(gpu: &Gpu, segs: &[Seg]) -> Result<(CudaSlice<u8>, u64), GpuError> {
-    let buf = if segs.is_empty() {
-        gpu.stream().alloc_zeros(24)?
-    } else {
-        gpu.stream().clone_htod(bytemuck::cast_slice::<Seg, u8>(segs))?
-    };
+    let buf =
+        if segs.is_empty() { gpu.stream().alloc_zeros(24)? } else { gpu.stream().clone_htod(&seg_bytes(segs))? };
     let p = buf.device_ptr(gpu.stream()).0;
     Ok((buf, p))
 }
