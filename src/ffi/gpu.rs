@@ -31,7 +31,6 @@
 //! call it, and map its [`GpuError`] to a status and message.
 
 use crate::gpu::{DeviceBytes, DevicePool, EngineGpu, GpuError};
-use crate::resources::BlockCopy;
 
 use super::boundary::{ffi_boundary, try_out, try_ref, try_slice, try_slice_out, with_engine};
 use super::handle::kvc_engine;
@@ -74,32 +73,19 @@ pub struct kvc_kv_pool {
     pub reserved: u32,
 }
 
-/// What a handle holds of the GPU path: the engine's [`EngineGpu`], which
-/// keeps the state and makes every check; the exports below only convert
-/// and report.
-#[derive(Default)]
-pub(crate) struct GpuState(EngineGpu);
-
-impl GpuState {
-    /// Called by `kvc_engine_step`: the step's copies replace any that were
-    /// not performed (the caller then performed them itself, or skipped them).
-    pub(crate) fn set_pending(&mut self, copies: &[BlockCopy]) {
-        self.0.set_pending(copies);
-    }
-
-    /// Digests of device-resident byte strings, in order (every range is
-    /// checked first), for `kvc_engine_digest_device` and device image items.
-    ///
-    /// The caller's contract (the exports' `# Safety`) keeps every item's
-    /// memory allocated and unchanged for the call.
-    pub(crate) fn digests(&self, items: &[kvc_device_bytes]) -> Result<Vec<[u8; 32]>, Failure> {
-        let list: Vec<DeviceBytes> = items.iter().map(|it| DeviceBytes { ptr: it.ptr, len: it.len }).collect();
-        // SAFETY: the items are the caller's, whose contract (the exports'
-        // `# Safety`, for `kvc_engine_digest_device` and for device image
-        // items of `kvc_engine_add_request`) keeps them allocated and
-        // unchanged for the call; the ranges themselves are checked.
-        unsafe { self.0.digest_device(&list) }.map_err(gpu_failure)
-    }
+/// Digests of device-resident byte strings, in order (every range is checked
+/// first by the engine's [`EngineGpu`]), for `kvc_engine_digest_device` and
+/// device image items.
+///
+/// The caller's contract (the exports' `# Safety`) keeps every item's memory
+/// allocated and unchanged for the call.
+pub(crate) fn device_digests(gpu: &EngineGpu, items: &[kvc_device_bytes]) -> Result<Vec<[u8; 32]>, Failure> {
+    let list: Vec<DeviceBytes> = items.iter().map(|it| DeviceBytes { ptr: it.ptr, len: it.len }).collect();
+    // SAFETY: the items are the caller's, whose contract (the exports'
+    // `# Safety`, for `kvc_engine_digest_device` and for device image items
+    // of `kvc_engine_add_request`) keeps them allocated and unchanged for the
+    // call; the ranges themselves are checked.
+    unsafe { gpu.digest_device(&list) }.map_err(gpu_failure)
 }
 
 /// Maps a GPU error to a status and message: bad arguments stay
@@ -137,7 +123,7 @@ fn gpu_failure(e: GpuError) -> Failure {
 /// `engine` is NULL or a live engine.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvc_engine_gpu_open(engine: *mut kvc_engine, ordinal: u32) -> kvc_status {
-    ffi_boundary!({ with_engine(engine, |st| st.gpu.0.open(ordinal).map_err(gpu_failure)) })
+    ffi_boundary!({ with_engine(engine, |st| st.gpu.open(ordinal).map_err(gpu_failure)) })
 }
 
 /// Attaches the caller's paged KV pool (see `kvc_kv_pool`) to the engine
@@ -180,7 +166,7 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
             // allocated until the engine is freed (which drops its
             // `EngineGpu` and the attached pool with it) and forbids other
             // writes to a page while `kvc_engine_copy_blocks` copies it.
-            unsafe { st.gpu.0.attach(&st.engine, device) }.map_err(gpu_failure)
+            unsafe { st.gpu.attach(&st.engine, device) }.map_err(gpu_failure)
         })
     })
 }
@@ -217,7 +203,7 @@ pub unsafe extern "C" fn kvc_engine_copy_blocks(engine: *mut kvc_engine, launche
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(launches_out);
-            let launches = st.gpu.0.copy_pending().map_err(gpu_failure)?;
+            let launches = st.gpu.copy_pending().map_err(gpu_failure)?;
             out.write(launches);
             Ok(())
         })
@@ -263,7 +249,7 @@ pub unsafe extern "C" fn kvc_engine_digest_device(
                     format!("{} digests need {need} bytes; the buffer has {}", list.len(), dst.len()),
                 ));
             }
-            let digests = st.gpu.digests(list)?;
+            let digests = device_digests(&st.gpu, list)?;
             for (d, s) in dst.iter_mut().zip(digests.iter().flatten()) {
                 d.write(*s);
             }

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 
 use crate::capabilities::Deployment;
 use crate::engine::Engine;
+use crate::gpu::EngineGpu;
 
-use super::gpu::GpuState;
 use super::records::{kvc_block_copy, kvc_event};
 
 /// An engine. Opaque: create with `kvc_engine_new`, destroy with
@@ -44,7 +44,7 @@ impl kvc_engine {
             copies: Vec::new(),
             events: VecDeque::new(),
             wire: VecDeque::new(),
-            gpu: GpuState::default(),
+            gpu: EngineGpu::default(),
         };
         Self { state: Mutex::new(state) }
     }
@@ -67,5 +67,5 @@ pub(crate) struct EngineState {
     /// Closed batches encoded as wire payloads, not yet drained.
     pub wire: VecDeque<Vec<u8>>,
     /// The GPU path: the open device, the attached KV pool, pending copies.
-    pub gpu: GpuState,
+    pub gpu: EngineGpu,
 }

@@ -8,16 +8,17 @@
 //!
 //! The shared pieces (`status.rs`, `records.rs`, `boundary.rs`, `handle.rs`)
 //! sit below the exporting files, which import them, and another exporting
-//! file only for its C type, one way. The one import upwards is `handle.rs`
-//! naming `gpu.rs`'s `GpuState`, the GPU path's state that the handle holds:
+//! file only for its C type, one way (`tests/layering.rs` checks that the
+//! files form no cycle). The handle holds the GPU path's state as the core's
+//! `kvcore::gpu::EngineGpu`:
 //!
 //! | file | imports from `ffi` |
 //! |---|---|
 //! | `status.rs`, `records.rs`, `version.rs` | nothing |
-//! | `handle.rs` | `records.rs` (the records it buffers), `gpu.rs` (`GpuState`, the GPU path's state behind the lock) |
+//! | `handle.rs` | `records.rs` (the records it buffers) |
 //! | `boundary.rs` | `handle.rs`, `status.rs` |
 //! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `step.rs` also `records.rs` |
-//! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`) |
+//! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`, `device_digests`) |
 //! | `publisher.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `request.rs` (`kvc_bytes`) |
 //! | `gpu.rs` | `boundary.rs`, `handle.rs`, `status.rs` |
 //!

@@ -16,7 +16,7 @@ use crate::ids::{FfiId, RequestId};
 use crate::tables::TokenRun;
 
 use super::boundary::{ffi_boundary, fill_or_query, try_out, try_ref, try_slice, try_slice_out, with_engine};
-use super::gpu::kvc_device_bytes;
+use super::gpu::{device_digests, kvc_device_bytes};
 use super::handle::kvc_engine;
 use super::status::{Failure, kvc_status};
 
@@ -338,7 +338,7 @@ pub unsafe extern "C" fn kvc_engine_add_request(
             // A malformed C description never reaches the engine, so it is not
             // counted in `requests_rejected` (which counts the engine's refusals).
             // Device-resident images are hashed first, all in one batch.
-            let device_digests = st.gpu.digests(&device_items(r)?)?;
+            let device_digests = device_digests(&st.gpu, &device_items(r)?)?;
             let spec = request_spec(r, &device_digests)?;
             let admission = st.engine.add_request(&spec)?;
             out.write(kvc_admission::from(admission));
