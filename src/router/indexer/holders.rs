@@ -114,7 +114,10 @@ impl HolderIndex {
     /// Replaces `worker`'s tiers `t` for `key` by `f(t)` (0 when it did not
     /// hold the key; a result of 0 removes the worker, and a key with no
     /// holder left is removed). Returns the tiers before and after: one probe
-    /// for a read and a write.
+    /// for a read and a write. Inline: it sits in the loops of every store
+    /// and removal, which lie in another module (without the hint it stayed
+    /// a call per block there).
+    #[inline]
     pub(super) fn update(&mut self, key: u64, worker: u32, f: impl FnOnce(u8) -> u8) -> (u8, u8) {
         let Some(v) = self.map.get_mut(key) else {
             let tiers = f(0);
