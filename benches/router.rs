@@ -6,13 +6,13 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
-use kvcore_router::hashing::{NoUuids, RouterKey, TokenRequest, hash_request};
-use kvcore_router::workload::{WorkloadSpec, generate};
-use kvcore_router::{Indexer, IndexerConfig};
+use kvcore_router::{
+    EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, NoUuids, RouterKey, TokenRequest, WorkerId, hash_request,
+};
 
 use crate::cpu_time::ThreadCpuTime;
 
-fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore_router::WorkerId>) {
+fn indexer_with_workers(n: usize) -> (Indexer, Vec<WorkerId>) {
     let mut ix = Indexer::new(IndexerConfig::default());
     let ws = (0..n).map(|i| ix.add_worker(&format!("w{i}"))).collect();
     (ix, ws)
@@ -22,7 +22,7 @@ fn indexer_with_workers(n: usize) -> (Indexer, Vec<kvcore_router::WorkerId>) {
 fn apply(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("router/apply_stored");
     for sequences in [16usize, 256] {
-        let w = generate(&WorkloadSpec { sequences, ..Default::default() });
+        let w = EventWorkload::generate(&EventWorkloadSpec { sequences, ..Default::default() });
         let wl = w.clone();
         g.throughput(Throughput::Elements(w.blocks as u64));
         g.bench_function(format!("{sequences}x128_blocks"), |b| {
@@ -58,7 +58,7 @@ fn apply(c: &mut Criterion<ThreadCpuTime>) {
 }
 
 /// Blocks a worker stores in a workload.
-fn w_blocks(worker: usize, w: &kvcore_router::workload::Workload) -> usize {
+fn w_blocks(worker: usize, w: &EventWorkload) -> usize {
     w.events
         .iter()
         .filter(|(wi, _)| *wi == worker)
@@ -71,14 +71,14 @@ fn w_blocks(worker: usize, w: &kvcore_router::workload::Workload) -> usize {
 
 /// Hashes a 4096-token text request (128 blocks of 32).
 fn hash(c: &mut Criterion<ThreadCpuTime>) {
-    let w = generate(&WorkloadSpec { sequences: 1, ..Default::default() });
+    let w = EventWorkload::generate(&EventWorkloadSpec { sequences: 1, ..Default::default() });
     let req = TokenRequest { tokens: w.sequences[0].1.clone(), ..Default::default() };
     c.bench_function("router/hash_4096_tokens", |b| b.iter(|| hash_request(black_box(&req), 32, 0, &NoUuids)));
 }
 
 /// Looks up 256 keys (128 held by one worker, then 128 unseen).
 fn lookup(c: &mut Criterion<ThreadCpuTime>) {
-    let w = generate(&WorkloadSpec { sequences: 256, ..Default::default() });
+    let w = EventWorkload::generate(&EventWorkloadSpec { sequences: 256, ..Default::default() });
     let (mut ix, ws) = indexer_with_workers(4);
     for (wi, e) in &w.events {
         ix.apply(ws[*wi], e);

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use kvcore::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
 use kvcore::{Tier, TokenRun};
-use kvcore_router::hashing::{ImagePlacement, ImageRef, NoUuids, TokenRequest, hash_request};
-use kvcore_router::{IndexerConfig, Subscriber, SubscriberConfig, WorkerId};
+use kvcore_router::{
+    ImagePlacement, ImageRef, IndexerConfig, NoUuids, Subscriber, SubscriberConfig, TokenRequest, WorkerId,
+    hash_request,
+};
 use proptest::prelude::*;
 use router_support::{Worker, sync};
 

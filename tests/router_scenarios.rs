@@ -8,10 +8,9 @@ mod router_support;
 use std::time::Duration;
 
 use kvcore::TokenRun;
-use kvcore_router::hashing::hash_request;
 use kvcore_router::{
     ImageInput, ImageRef, Message, ModelProfile, Part, ScoringConfig, Subscriber, SubscriberConfig, TokenRequest,
-    WorkerId, decide,
+    WorkerId, decide, hash_request,
 };
 use router_support::{Worker, sync};
 use tokenizers::Tokenizer;

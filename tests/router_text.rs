@@ -3,9 +3,10 @@
 
 mod router_support;
 
-use kvcore_router::hashing::{NoUuids, hash_request};
-use kvcore_router::profiles::{ModelProfile, QWEN_VISION_END_TOKEN, QWEN_VISION_START_TOKEN};
-use kvcore_router::{ImageInput, ImageRef, Message, Part};
+use kvcore_router::{
+    ImageInput, ImageRef, Message, ModelProfile, NoUuids, Part, QWEN_VISION_END_TOKEN, QWEN_VISION_START_TOKEN,
+    hash_request,
+};
 use tokenizers::Tokenizer;
 
 fn tokenizer() -> Tokenizer {

@@ -77,7 +77,7 @@ fn push_tag(buf: &mut Vec<u8>, value: Option<&str>) {
 }
 
 /// The seed of a scope: the parent key of every chain's first block.
-pub fn scope_seed(block_size: u32, lora: Option<&str>, cache_salt: Option<&str>) -> RouterKey {
+pub(crate) fn scope_seed(block_size: u32, lora: Option<&str>, cache_salt: Option<&str>) -> RouterKey {
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(SEED_TAG);
     buf.extend_from_slice(&block_size.to_le_bytes());
@@ -110,7 +110,7 @@ fn token_bytes<'a>(tokens: &'a [u32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
 /// The content hash of one block: its tokens (with the image placeholder id
 /// at image positions) and its image runs in block order. `scratch` is reused
 /// between calls so that image blocks do not allocate.
-pub fn content_hash(tokens: &[u32], runs: &[ImageRun], scratch: &mut Vec<u8>) -> u64 {
+pub(crate) fn content_hash(tokens: &[u32], runs: &[ImageRun], scratch: &mut Vec<u8>) -> u64 {
     if runs.is_empty() {
         return xxhash_rust::xxh3::xxh3_64(token_bytes(tokens, scratch));
     }
@@ -132,27 +132,11 @@ pub fn content_hash(tokens: &[u32], runs: &[ImageRun], scratch: &mut Vec<u8>) ->
 
 /// Chains a block's content hash onto its parent's key.
 #[inline]
-pub fn chain(parent: RouterKey, content: u64) -> RouterKey {
+pub(crate) fn chain(parent: RouterKey, content: u64) -> RouterKey {
     let mut buf = [0u8; 16];
     buf[..8].copy_from_slice(&parent.0.to_le_bytes());
     buf[8..].copy_from_slice(&content.to_le_bytes());
     RouterKey(xxhash_rust::xxh3::xxh3_64(&buf))
-}
-
-/// Router keys of a text-only token sequence: one per full block, chained
-/// from `seed`. The trailing partial block has no key (only full blocks are
-/// ever advertised).
-pub fn text_keys(seed: RouterKey, tokens: &[u32], block_size: u32, out: &mut Vec<RouterKey>) {
-    out.clear();
-    if block_size == 0 {
-        return;
-    }
-    let mut scratch = Vec::new();
-    let mut parent = seed;
-    for block in tokens.chunks_exact(block_size as usize) {
-        parent = chain(parent, content_hash(block, &[], &mut scratch));
-        out.push(parent);
-    }
 }
 
 /// How a request names one of its images.
@@ -402,6 +386,22 @@ pub fn hash_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Router keys of a text-only token sequence: one per full block, chained
+    /// from `seed`. The trailing partial block has no key (only full blocks are
+    /// ever advertised).
+    fn text_keys(seed: RouterKey, tokens: &[u32], block_size: u32, out: &mut Vec<RouterKey>) {
+        out.clear();
+        if block_size == 0 {
+            return;
+        }
+        let mut scratch = Vec::new();
+        let mut parent = seed;
+        for block in tokens.chunks_exact(block_size as usize) {
+            parent = chain(parent, content_hash(block, &[], &mut scratch));
+            out.push(parent);
+        }
+    }
 
     /// Text keys must be chained (a change in block 0 changes every later key)
     /// and scoped (LoRA and salt give other keys), and the general path must

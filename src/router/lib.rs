@@ -3,32 +3,44 @@
 //! It is built on the wire format alone ([`kvcore::wire`]), never on
 //! engine internals, so whatever it can do an outside router can do too.
 //!
-//! | module | what |
+//! Every module is private and the list of `pub use` below is the API, by
+//! concern:
+//!
+//! | concern | items |
 //! |---|---|
-//! | [`hashing`] | router keys, and a request's keys from token ids and image placements |
-//! | [`profiles`] | text and images to token ids: chat template and image placeholder expansion per model |
-//! | [`indexer`] | which worker holds which block in which tier; longest-prefix lookups |
-//! | [`scoring`] | the decision: overlap per tier against load |
-//! | [`subscriber`] | ZMQ SUB per worker, gap and restart detection, replay and snapshot recovery |
-//! | [`workload`] | synthetic event workloads for benches and tests |
-//! | [`table`] | the open-addressing hash table the indexer keeps its large maps in |
+//! | a request's keys | [`hash_request`] of a [`TokenRequest`] (token ids and [`ImagePlacement`]s) into a [`HashedRequest`] of [`RouterKey`]s, in a [`RouterScope`] |
+//! | images by UUID | [`UuidResolver`] (the [`Indexer`] is one, [`NoUuids`] knows none), [`UuidLookup`] |
+//! | text and images to token ids | [`ModelProfile`] renders [`Message`]s of [`Part`]s through a tokenizer |
+//! | which worker holds what | [`Indexer`]: events in, [`Overlap`]s per worker and [`Tier`] out |
+//! | the decision | [`decide`] weighs overlap against load ([`ScoringConfig`]) into a [`Decision`] |
+//! | the stream | [`Subscriber`]: ZMQ per worker, gap and restart detection, replay and snapshot recovery |
+//! | benches and tests | [`EventWorkload`]: synthetic stored events shaped like Dynamo's benchmark |
+//!
+//! Inside, the modules depend on each other in one direction only:
+//! `hashing` and `table` use nothing of the crate; `indexer` uses both;
+//! `profiles` uses `hashing`; `scoring` uses `hashing` and `indexer`;
+//! `subscriber` uses `indexer`; `workload` stands alone.
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
-pub mod hashing;
-pub mod indexer;
-pub mod profiles;
-pub mod scoring;
-pub mod subscriber;
-pub mod table;
-pub mod workload;
+mod hashing;
+mod indexer;
+mod profiles;
+mod scoring;
+mod subscriber;
+mod table;
+mod workload;
 
 pub use hashing::{
-    HashedRequest, ImagePlacement, ImageRef, RouterKey, RouterScope, TokenRequest, UuidLookup, UuidResolver,
-    hash_request,
+    HashError, HashedRequest, ImagePlacement, ImageRef, KeysStop, NoUuids, RouterKey, RouterScope, TokenRequest,
+    UuidLookup, UuidResolver, hash_request, lora_identity,
 };
-pub use indexer::{Indexer, IndexerConfig, IndexerCounters, MemoryReport, Overlap, WorkerId};
+pub use indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, Overlap, WorkerId};
 pub use kvcore::Tier;
-pub use profiles::{ImageInput, Message, ModelProfile, Part};
-pub use scoring::{Decision, ScoringConfig, decide};
-pub use subscriber::{Subscriber, SubscriberConfig, SubscriberCounters};
+pub use profiles::{
+    ChatTemplate, ImageInput, ImageTokens, Message, ModelProfile, Part, ProfileError, QWEN_VISION_END_TOKEN,
+    QWEN_VISION_START_TOKEN,
+};
+pub use scoring::{Decision, ScoringConfig, WorkerScore, decide};
+pub use subscriber::{SubscribeError, Subscriber, SubscriberConfig, SubscriberCounters, WorkerSync};
+pub use workload::{EventWorkload, EventWorkloadSpec};

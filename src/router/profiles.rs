@@ -343,7 +343,7 @@ fn round_half_even(num: u64, den: u64) -> u64 {
 /// Qwen2-VL's resize rule for an image of `h × w` pixels: returns the
 /// resized `(h', w')`, both multiples of `factor`, with
 /// `min_pixels <= h'·w' <= max_pixels` (up to one factor of rounding).
-pub fn qwen_resize(h: u32, w: u32, factor: u32, min_pixels: u64, max_pixels: u64) -> Result<(u64, u64), &'static str> {
+fn qwen_resize(h: u32, w: u32, factor: u32, min_pixels: u64, max_pixels: u64) -> Result<(u64, u64), &'static str> {
     if h == 0 || w == 0 {
         return Err("width and height must be at least 1 pixel");
     }

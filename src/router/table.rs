@@ -24,7 +24,7 @@ const GROW_FOUR_SLOTS: usize = 1 << 16;
 /// level. A hint only: it never faults and nothing waits for it, so a loop
 /// may issue many and let their misses overlap with other work.
 #[inline(always)]
-pub fn prefetch<T>(value: &T) {
+pub(crate) fn prefetch<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     safe_arch::prefetch_t0(value);
     #[cfg(not(target_arch = "x86_64"))]
@@ -33,7 +33,7 @@ pub fn prefetch<T>(value: &T) {
 
 /// A map from `u64` hash keys to small `Copy` values.
 #[derive(Clone, Debug)]
-pub struct U64Table<V: Copy> {
+pub(crate) struct U64Table<V: Copy> {
     slots: Vec<(u64, V)>,
     /// log2 of the slot count (0 when no slot is allocated).
     bits: u32,
@@ -77,12 +77,8 @@ impl<V: Copy + Default> U64Table<V> {
         self.len + self.side.is_some() as usize
     }
 
-    /// Whether the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Slots allocated.
+    /// Slots allocated (tests check the growth rule by it).
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }

@@ -17,11 +17,10 @@ use clap::Args;
 use kvcore::ImageDigest;
 use kvcore::wire::WireEvent;
 use kvcore::wire::decode_payload;
-use kvcore_router::hashing::{HashedRequest, ImagePlacement, ImageRef, RouterKey, TokenRequest, hash_request};
-use kvcore_router::workload::{WorkloadSpec, generate};
 use kvcore_router::{
-    ImageInput, Indexer, IndexerConfig, Message, ModelProfile, Part, ScoringConfig, Subscriber, SubscriberConfig,
-    WorkerId, decide,
+    EventWorkload, EventWorkloadSpec, HashedRequest, ImageInput, ImagePlacement, ImageRef, Indexer, IndexerConfig,
+    Message, ModelProfile, NoUuids, Part, RouterKey, ScoringConfig, Subscriber, SubscriberConfig, TokenRequest,
+    WorkerId, decide, hash_request,
 };
 use serde_json::{Value, json};
 
@@ -390,7 +389,7 @@ fn time_calls(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
 
 /// Runs `kvcore route-bench`.
 pub fn bench(args: BenchArgs) -> Result<(), Error> {
-    let spec = WorkloadSpec {
+    let spec = EventWorkloadSpec {
         seed: args.seed,
         sequences: args.sequences,
         seq_tokens: args.seq_tokens,
@@ -436,7 +435,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         }
         events = evs;
     } else {
-        events = generate(&spec).events.into_iter().map(|(w, e)| (w as i64 + 1, e)).collect();
+        events = EventWorkload::generate(&spec).events.into_iter().map(|(w, e)| (w as i64 + 1, e)).collect();
     }
 
     // Workers by id, in order of first appearance.
@@ -601,7 +600,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         }
     }
     let req = TokenRequest { tokens: first_tokens.clone(), ..Default::default() };
-    let mut keys = hash_request(&req, args.block_size, 0, &kvcore_router::hashing::NoUuids)?.keys;
+    let mut keys = hash_request(&req, args.block_size, 0, &NoUuids)?.keys;
     let hit_blocks = keys.len().min(args.lookup_keys);
     keys.truncate(args.lookup_keys);
     let mut x = args.seed ^ 0x9E37_79B9_7F4A_7C15;
@@ -627,9 +626,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         .collect();
     let hash_req = TokenRequest { tokens: hash_tokens, ..Default::default() };
     let (hash_p50, hash_p99) = time_calls(args.iters, || {
-        std::hint::black_box(
-            hash_request(std::hint::black_box(&hash_req), args.block_size, 0, &kvcore_router::hashing::NoUuids).ok(),
-        );
+        std::hint::black_box(hash_request(std::hint::black_box(&hash_req), args.block_size, 0, &NoUuids).ok());
     });
     let mem = ix.memory();
     let ours = json!({

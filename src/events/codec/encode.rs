@@ -1,0 +1,242 @@
+//! The encoder: wire events as msgpack, in the map or the array form, with
+//! the smallest encoding of every integer, so that a batch's size is a
+//! property of its content alone.
+
+use super::layout::{EncodeOptions, EventForm, POS_BLOCK_MM_INFOS, POS_CACHE_SALT, POS_IMAGE_ROUTING};
+use super::project::wire_event;
+use super::write::{
+    put_array_len, put_bin, put_f64, put_int, put_map_len, put_nil, put_opt_int, put_opt_str, put_str, put_u32,
+    put_uint,
+};
+use crate::events::KvEvent;
+use crate::events::wire::{IMAGE_ROUTING_VERSION, ImageRoutingV1, WireBatch, WireBlockStored, WireEvent, WireMmInfo};
+
+/// Encodes typed events as one payload `[ts, events, data_parallel_rank]`,
+/// appending to `out`.
+pub fn encode_events(
+    events: &[KvEvent],
+    ts: f64,
+    data_parallel_rank: Option<i64>,
+    opts: &EncodeOptions,
+    out: &mut Vec<u8>,
+) {
+    put_array_len(out, 3);
+    put_f64(out, ts);
+    put_array_len(out, events.len());
+    for e in events {
+        put_event(out, &wire_event(e, opts), opts.form);
+    }
+    put_opt_int(out, data_parallel_rank);
+}
+
+/// Encodes a decoded batch again, appending to `out` (for `kvcore events
+/// replay`, tests and the fuzz targets).
+pub fn encode_payload(batch: &WireBatch, form: EventForm, out: &mut Vec<u8>) {
+    put_array_len(out, 3);
+    put_f64(out, batch.ts);
+    put_array_len(out, batch.events.len());
+    for e in &batch.events {
+        put_event(out, e, form);
+    }
+    put_opt_int(out, batch.data_parallel_rank);
+}
+
+/// The sequence frame: `seq` as 8 big-endian bytes.
+pub fn seq_frame(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+fn put_event(out: &mut Vec<u8>, e: &WireEvent, form: EventForm) {
+    match (e, form) {
+        (WireEvent::BlockStored(s), EventForm::Map) => put_stored_map(out, s),
+        (WireEvent::BlockStored(s), EventForm::Array) => put_stored_array(out, s),
+        (WireEvent::BlockRemoved(r), EventForm::Map) => {
+            put_map_len(out, 3);
+            put_str(out, "type");
+            put_str(out, "BlockRemoved");
+            put_str(out, "block_hashes");
+            put_hashes(out, &r.block_hashes);
+            put_str(out, "medium");
+            put_opt_str(out, r.medium.as_deref());
+        }
+        (WireEvent::BlockRemoved(r), EventForm::Array) => {
+            put_array_len(out, 3);
+            put_str(out, "BlockRemoved");
+            put_hashes(out, &r.block_hashes);
+            put_opt_str(out, r.medium.as_deref());
+        }
+        (WireEvent::AllBlocksCleared, EventForm::Map) => {
+            put_map_len(out, 1);
+            put_str(out, "type");
+            put_str(out, "AllBlocksCleared");
+        }
+        (WireEvent::AllBlocksCleared, EventForm::Array) => {
+            put_array_len(out, 1);
+            put_str(out, "AllBlocksCleared");
+        }
+        (WireEvent::Unknown { name }, EventForm::Map) => {
+            put_map_len(out, 1);
+            put_str(out, "type");
+            put_str(out, name);
+        }
+        (WireEvent::Unknown { name }, EventForm::Array) => {
+            put_array_len(out, 1);
+            put_str(out, name);
+        }
+    }
+}
+
+fn put_stored_map(out: &mut Vec<u8>, s: &WireBlockStored) {
+    let fields = 7
+        + usize::from(s.token_ids.is_some())
+        + usize::from(s.cache_salt.is_some())
+        + usize::from(s.block_mm_infos.is_some())
+        + usize::from(s.image_routing.is_some());
+    put_map_len(out, fields);
+    put_str(out, "type");
+    put_str(out, "BlockStored");
+    put_str(out, "block_hashes");
+    put_hashes(out, &s.block_hashes);
+    put_str(out, "parent_block_hash");
+    put_opt_int(out, s.parent_block_hash);
+    if let Some(t) = &s.token_ids {
+        put_str(out, "token_ids");
+        put_tokens(out, t);
+    }
+    put_str(out, "block_size");
+    put_uint(out, s.block_size.into());
+    put_str(out, "lora_id");
+    put_opt_int(out, s.lora_id);
+    put_str(out, "medium");
+    put_opt_str(out, s.medium.as_deref());
+    put_str(out, "lora_name");
+    put_opt_str(out, s.lora_name.as_deref());
+    if let Some(salt) = &s.cache_salt {
+        put_str(out, "cache_salt");
+        put_str(out, salt);
+    }
+    if let Some(infos) = &s.block_mm_infos {
+        put_str(out, "block_mm_infos");
+        put_mm_infos(out, infos);
+    }
+    if let Some(r) = &s.image_routing {
+        put_str(out, "image_routing");
+        put_image_routing(out, r);
+    }
+}
+
+fn put_stored_array(out: &mut Vec<u8>, s: &WireBlockStored) {
+    // vLLM's seven core fields always; ours only as far as the last one set.
+    let len = if s.cache_salt.is_some() {
+        POS_CACHE_SALT + 1
+    } else if s.image_routing.is_some() {
+        POS_IMAGE_ROUTING + 1
+    } else if s.block_mm_infos.is_some() {
+        POS_BLOCK_MM_INFOS + 1
+    } else {
+        8
+    };
+    put_array_len(out, len);
+    put_str(out, "BlockStored");
+    put_hashes(out, &s.block_hashes);
+    put_opt_int(out, s.parent_block_hash);
+    match &s.token_ids {
+        Some(t) => put_tokens(out, t),
+        None => put_nil(out),
+    }
+    put_uint(out, s.block_size.into());
+    put_opt_int(out, s.lora_id);
+    put_opt_str(out, s.medium.as_deref());
+    put_opt_str(out, s.lora_name.as_deref());
+    if len > 8 {
+        // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
+        for _ in 8..POS_BLOCK_MM_INFOS {
+            put_nil(out);
+        }
+        match &s.block_mm_infos {
+            Some(i) => put_mm_infos(out, i),
+            None => put_nil(out),
+        }
+    }
+    if len > POS_IMAGE_ROUTING {
+        match &s.image_routing {
+            Some(r) => put_image_routing(out, r),
+            None => put_nil(out),
+        }
+    }
+    if len > POS_CACHE_SALT {
+        put_opt_str(out, s.cache_salt.as_deref());
+    }
+}
+
+fn put_mm_infos(out: &mut Vec<u8>, infos: &[Option<WireMmInfo>]) {
+    put_array_len(out, infos.len());
+    for info in infos {
+        match info {
+            None => put_nil(out),
+            Some(info) => {
+                put_map_len(out, 1);
+                put_str(out, "mm_objects");
+                put_array_len(out, info.mm_objects.len());
+                for o in &info.mm_objects {
+                    put_map_len(out, 2);
+                    put_str(out, "mm_hash");
+                    put_uint(out, o.mm_hash);
+                    put_str(out, "offsets");
+                    put_array_len(out, o.offsets.len());
+                    for [s, e] in &o.offsets {
+                        put_array_len(out, 2);
+                        put_uint(out, (*s).into());
+                        put_uint(out, (*e).into());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn put_image_routing(out: &mut Vec<u8>, r: &ImageRoutingV1) {
+    put_map_len(out, 3);
+    put_str(out, "v");
+    put_uint(out, IMAGE_ROUTING_VERSION);
+    put_str(out, "items");
+    put_array_len(out, r.items.len());
+    for item in &r.items {
+        put_array_len(out, 2);
+        put_bin(out, &item.digest);
+        put_opt_str(out, item.uuid.as_deref());
+    }
+    put_str(out, "blocks");
+    put_array_len(out, r.blocks.len());
+    for refs in &r.blocks {
+        if refs.is_empty() {
+            put_nil(out);
+            continue;
+        }
+        put_array_len(out, refs.len());
+        for x in refs {
+            put_array_len(out, 4);
+            put_uint(out, x.item.into());
+            put_uint(out, x.item_offset.into());
+            put_uint(out, x.block_offset.into());
+            put_uint(out, x.len.into());
+        }
+    }
+}
+
+fn put_hashes(out: &mut Vec<u8>, hashes: &[i64]) {
+    put_array_len(out, hashes.len());
+    for h in hashes {
+        put_int(out, *h);
+    }
+}
+
+fn put_tokens(out: &mut Vec<u8>, tokens: &[u32]) {
+    put_array_len(out, tokens.len());
+    // At most 5 bytes a token: one reservation instead of a growth check
+    // turning into a reallocation somewhere inside the loop.
+    out.reserve(tokens.len() * 5);
+    for &t in tokens {
+        put_u32(out, t);
+    }
+}

@@ -1,0 +1,521 @@
+//! Applying events: `BlockStored`, `BlockRemoved` and `AllBlocksCleared`,
+//! with the table slots each event reads first fetched ahead.
+//!
+//! A stored event is applied in three steps, so that the cache misses of its
+//! table slots overlap instead of coming one at a time:
+//!
+//! 1. the content hash of each block, pure computation, while the worker's
+//!    table slots fetched ahead of the event arrive;
+//! 2. the router keys the blocks will most likely get, chained from the
+//!    parent's key, then a tight loop prefetching every holder slot step 3
+//!    will write;
+//! 3. the inserts: in the common case (every block keyed, no block of the
+//!    worker waiting for a parent, room for all) the whole event at once,
+//!    the worker's table first (its lines were fetched before the hashes),
+//!    then the holder index, whose lines have had those inserts' time to
+//!    arrive; otherwise block by block, keying what can be keyed and holding
+//!    the rest as pending.
+//!
+//! The steps work in the indexer's [`StoreScratch`], borrowed whole beside
+//! the worker's tables ([`WorkerStore`]), so that applying allocates nothing
+//! once its buffers have grown.
+
+use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
+use kvcore::{ImageDigest, ImageRun, Tier};
+
+use super::holders::{HolderIndex, tier_bit};
+use super::worker::{Waiting, WorkerBlocks, unlink_child};
+use super::{Indexer, IndexerCounters, StoreScratch, WorkerId};
+use crate::hashing::{RouterKey, chain, content_hash, lora_identity, scope_seed};
+use crate::table::prefetch;
+
+/// What steps 1 and 2 found out about a stored event, for step 3.
+#[derive(Clone, Copy, Debug)]
+struct Staged {
+    /// The worker's index.
+    worker: usize,
+    /// The event's tier bit.
+    bit: u8,
+    /// The parent's router key (the seed for a chain start); `None` when the
+    /// worker does not hold the parent keyed.
+    parent_key: Option<u64>,
+}
+
+/// One worker's tables and the shared holder index, borrowed together so
+/// that step 3 writes them while it reads the scratch buffers.
+struct WorkerStore<'a> {
+    /// The worker's blocks.
+    blocks: &'a mut WorkerBlocks,
+    /// The worker's index, as the holder index packs it.
+    worker: u32,
+    /// The shared holder index.
+    index: &'a mut HolderIndex,
+    /// The indexer's counters.
+    counters: &'a mut IndexerCounters,
+    /// `blocks_per_worker_max`.
+    blocks_max: usize,
+    /// The event's tier bit.
+    bit: u8,
+}
+
+impl Indexer {
+    /// Applies one decoded event from `worker`. Events from unknown or
+    /// removed workers are ignored.
+    pub fn apply(&mut self, worker: WorkerId, event: &WireEvent) {
+        self.prefetch_event(worker, event);
+        self.apply_fetched(worker, event);
+    }
+
+    /// [`Indexer::apply`] once `prefetch_event` has run for the event.
+    fn apply_fetched(&mut self, worker: WorkerId, event: &WireEvent) {
+        if !self.is_live(worker) {
+            return;
+        }
+        match event {
+            WireEvent::BlockStored(s) => self.apply_stored(worker, s),
+            WireEvent::BlockRemoved(r) => self.apply_removed(worker, r),
+            WireEvent::AllBlocksCleared => {
+                self.counters.cleared_events += 1;
+                self.clear_worker(worker);
+            }
+            // A newer publisher's event type: nothing this router keys on.
+            WireEvent::Unknown { .. } => self.counters.events_unknown += 1,
+        }
+    }
+
+    /// Applies events in order, each as [`Indexer::apply`] does, reading ahead
+    /// one event: while an event is applied, the table slots that the next
+    /// one will touch are already being fetched.
+    pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (WorkerId, &'a WireEvent)>) {
+        let mut it = events.into_iter().peekable();
+        if let Some((w, e)) = it.peek() {
+            self.prefetch_event(*w, e);
+        }
+        while let Some((w, e)) = it.next() {
+            if let Some((nw, ne)) = it.peek() {
+                self.prefetch_event(*nw, ne);
+            }
+            self.apply_fetched(w, e);
+        }
+    }
+
+    /// Hints the cache lines `event` will read first: its blocks' slots (and
+    /// its parent's) in the worker's table, and its token ids. The one place
+    /// these are fetched: `apply` calls it just before the event,
+    /// `apply_all` one event ahead.
+    fn prefetch_event(&self, worker: WorkerId, event: &WireEvent) {
+        let Some(wb) = self.workers.get(worker.0 as usize) else { return };
+        let hashes = match event {
+            WireEvent::BlockStored(s) => {
+                if let Some(t) = s.token_ids.as_deref() {
+                    for line in t.iter().step_by(16) {
+                        prefetch(line);
+                    }
+                }
+                if let Some(p) = s.parent_block_hash {
+                    wb.keyed.prefetch(p as u64);
+                }
+                &s.block_hashes
+            }
+            WireEvent::BlockRemoved(r) => &r.block_hashes,
+            _ => return,
+        };
+        for &h in hashes {
+            wb.keyed.prefetch(h as u64);
+        }
+    }
+
+    /// The seed of a stored event's scope: the parent key of a chain start.
+    fn seed_for(&mut self, s: &WireBlockStored) -> RouterKey {
+        let lora = lora_identity(s.lora_name.as_deref(), s.lora_id.and_then(|i| u32::try_from(i).ok()));
+        if let Some((l, c, seed)) = &self.seed_cache
+            && *l == lora
+            && c.as_deref() == s.cache_salt.as_deref()
+        {
+            return *seed;
+        }
+        let seed = scope_seed(s.block_size, lora.as_deref(), s.cache_salt.as_deref());
+        self.seed_cache = Some((lora, s.cache_salt.clone(), seed));
+        seed
+    }
+
+    /// Applies a `BlockStored` (see the module docs for what is skipped).
+    ///
+    /// Kept out of line, as it was while it was public: inlined into the
+    /// dispatch with [`Indexer::apply_removed`], the two made `apply_fetched`
+    /// large, and route-bench's removals ran some 8 % slower.
+    #[inline(never)]
+    fn apply_stored(&mut self, worker: WorkerId, s: &WireBlockStored) {
+        let Some(staged) = self.stage_stored(worker, s) else { return };
+        let (mut store, scratch) = self.store_for(staged);
+        if !store.store_whole_event(&s.block_hashes, scratch) {
+            store.store_block_by_block(s, scratch, staged.parent_key);
+        }
+    }
+
+    /// Applies an event as [`Indexer::apply`] does, except that a
+    /// `BlockStored` goes block by block at step 3 whatever its case: the
+    /// reference that the whole-event store is checked against.
+    #[cfg(test)]
+    pub(super) fn apply_block_by_block(&mut self, worker: WorkerId, event: &WireEvent) {
+        match event {
+            WireEvent::BlockStored(s) if self.is_live(worker) => {
+                let Some(staged) = self.stage_stored(worker, s) else { return };
+                let (mut store, scratch) = self.store_for(staged);
+                store.store_block_by_block(s, scratch, staged.parent_key);
+            }
+            _ => self.apply(worker, event),
+        }
+    }
+
+    /// Everything of a stored event before its inserts: the checks, the
+    /// UUIDs it pairs with digests, its seed, then steps 1 and 2 into the
+    /// scratch buffers. `None`, counted, when the event stores nothing.
+    fn stage_stored(&mut self, worker: WorkerId, s: &WireBlockStored) -> Option<Staged> {
+        let w = worker.0 as usize;
+        if w >= self.workers.len() {
+            return None;
+        }
+        let tokens = self.checked_tokens(s)?;
+        self.counters.stored_events += 1;
+        self.learn_uuids(s);
+        let seed = self.seed_for(s);
+        let bit = tier_bit(Tier::from_medium(s.medium.as_deref()));
+        // The parent's slot and the blocks' own slots in the worker's table
+        // were fetched ahead (`prefetch_event`, by `apply` or `apply_all`)
+        // and are read after the content hashes.
+        self.scratch.hash_contents(s, tokens, &mut self.counters);
+        let parent_key = match s.parent_block_hash {
+            Some(p) => self.workers[w].keyed.get(p as u64).copied(),
+            None => Some(seed.0),
+        };
+        self.scratch.predict_keys(parent_key);
+        // The reads are independent and few instructions apart, so their
+        // cache misses are all in flight at once instead of one or two at a
+        // time between hash computations.
+        for &k in &self.scratch.keys {
+            self.index.map.prefetch(k);
+        }
+        Some(Staged { worker: w, bit, parent_key })
+    }
+
+    /// The token ids of a stored event, or `None`, counted, when it cannot
+    /// be keyed: another block size, no token ids, or token ids or image
+    /// blocks that do not match its block count.
+    fn checked_tokens<'s>(&mut self, s: &'s WireBlockStored) -> Option<&'s [u32]> {
+        let n = s.block_hashes.len();
+        if s.block_size != self.config.block_size {
+            self.counters.events_wrong_block_size += 1;
+            return None;
+        }
+        let Some(tokens) = s.token_ids.as_deref() else {
+            self.counters.blocks_without_tokens += n as u64;
+            return None;
+        };
+        let bs = s.block_size as usize;
+        let routing = s.image_routing.as_ref();
+        if tokens.len() != n * bs || routing.is_some_and(|r| !r.blocks.is_empty() && r.blocks.len() != n) {
+            self.counters.events_malformed += 1;
+            return None;
+        }
+        Some(tokens)
+    }
+
+    /// Learns the UUID-to-digest pairs of a stored event's image items.
+    fn learn_uuids(&mut self, s: &WireBlockStored) {
+        let Some(r) = &s.image_routing else { return };
+        for item in &r.items {
+            if let Some(u) = &item.uuid {
+                let learned = self.uuids.learn(u, ImageDigest(item.digest), self.config.uuids_max);
+                self.counters.uuid_conflicts += u64::from(learned.conflict);
+                self.counters.uuids_forgotten += learned.forgotten;
+            }
+        }
+    }
+
+    /// The tables of a staged event's worker, and the scratch buffers
+    /// holding its steps 1 and 2, borrowed apart.
+    fn store_for(&mut self, staged: Staged) -> (WorkerStore<'_>, &mut StoreScratch) {
+        let Self { config, workers, index, counters, scratch, .. } = self;
+        let store = WorkerStore {
+            blocks: &mut workers[staged.worker],
+            worker: staged.worker as u32,
+            index,
+            counters,
+            blocks_max: config.blocks_per_worker_max,
+            bit: staged.bit,
+        };
+        (store, scratch)
+    }
+
+    /// Applies a `BlockRemoved`: each hash leaves the event's tier; a block in
+    /// no tier is forgotten. Unknown hashes are no-ops. Out of line for the
+    /// reason given at [`Indexer::apply_stored`].
+    #[inline(never)]
+    fn apply_removed(&mut self, worker: WorkerId, r: &WireBlockRemoved) {
+        let w = worker.0 as usize;
+        if w >= self.workers.len() {
+            return;
+        }
+        self.counters.removed_events += 1;
+        let bit = tier_bit(Tier::from_medium(r.medium.as_deref()));
+        if r.block_hashes.len() > 1 {
+            // The blocks' slots were fetched ahead (`prefetch_event`); fetch
+            // the holder slots of the keys found there, so that their misses
+            // overlap. Only hints: the loop below looks everything up again
+            // (in cache by then).
+            let keyed = &self.workers[w].keyed;
+            for &hash in &r.block_hashes {
+                if let Some(&k) = keyed.get(hash as u64) {
+                    self.index.map.prefetch(k);
+                }
+            }
+        }
+        for &hash in &r.block_hashes {
+            let hash = hash as u64;
+            let worker = &mut self.workers[w];
+            if let Some(&key) = worker.keyed.get(hash) {
+                let (old, tiers) = self.index.update(key, w as u32, |t| t & !bit);
+                if tiers == 0 {
+                    worker.keyed.remove(hash);
+                }
+                if old & bit != 0 {
+                    self.counters.removed_blocks += 1;
+                } else {
+                    self.counters.removed_unknown += 1;
+                }
+            } else if let Some(wt) = worker.waiting.get_mut(&hash).filter(|wt| wt.tiers & bit != 0) {
+                wt.tiers &= !bit;
+                if wt.tiers == 0 {
+                    let parent = wt.parent;
+                    worker.waiting.remove(&hash);
+                    unlink_child(&mut worker.children, hash, parent);
+                }
+                self.counters.removed_blocks += 1;
+            } else {
+                self.counters.removed_unknown += 1;
+            }
+        }
+    }
+}
+
+impl StoreScratch {
+    /// Step 1: each block's content hash into `contents`, pure computation.
+    /// Stops at the first block whose image refs are malformed (the event is
+    /// counted malformed) or whose image is known only by `mm_hash` (it and
+    /// the rest of the event are counted unkeyable, as their keys chain
+    /// through it); the blocks before it are stored.
+    fn hash_contents(&mut self, s: &WireBlockStored, tokens: &[u32], counters: &mut IndexerCounters) {
+        let (n, bs) = (s.block_hashes.len(), s.block_size as usize);
+        let routing = s.image_routing.as_ref();
+        self.contents.clear();
+        for i in 0..n {
+            let block = &tokens[i * bs..(i + 1) * bs];
+            self.runs.clear();
+            if let Some(r) = routing
+                && let Some(refs) = r.blocks.get(i)
+            {
+                let mut bad = false;
+                for x in refs {
+                    match r.items.get(x.item as usize) {
+                        Some(item) if x.block_offset as u64 + x.len as u64 <= bs as u64 => self.runs.push(ImageRun {
+                            digest: ImageDigest(item.digest),
+                            item_offset: x.item_offset,
+                            block_offset: x.block_offset,
+                            len: x.len,
+                        }),
+                        _ => bad = true,
+                    }
+                }
+                if bad {
+                    counters.events_malformed += 1;
+                    break;
+                }
+            } else if routing.is_none()
+                && let Some(Some(info)) = s.block_mm_infos.as_ref().and_then(|m| m.get(i))
+                && !info.mm_objects.is_empty()
+            {
+                // An image known only by `mm_hash`: no content identity.
+                counters.image_blocks_unkeyable += (n - i) as u64;
+                break;
+            }
+            self.contents.push(content_hash(block, &self.runs, &mut self.bytes));
+        }
+    }
+
+    /// Step 2: the router key each block will most likely get, chained from
+    /// `parent_key` over the content hashes; none when the parent's key is
+    /// unknown.
+    fn predict_keys(&mut self, parent_key: Option<u64>) {
+        self.keys.clear();
+        if let Some(mut p) = parent_key {
+            for &c in &self.contents {
+                p = chain(RouterKey(p), c).0;
+                self.keys.push(p);
+            }
+        }
+    }
+}
+
+impl WorkerStore<'_> {
+    /// Step 3 in the common case: every block keyed, no block of the worker
+    /// waiting for a parent, room for all. The worker's table first (its
+    /// lines were fetched before the hashes), then the holder index, whose
+    /// lines have had those inserts' time to arrive. Returns `false`, having
+    /// stored nothing, when the event is not that case.
+    fn store_whole_event(&mut self, hashes: &[i64], scratch: &mut StoreScratch) -> bool {
+        let StoreScratch { contents, keys, added, .. } = scratch;
+        if keys.is_empty() || !self.blocks.waiting.is_empty() || self.blocks.len() + keys.len() > self.blocks_max {
+            return false;
+        }
+        added.clear();
+        for i in 0..keys.len() {
+            match self.blocks.keyed.insert_new(hashes[i] as u64, keys[i]) {
+                None => added.push(true),
+                Some(kept) => {
+                    added.push(false);
+                    // Stored before under another parent: it keeps its
+                    // key, and the chain goes on from there.
+                    if kept != keys[i] {
+                        keys[i] = kept;
+                        for j in i + 1..keys.len() {
+                            keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
+                        }
+                    }
+                }
+            }
+        }
+        let (w, bit) = (self.worker, self.bit);
+        for (&k, &new) in keys.iter().zip(added.iter()) {
+            if new {
+                self.index.add(k, w, bit);
+            } else {
+                self.index.update(k, w, |t| t | bit);
+            }
+        }
+        self.counters.stored_blocks += keys.len() as u64;
+        true
+    }
+
+    /// Step 3 in general: block by block, chaining on the keys the blocks
+    /// really have (the predicted ones while each block took the key it was
+    /// given). Stops when the worker is full, counting the blocks left.
+    fn store_block_by_block(&mut self, s: &WireBlockStored, scratch: &StoreScratch, mut parent_key: Option<u64>) {
+        let n = s.block_hashes.len();
+        let mut parent = s.parent_block_hash.map(|p| p as u64);
+        let mut on_track = !scratch.keys.is_empty();
+        for (i, &content) in scratch.contents.iter().enumerate() {
+            let hash = s.block_hashes[i] as u64;
+            let key = if on_track { Some(scratch.keys[i]) } else { parent_key.map(|p| chain(RouterKey(p), content).0) };
+            // The node may keep a key from before (its parent known then).
+            let Ok(kept) = self.insert_node(hash, content, parent, key) else {
+                self.counters.blocks_dropped_full += (n - i) as u64;
+                break;
+            };
+            self.counters.stored_blocks += 1;
+            on_track &= kept == key;
+            parent_key = kept;
+            parent = Some(hash);
+        }
+    }
+
+    /// Inserts or updates one block under `parent` (`None` for a chain
+    /// start). Returns its key when it has one, or `Err` when the worker is
+    /// full.
+    fn insert_node(
+        &mut self,
+        hash: u64,
+        content: u64,
+        parent: Option<u64>,
+        key: Option<u64>,
+    ) -> Result<Option<u64>, ()> {
+        let (w, bit) = (self.worker, self.bit);
+        let full = self.blocks.len() >= self.blocks_max;
+        let worker = &mut *self.blocks;
+        // The common case: a keyed block, no block waiting (so none to
+        // resolve and none that could be this one), room left. One probe of
+        // each table, where the general path below takes two.
+        if let Some(k) = key
+            && !full
+            && worker.waiting.is_empty()
+        {
+            return Ok(Some(match worker.keyed.insert_new(hash, k) {
+                Some(kept) => {
+                    self.index.update(kept, w, |t| t | bit);
+                    kept
+                }
+                None => {
+                    self.index.add(k, w, bit);
+                    k
+                }
+            }));
+        }
+        if let Some(&k) = worker.keyed.get(hash) {
+            self.index.update(k, w, |t| t | bit);
+            return Ok(Some(k));
+        }
+        if let Some(wt) = worker.waiting.get_mut(&hash) {
+            // A waiting block stored again: take the new parent, and key it
+            // if the parent is known now.
+            wt.tiers |= bit;
+            let old = *wt;
+            match (key, parent) {
+                (Some(k), _) => {
+                    worker.waiting.remove(&hash);
+                    unlink_child(&mut worker.children, hash, old.parent);
+                    worker.keyed.insert(hash, k);
+                    self.index.set(k, w, old.tiers);
+                    self.resolve_children(hash, k);
+                }
+                (None, Some(parent)) => {
+                    *wt = Waiting { content, parent, tiers: old.tiers };
+                    if old.parent != parent {
+                        unlink_child(&mut worker.children, hash, old.parent);
+                        worker.children.entry(parent).or_default().push(hash);
+                    }
+                }
+                (None, None) => {}
+            }
+            return Ok(key);
+        }
+        if full {
+            return Err(());
+        }
+        match key {
+            Some(k) => {
+                worker.keyed.insert(hash, k);
+                let has_children = !worker.children.is_empty();
+                self.index.set(k, w, bit);
+                if has_children {
+                    self.resolve_children(hash, k);
+                }
+            }
+            None => {
+                debug_assert!(parent.is_some(), "a chain start always has a key (the seed)");
+                let parent = parent.unwrap_or_default();
+                worker.waiting.insert(hash, Waiting { content, parent, tiers: bit });
+                worker.children.entry(parent).or_default().push(hash);
+                self.counters.blocks_pending += 1;
+            }
+        }
+        Ok(key)
+    }
+
+    /// Keys every waiting descendant of `hash`, now that it has key `key`.
+    fn resolve_children(&mut self, hash: u64, key: u64) {
+        let mut stack = vec![(hash, key)];
+        while let Some((h, k)) = stack.pop() {
+            let worker = &mut *self.blocks;
+            let Some(children) = worker.children.remove(&h) else { continue };
+            for c in children {
+                let Some(wt) = worker.waiting.get(&c).copied().filter(|wt| wt.parent == h) else { continue };
+                worker.waiting.remove(&c);
+                let ck = chain(RouterKey(k), wt.content).0;
+                worker.keyed.insert(c, ck);
+                self.index.set(ck, self.worker, wt.tiers);
+                self.counters.blocks_resolved_late += 1;
+                stack.push((c, ck));
+            }
+        }
+    }
+}

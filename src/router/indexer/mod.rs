@@ -1,0 +1,388 @@
+//! The prefix indexer: which worker holds which block, in which tier, under
+//! router keys computed from event contents.
+//!
+//! ```text
+//!                 per worker                                  shared
+//!   engine hash ──► router key ───────────────────────────► router key ──► holders: [worker|tiers]
+//!   engine hash ──► Waiting { content, parent, tiers }   (parent not keyed yet)
+//!   parent hash ──► waiting children
+//!   UUID ─────────► content digest (learned from image_routing items; ambiguous on conflict)
+//! ```
+//!
+//! Why this shape:
+//! - Removals name engine hashes, lookups name router keys, so each worker
+//!   keeps a map from its engine hashes to nodes, and one shared map goes from
+//!   router key to the workers (and tiers) holding it. A lookup is then one
+//!   probe per request block, stopping at the first key nobody holds.
+//! - A stored block whose parent the worker does not hold (the engine evicted
+//!   the parent first, or re-advertised an orphan after a tier move or in a
+//!   snapshot) cannot be chained yet. It is held as a *pending* node with its
+//!   8-byte content hash and gets its router key when the parent is stored.
+//!   That matches the engine: a block whose parent is gone is unreachable by a
+//!   prefix match until the parent returns.
+//! - The view of a worker (which engine hashes it holds in which tier) is
+//!   exact whatever the order of parents and children; only the keying waits.
+//! - An image block whose identity cannot be known (Dynamo's `block_mm_infos`
+//!   alone gives a 64-bit `mm_hash`, which may come from a UUID, not from the
+//!   pixels) is skipped and counted, together with the rest of its event (their
+//!   keys chain through it). Removing a hash the worker never held is a no-op,
+//!   so later removals of those blocks are harmless.
+//! - Memory is bounded: at most `blocks_per_worker_max` nodes per worker and
+//!   `uuids_max` learned UUIDs; what does not fit is dropped and counted, and
+//!   [`Indexer::memory`] reports the sizes.
+
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the indexer and its public types, workers, lookups, invariants |
+//! | `apply.rs` | applying events: stored blocks in three steps, removals, read-ahead |
+//! | `memory.rs` | reservations and the memory report |
+//! | `holders.rs` | the shared map from router key to holders and tiers |
+//! | `worker.rs` | one worker's keyed and waiting blocks |
+//! | `uuids.rs` | UUIDs learned from events, bounded |
+
+mod apply;
+mod holders;
+mod memory;
+mod uuids;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+use kvcore::{ImageRun, Tier};
+
+use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
+use holders::{HolderIndex, MANY, TIER_BITS, tier_bit};
+use uuids::UuidMap;
+use worker::WorkerBlocks;
+
+/// A worker's dense index in the indexer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(pub u32);
+
+/// Limits and the block size of the model this indexer serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexerConfig {
+    /// Tokens per block; events with another block size are rejected.
+    pub block_size: u32,
+    /// Most blocks (held or pending) per worker.
+    pub blocks_per_worker_max: usize,
+    /// Most UUIDs remembered (oldest forgotten first).
+    pub uuids_max: usize,
+}
+
+impl Default for IndexerConfig {
+    fn default() -> Self {
+        Self { block_size: 32, blocks_per_worker_max: 1 << 24, uuids_max: 1 << 20 }
+    }
+}
+
+/// What the indexer did with the events it was given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IndexerCounters {
+    /// `BlockStored` events applied.
+    pub stored_events: u64,
+    /// Blocks of those events now held (keyed or pending).
+    pub stored_blocks: u64,
+    /// `BlockRemoved` events applied.
+    pub removed_events: u64,
+    /// Blocks removed from a tier that held them.
+    pub removed_blocks: u64,
+    /// Removals of a hash (or tier) the worker did not hold: no-ops.
+    pub removed_unknown: u64,
+    /// `AllBlocksCleared` events applied.
+    pub cleared_events: u64,
+    /// Blocks stored while their parent was unknown (keyed later, if ever).
+    pub blocks_pending: u64,
+    /// Pending blocks keyed when their parent arrived.
+    pub blocks_resolved_late: u64,
+    /// Image blocks (and the rest of their event) skipped because no content
+    /// digest identifies their image.
+    pub image_blocks_unkeyable: u64,
+    /// Blocks skipped because their event carried no token ids.
+    pub blocks_without_tokens: u64,
+    /// Events rejected for a block size other than the configured one.
+    pub events_wrong_block_size: u64,
+    /// Events rejected as malformed (token count or image references wrong).
+    pub events_malformed: u64,
+    /// Blocks dropped because the worker was at `blocks_per_worker_max`.
+    pub blocks_dropped_full: u64,
+    /// Events of a type this decoder does not know (ignored).
+    pub events_unknown: u64,
+    /// UUIDs seen with two different digests (they resolve to nothing).
+    pub uuid_conflicts: u64,
+    /// UUIDs forgotten under `uuids_max`.
+    pub uuids_forgotten: u64,
+}
+
+/// Sizes of the indexer's tables, and an estimate of their memory
+/// ([`Indexer::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IndexerMemory {
+    /// Nodes over all workers (held and pending blocks).
+    pub nodes: usize,
+    /// Of those, pending (not keyed yet).
+    pub pending: usize,
+    /// Distinct router keys held by some worker.
+    pub keys: usize,
+    /// UUIDs remembered.
+    pub uuids: usize,
+    /// Bytes allocated by the tables (capacity times entry size, an estimate).
+    pub bytes: usize,
+}
+
+/// A worker's overlap with a request: the longest prefix, in blocks, held in
+/// each tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Overlap {
+    /// The worker.
+    #[serde(serialize_with = "ser_worker")]
+    pub worker: WorkerId,
+    /// Leading blocks held on the device.
+    pub device_blocks: u32,
+    /// Leading blocks held on the device or a lower tier (at least
+    /// `device_blocks`): a host block is reused after an onboard copy.
+    pub any_tier_blocks: u32,
+}
+
+fn ser_worker<S: serde::Serializer>(w: &WorkerId, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(w.0)
+}
+
+/// The buffers that storing one `BlockStored` event works in. The indexer
+/// owns them and reuses them from event to event, so that once they have
+/// grown to the largest event, applying allocates nothing.
+#[derive(Debug)]
+struct StoreScratch {
+    /// The bytes a block with images is hashed from.
+    bytes: Vec<u8>,
+    /// The image runs of the block being hashed.
+    runs: Vec<ImageRun>,
+    /// Step 1: each block's content hash, up to the first block that cannot
+    /// be keyed.
+    contents: Vec<u64>,
+    /// Step 2: the router key each block will most likely get (empty when the
+    /// parent's key is unknown).
+    keys: Vec<u64>,
+    /// Step 3, whole event at once: whether each block's entry in the
+    /// worker's table is new.
+    added: Vec<bool>,
+}
+
+impl StoreScratch {
+    fn new() -> Self {
+        Self {
+            bytes: Vec::with_capacity(1024),
+            runs: Vec::new(),
+            contents: Vec::new(),
+            keys: Vec::new(),
+            added: Vec::new(),
+        }
+    }
+}
+
+/// The router's view of every worker's cache (see the module docs).
+#[derive(Debug)]
+pub struct Indexer {
+    config: IndexerConfig,
+    workers: Vec<WorkerBlocks>,
+    index: HolderIndex,
+    uuids: UuidMap,
+    counters: IndexerCounters,
+    scratch: StoreScratch,
+    /// The last scope seen, `(LoRA identity, cache salt, seed)`: consecutive
+    /// events nearly always share it, and its seed costs a hash.
+    seed_cache: Option<(Option<String>, Option<String>, RouterKey)>,
+}
+
+impl Indexer {
+    /// An empty indexer.
+    pub fn new(config: IndexerConfig) -> Self {
+        Self {
+            config,
+            workers: Vec::new(),
+            index: HolderIndex::default(),
+            uuids: UuidMap::default(),
+            counters: IndexerCounters::default(),
+            scratch: StoreScratch::new(),
+            seed_cache: None,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IndexerConfig {
+        &self.config
+    }
+
+    /// Adds a worker; its name is only for reports.
+    pub fn add_worker(&mut self, name: &str) -> WorkerId {
+        self.workers.push(WorkerBlocks { name: name.to_owned(), live: true, ..Default::default() });
+        WorkerId(self.workers.len() as u32 - 1)
+    }
+
+    /// Workers added so far, removed ones included (their view is empty).
+    pub fn workers_len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The name a worker was added with.
+    pub fn worker_name(&self, worker: WorkerId) -> Option<&str> {
+        self.workers.get(worker.0 as usize).map(|w| w.name.as_str())
+    }
+
+    /// Forgets everything a worker holds and stops routing to it.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.clear_worker(worker);
+        if let Some(w) = self.workers.get_mut(worker.0 as usize) {
+            w.live = false;
+        }
+    }
+
+    /// Whether the worker is live (added and not removed).
+    pub fn is_live(&self, worker: WorkerId) -> bool {
+        self.workers.get(worker.0 as usize).is_some_and(|w| w.live)
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> IndexerCounters {
+        self.counters
+    }
+
+    /// Forgets every block of one worker (its `AllBlocksCleared`, or a resync).
+    /// The tables keep their capacity for what comes next.
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        let w = worker.0 as usize;
+        let Some(wb) = self.workers.get_mut(w) else { return };
+        for (_, k) in wb.keyed.iter() {
+            self.index.set(*k, w as u32, 0);
+        }
+        wb.keyed.clear();
+        wb.waiting.clear();
+        wb.children.clear();
+    }
+
+    /// For each worker holding the request's first key, the longest prefix of
+    /// `keys` it holds, per tier. Workers holding nothing are left out.
+    pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
+        let mut out = Vec::new();
+        let Some(first) = keys.first().and_then(|k| self.index.get(k.0)) else { return out };
+        // Candidates are the holders of the first key; a worker absent there
+        // cannot have a prefix of length > 0.
+        for &h in first.as_slice() {
+            let tiers = (h & 3) as u8;
+            out.push(Overlap {
+                worker: WorkerId(h >> 2),
+                device_blocks: (tiers & tier_bit(Tier::Device) != 0) as u32,
+                any_tier_blocks: 1,
+            });
+        }
+        let mut slot: Vec<u32> = Vec::new();
+        if out.len() > 8 {
+            slot = vec![u32::MAX; self.workers.len()];
+            for (i, o) in out.iter().enumerate() {
+                slot[o.worker.0 as usize] = i as u32;
+            }
+        }
+        // Advances a worker's prefix if it reached block `i`; returns whether it did.
+        let advance = |out: &mut Vec<Overlap>, h: u32, i: u32| -> bool {
+            let (wid, tiers) = (h >> 2, (h & 3) as u8);
+            let found = if slot.is_empty() {
+                out.iter_mut().find(|o| o.worker.0 == wid)
+            } else {
+                match slot[wid as usize] {
+                    u32::MAX => None,
+                    s => out.get_mut(s as usize),
+                }
+            };
+            match found {
+                Some(o) if o.any_tier_blocks == i => {
+                    o.any_tier_blocks += 1;
+                    if o.device_blocks == i && tiers & tier_bit(Tier::Device) != 0 {
+                        o.device_blocks += 1;
+                    }
+                    true
+                }
+                _ => false,
+            }
+        };
+        for (i, key) in keys.iter().enumerate().skip(1) {
+            let i = i as u32;
+            let Some(&v) = self.index.map.get(key.0) else { break };
+            let advanced = if v & MANY == 0 {
+                // One holder: the common case, no slice to build.
+                advance(&mut out, v as u32, i)
+            } else {
+                let mut any = false;
+                for &h in &self.index.overflow[(v & !MANY) as usize] {
+                    any |= advance(&mut out, h, i);
+                }
+                any
+            };
+            if !advanced {
+                break;
+            }
+        }
+        out.sort_by_key(|o| o.worker);
+        out
+    }
+
+    /// The engine hashes a worker holds in a tier (waiting ones included),
+    /// sorted: the router's view, for checks and reports.
+    pub fn worker_blocks(&self, worker: WorkerId, tier: Tier) -> Vec<i64> {
+        let Some(w) = self.workers.get(worker.0 as usize) else { return Vec::new() };
+        let bit = tier_bit(tier);
+        let mut v: Vec<i64> = w
+            .keyed
+            .iter()
+            .filter(|(_, k)| self.index.tiers(**k, worker.0) & bit != 0)
+            .map(|(h, _)| h as i64)
+            .chain(w.waiting.iter().filter(|(_, k)| k.tiers & bit != 0).map(|(h, _)| *h as i64))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The router key a worker's block was filed under, when it is keyed.
+    pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
+        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|k| RouterKey(*k))
+    }
+
+    /// Checks the indexer's invariants; panics naming the one broken.
+    ///
+    /// 1. Every keyed block is listed among its key's holders, with a tier
+    ///    (its tiers are kept there).
+    /// 2. Every holder entry is a keyed block of that worker.
+    /// 3. Every waiting block holds a tier and is listed under its parent;
+    ///    every listed child is a waiting block with that parent.
+    pub fn check_invariants(&self) {
+        let mut entries = 0usize;
+        for (wi, w) in self.workers.iter().enumerate() {
+            for (h, &k) in w.keyed.iter() {
+                assert!(self.index.get(k).is_some(), "invariant 1: keyed block {h:x} is indexed");
+                let tiers = self.index.tiers(k, wi as u32);
+                assert!(tiers & TIER_BITS != 0 && tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
+                entries += 1;
+            }
+            for (h, wt) in &w.waiting {
+                assert!(wt.tiers != 0, "invariant 3: waiting block {h:x} holds a tier");
+                let listed = w.children.get(&wt.parent).is_some_and(|v| v.contains(h));
+                assert!(listed, "invariant 3: waiting block {h:x} listed under its parent");
+            }
+            for (p, list) in &w.children {
+                for c in list {
+                    assert!(w.waiting.get(c).is_some_and(|wt| wt.parent == *p), "invariant 3: child {c:x} of {p:x}");
+                }
+            }
+        }
+        let total: usize =
+            self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
+        assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
+    }
+}
+
+impl UuidResolver for Indexer {
+    fn resolve(&self, uuid: &str) -> UuidLookup {
+        self.uuids.lookup(uuid)
+    }
+}

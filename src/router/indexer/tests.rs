@@ -1,0 +1,270 @@
+//! The indexer's unit tests: lookups per tier, pending parents, images,
+//! the memory bound, table growth, and the whole-event store checked against
+//! the block-by-block one on random streams.
+
+use kvcore::wire::{
+    ImageRoutingV1, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem, WireImageRef, WireMmInfo, WireMmObject,
+};
+use kvcore::{ImageDigest, Tier};
+
+use super::{Indexer, IndexerConfig, WorkerId};
+use crate::hashing::{
+    ImagePlacement, ImageRef, NoUuids, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,
+};
+use crate::workload::{EventWorkload, EventWorkloadSpec};
+
+fn stored(hashes: &[i64], parent: Option<i64>, tokens: Vec<u32>, medium: &str) -> WireEvent {
+    WireEvent::BlockStored(WireBlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        token_ids: Some(tokens),
+        block_size: 4,
+        medium: Some(medium.into()),
+        ..Default::default()
+    })
+}
+
+/// The holder index grows four-fold past the worker tables' bound: with
+/// 51 200 keys it went 65 536 -> 262 144 slots (two-fold would have
+/// stopped at 131 072), while a worker's table of 12 800 keys follows
+/// the default rule.
+#[test]
+fn holder_index_grows_four_fold_past_the_worker_bound() {
+    let spec = EventWorkloadSpec { sequences: 400, seq_tokens: 4096, workers: 4, ..Default::default() };
+    let w = EventWorkload::generate(&spec);
+    let mut ix = Indexer::new(IndexerConfig { block_size: spec.block_size, ..Default::default() });
+    let ids: Vec<WorkerId> = (0..spec.workers).map(|i| ix.add_worker(&i.to_string())).collect();
+    ix.apply_all(w.events.iter().map(|(wi, e)| (ids[*wi], e)));
+    assert_eq!(ix.index.len(), 51_200);
+    assert_eq!(ix.index.map.capacity(), 1 << 18);
+    assert_eq!(ix.workers[0].keyed.len(), 12_800);
+    assert_eq!(ix.workers[0].keyed.capacity(), 1 << 16);
+}
+
+fn removed(hashes: &[i64], medium: &str) -> WireEvent {
+    WireEvent::BlockRemoved(WireBlockRemoved { block_hashes: hashes.to_vec(), medium: Some(medium.into()) })
+}
+
+fn keys_of(tokens: &[u32]) -> Vec<RouterKey> {
+    let req = TokenRequest { tokens: tokens.to_vec(), ..Default::default() };
+    hash_request(&req, 4, 0, &NoUuids).unwrap().keys
+}
+
+fn config() -> IndexerConfig {
+    IndexerConfig { block_size: 4, ..Default::default() }
+}
+
+mod whole_event {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One event of a small random stream: few hashes and few token
+    /// blocks, so that blocks are stored again (under other parents,
+    /// hence kept keys), removed, moved between tiers and stored before
+    /// their parents.
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Store { worker: u32, first: i64, len: usize, parent: Option<i64>, salt: u32, cpu: bool },
+        Remove { worker: u32, hashes: Vec<i64>, cpu: bool },
+        Clear { worker: u32 },
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            6 => (0..3u32, 0..24i64, 1..6usize, proptest::option::of(0..24i64), 0..3u32, any::<bool>())
+                .prop_map(|(worker, first, len, parent, salt, cpu)| Ev::Store { worker, first, len, parent, salt, cpu }),
+            3 => (0..3u32, proptest::collection::vec(0..30i64, 1..6), any::<bool>())
+                .prop_map(|(worker, hashes, cpu)| Ev::Remove { worker, hashes, cpu }),
+            1 => (0..3u32).prop_map(|worker| Ev::Clear { worker }),
+        ]
+    }
+
+    fn wire(e: &Ev) -> (WorkerId, WireEvent) {
+        let medium = |cpu: bool| if cpu { "CPU" } else { "GPU" };
+        match e {
+            Ev::Store { worker, first, len, parent, salt, cpu } => {
+                let hashes: Vec<i64> = (0..*len as i64).map(|i| first + i).collect();
+                // Tokens follow from the hash and the salt, so a hash stored
+                // twice may come with the same content or another one.
+                let tokens = hashes.iter().flat_map(|h| (0..4).map(move |t| (*h as u32) * 8 + t + salt)).collect();
+                (WorkerId(*worker), stored(&hashes, *parent, tokens, medium(*cpu)))
+            }
+            Ev::Remove { worker, hashes, cpu } => (WorkerId(*worker), removed(hashes, medium(*cpu))),
+            Ev::Clear { worker } => (WorkerId(*worker), WireEvent::AllBlocksCleared),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// `apply_all`, which reads ahead and stores a whole event's blocks
+        /// at once when it can, leaves the indexer exactly as applying the
+        /// events one by one and storing every block on its own does: the
+        /// same router key for every (worker, hash), the same blocks per
+        /// tier, the same counters and the same overlaps, under any stream
+        /// of stores, re-stores, removals, tier moves, clears and
+        /// out-of-order parents, with a per-worker limit that is reached.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn apply_all_matches_block_by_block(events in proptest::collection::vec(ev(), 1..80), max in 4..40usize) {
+            let cfg = IndexerConfig { block_size: 4, blocks_per_worker_max: max, ..Default::default() };
+            let (mut fast, mut slow) = (Indexer::new(cfg.clone()), Indexer::new(cfg));
+            for ix in [&mut fast, &mut slow] {
+                for w in 0..3 {
+                    ix.add_worker(&w.to_string());
+                }
+            }
+            let wired: Vec<(WorkerId, WireEvent)> = events.iter().map(wire).collect();
+            fast.apply_all(wired.iter().map(|(w, e)| (*w, e)));
+            for (w, e) in &wired {
+                slow.apply_block_by_block(*w, e);
+            }
+            fast.check_invariants();
+            prop_assert_eq!(fast.counters(), slow.counters());
+            for w in 0..3 {
+                let w = WorkerId(w);
+                for tier in [Tier::Device, Tier::Host] {
+                    prop_assert_eq!(fast.worker_blocks(w, tier), slow.worker_blocks(w, tier));
+                }
+                for h in 0..30 {
+                    prop_assert_eq!(fast.router_key_of(w, h), slow.router_key_of(w, h));
+                }
+            }
+            for (_, e) in &wired {
+                if let WireEvent::BlockStored(s) = e {
+                    let keys: Vec<RouterKey> = s.block_hashes.iter()
+                        .filter_map(|h| slow.router_key_of(WorkerId(0), *h)).collect();
+                    prop_assert_eq!(fast.find_matches(&keys), slow.find_matches(&keys));
+                    prop_assert_eq!(fast.find_matches(&keys_of(s.token_ids.as_deref().unwrap_or(&[]))),
+                        slow.find_matches(&keys_of(s.token_ids.as_deref().unwrap_or(&[]))));
+                }
+            }
+        }
+    }
+}
+
+/// Stored blocks are found by the keys a request computes; removals,
+/// tier moves and clears change the overlap as the engine's cache did.
+#[test]
+fn store_lookup_remove_per_tier() {
+    let mut ix = Indexer::new(config());
+    let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+    let tokens: Vec<u32> = (0..12).collect();
+    ix.apply(a, &stored(&[1, 2, 3], None, tokens.clone(), "GPU"));
+    ix.apply(b, &stored(&[1, 2], None, tokens[..8].to_vec(), "GPU"));
+    ix.check_invariants();
+    let keys = keys_of(&tokens);
+    let m = ix.find_matches(&keys);
+    assert_eq!(m.len(), 2);
+    assert_eq!((m[0].worker, m[0].device_blocks, m[0].any_tier_blocks), (a, 3, 3));
+    assert_eq!((m[1].worker, m[1].device_blocks, m[1].any_tier_blocks), (b, 2, 2));
+    // Offload a's middle block: device prefix 1, any-tier prefix 3.
+    ix.apply(a, &removed(&[2], "GPU"));
+    ix.apply(a, &stored(&[2], Some(1), tokens[4..8].to_vec(), "CPU"));
+    ix.check_invariants();
+    let m = ix.find_matches(&keys);
+    assert_eq!((m[0].device_blocks, m[0].any_tier_blocks), (1, 3));
+    // Removing an unknown hash or the wrong tier is a no-op.
+    ix.apply(a, &removed(&[99], "GPU"));
+    ix.apply(a, &removed(&[2], "GPU"));
+    assert_eq!(ix.counters().removed_unknown, 2);
+    assert_eq!(ix.worker_blocks(a, Tier::Host), vec![2]);
+    ix.apply(b, &WireEvent::AllBlocksCleared);
+    ix.check_invariants();
+    let m = ix.find_matches(&keys);
+    assert_eq!(m.len(), 1);
+    assert!(ix.worker_blocks(b, Tier::Device).is_empty());
+}
+
+/// A child stored before its parent (an orphan re-advertised) is held
+/// but unkeyed until the parent is stored; then it is found.
+#[test]
+fn pending_children_are_keyed_when_the_parent_arrives() {
+    let mut ix = Indexer::new(config());
+    let a = ix.add_worker("a");
+    let tokens: Vec<u32> = (100..112).collect();
+    ix.apply(a, &stored(&[3], Some(2), tokens[8..].to_vec(), "GPU"));
+    ix.apply(a, &stored(&[2], Some(1), tokens[4..8].to_vec(), "CPU"));
+    assert_eq!(ix.memory().pending, 2);
+    ix.check_invariants();
+    assert_eq!(ix.worker_blocks(a, Tier::Device), vec![3]);
+    ix.apply(a, &stored(&[1], None, tokens[..4].to_vec(), "GPU"));
+    ix.check_invariants();
+    assert_eq!(ix.memory().pending, 0);
+    assert_eq!(ix.counters().blocks_resolved_late, 2);
+    let m = ix.find_matches(&keys_of(&tokens));
+    assert_eq!((m[0].device_blocks, m[0].any_tier_blocks), (1, 3));
+    // A pending node removed before its parent arrives is forgotten cleanly.
+    ix.apply(a, &stored(&[7], Some(6), tokens[..4].to_vec(), "GPU"));
+    ix.apply(a, &removed(&[7], "GPU"));
+    ix.check_invariants();
+    assert_eq!(ix.memory().pending, 0);
+}
+
+/// Image blocks are keyed by digest (a request with the bytes finds them,
+/// one with other bytes does not); the UUID is learned; an image known
+/// only by `mm_hash` is skipped and counted, and removing it is harmless.
+#[test]
+fn images_by_digest_and_unkeyable_mm_hash() {
+    let mut ix = Indexer::new(config());
+    let a = ix.add_worker("a");
+    let pixels = b"pixels".to_vec();
+    let digest = ImageDigest::of_content(&pixels);
+    let tokens = vec![1, 9, 9, 9, 9, 2, 3, 4];
+    let mut s = WireBlockStored {
+        block_hashes: vec![10, 11],
+        token_ids: Some(tokens.clone()),
+        block_size: 4,
+        image_routing: Some(ImageRoutingV1 {
+            items: vec![WireImageItem { digest: digest.0, uuid: Some("u1".into()) }],
+            blocks: vec![
+                vec![WireImageRef { item: 0, item_offset: 0, block_offset: 1, len: 3 }],
+                vec![WireImageRef { item: 0, item_offset: 3, block_offset: 0, len: 1 }],
+            ],
+        }),
+        ..Default::default()
+    };
+    ix.apply(a, &WireEvent::BlockStored(s.clone()));
+    let req = |image| TokenRequest {
+        tokens: tokens.clone(),
+        images: vec![ImagePlacement { image, runs: vec![(1, 4)] }],
+        ..Default::default()
+    };
+    let by_uuid = hash_request(&req(ImageRef::Uuid("u1".into())), 4, 9, &ix).unwrap();
+    assert_eq!(ix.find_matches(&by_uuid.keys)[0].device_blocks, 2);
+    let by_bytes = hash_request(&req(ImageRef::Bytes(pixels)), 4, 9, &ix).unwrap();
+    assert_eq!(by_bytes.keys, by_uuid.keys);
+    let other = hash_request(&req(ImageRef::Bytes(b"other".to_vec())), 4, 9, &ix).unwrap();
+    assert!(ix.find_matches(&other.keys).is_empty());
+    // Same UUID with other pixels on another event: ambiguous from then on.
+    s.block_hashes = vec![20, 21];
+    s.image_routing.as_mut().unwrap().items[0].digest = [5; 32];
+    ix.apply(a, &WireEvent::BlockStored(s.clone()));
+    assert_eq!(ix.resolve("u1"), UuidLookup::Ambiguous);
+    assert_eq!(ix.counters().uuid_conflicts, 1);
+    // Dynamo-style identity only: the image block and its successors are skipped.
+    s.block_hashes = vec![30, 31];
+    s.image_routing = None;
+    s.block_mm_infos =
+        Some(vec![Some(WireMmInfo { mm_objects: vec![WireMmObject { mm_hash: 7, offsets: vec![[1, 4]] }] }), None]);
+    ix.apply(a, &WireEvent::BlockStored(s));
+    assert_eq!(ix.counters().image_blocks_unkeyable, 2);
+    ix.apply(a, &removed(&[30, 31], "GPU"));
+    assert_eq!(ix.counters().removed_unknown, 2);
+    ix.check_invariants();
+}
+
+/// The per-worker bound drops what does not fit, counts it, and the
+/// memory report tracks the tables.
+#[test]
+fn bounded_memory() {
+    let mut ix = Indexer::new(IndexerConfig { block_size: 4, blocks_per_worker_max: 2, uuids_max: 1 });
+    let a = ix.add_worker("a");
+    ix.apply(a, &stored(&[1, 2, 3], None, (0..12).collect(), "GPU"));
+    assert_eq!(ix.counters().blocks_dropped_full, 1);
+    assert_eq!(ix.worker_blocks(a, Tier::Device).len(), 2);
+    let m = ix.memory();
+    assert_eq!((m.nodes, m.keys), (2, 2));
+    assert!(m.bytes > 0);
+    ix.check_invariants();
+}
