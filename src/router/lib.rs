@@ -23,6 +23,8 @@
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
+#![forbid(unsafe_code)]
+
 mod hashing;
 mod indexer;
 mod profiles;
