@@ -220,20 +220,23 @@ struct Build {
 /// Finds the static library that the cargo invocation which built this test
 /// also built, and returns where the programs go.
 ///
-/// Cargo builds every crate type of the library target (rlib, staticlib,
-/// cdylib) in one compiler run, so `libkvcore.a` beside this test is as fresh
-/// as the test itself. Building it again here (`cargo build -p kvcore`) would
-/// resolve the dependencies' features for kvcore alone and overwrite the rlib
-/// that the workspace's other crates were compiled against.
+/// Cargo compiles every crate type of the library target (rlib, staticlib,
+/// cdylib) in one compiler run, so `deps/libkvcore.a` beside this test comes
+/// from the same compilation as the rlib the test links (cargo copies it up
+/// to the profile folder only for a `cargo build`). Building it again here
+/// (`cargo build -p kvcore`) would resolve the dependencies' features for
+/// kvcore alone and overwrite the rlib that the workspace's other crates
+/// were compiled against.
 fn build() -> Build {
     let exe = std::env::current_exe().expect("test path");
     // <target>/<profile>/deps/ffi-<hash>
-    let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
+    let deps_dir = exe.parent().expect("deps dir").to_path_buf();
+    let profile_dir = deps_dir.parent().expect("profile dir").to_path_buf();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
     assert!(
-        profile_dir.join("libkvcore.a").exists(),
+        deps_dir.join("libkvcore.a").exists(),
         "no libkvcore.a in {} (cargo builds it with the tests)",
-        profile_dir.display()
+        deps_dir.display()
     );
     let sanitize = std::env::var("KVC_FFI_SANITIZE").ok().filter(|s| !s.is_empty());
     let out_dir = target_dir.join(match &sanitize {
@@ -241,7 +244,7 @@ fn build() -> Build {
         None => "ffi-tests",
     });
     std::fs::create_dir_all(&out_dir).expect("create ffi-tests output dir");
-    Build { lib_dir: profile_dir, out_dir, sanitize }
+    Build { lib_dir: deps_dir, out_dir, sanitize }
 }
 
 /// Runs a command, panicking with its output when it fails.
