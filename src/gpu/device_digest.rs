@@ -89,6 +89,26 @@ impl Gpu {
         launch::blake3_digest(self, batch, variant)
     }
 
+    /// Launches the fold of a prepared batch alone (`blake3_fold_sets`, the
+    /// second launch that [`Gpu::launch_digests`] makes after
+    /// `blake3_digest_multi` for batches with an item of several groups),
+    /// with or without programmatic stream serialization, so that the fold
+    /// can be timed on its own. Its digests are right only after a
+    /// `blake3_digest_multi` launch of the same batch stored every group's
+    /// value; without one it computes wrong digests, inside the batch's own
+    /// buffers.
+    pub fn launch_fold_sets(&self, batch: &DigestBatch, programmatic: bool) -> Result<(), GpuError> {
+        let a = batch.launch_args();
+        // The raw launch below does not bind the context itself.
+        self.context().bind_to_thread()?;
+        // SAFETY: the addresses are the batch's own table and scratch, valid
+        // while the batch lives (its invariant, established by
+        // `Gpu::prepare_digests`, the only constructor of a batch); the
+        // kernel reads the table, reads and writes its items' scratch ranges
+        // and writes their 32 output bytes only, whatever the scratch holds.
+        unsafe { launch::fold_sets_raw(self, a.table, a.items, a.values, a.counters, a.groups, programmatic) }
+    }
+
     /// The BLAKE3 kernel for a launch of `groups` groups (measured on an
     /// H200): at most two groups per SM wait on their own dependency chains,
     /// so plain additions (one 3 MiB image: 29-31 µs against 35-40 for the

@@ -250,7 +250,7 @@ mod imp {
                         }
                         lab.table_kernel(gpu, &batch, k, 128, Some(g4), None)?;
                         match second {
-                            Some(pdl) => lab.fold_sets(gpu, &batch, pdl),
+                            Some(pdl) => gpu.launch_fold_sets(&batch, pdl),
                             None => Ok(()),
                         }
                     };

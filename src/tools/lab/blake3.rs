@@ -128,50 +128,6 @@ impl Blake3Lab {
         Ok(())
     }
 
-    /// The library's fold launch (`blake3_fold_sets`) of `batch` alone,
-    /// after a chunk launch that stored every group's value, with or
-    /// without programmatic stream serialization.
-    pub fn fold_sets(&self, gpu: &Gpu, batch: &DigestBatch, programmatic: bool) -> Result<(), GpuError> {
-        let f = gpu.modules().function(KernelId::Blake3FoldSets)?;
-        let a = batch.launch_args();
-        let block = KernelId::Blake3FoldSets.blake3_block();
-        let grid = a.groups.div_ceil(block);
-        let (mut t, mut n, mut v, mut c, mut o) = (a.table, a.items, a.values, a.counters, 1u32);
-        let mut params: [*mut std::ffi::c_void; 5] = [
-            (&mut t as *mut u64).cast(),
-            (&mut n as *mut u32).cast(),
-            (&mut v as *mut u64).cast(),
-            (&mut c as *mut u64).cast(),
-            (&mut o as *mut u32).cast(),
-        ];
-        // SAFETY: a plain-old-data C struct, all zeroes a valid value.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: gpu.stream().cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(programmatic),
-        };
-        gpu.context().bind_to_thread()?;
-        // SAFETY: each parameter points to a local of the type of the kernel
-        // parameter at its position (pointers as 64-bit values), alive for
-        // the call (the driver copies them); the attribute outlives the
-        // call; the addresses are the batch's own table and scratch, and the
-        // kernel reads the table, reads and writes its items' scratch ranges
-        // and writes their 32 output bytes only.
-        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()?;
-        Ok(())
-    }
-
     /// Launches the one-item kernel `name` (the library's
     /// `blake3_digest_one_flag`, or a lab `b3x_one_*` kernel with a trace,
     /// null when `trace` is `None`) on the single item of `batch`, its
