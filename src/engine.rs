@@ -16,7 +16,12 @@
 //! side itself (`KvCache`, its pool and index) is no part of the API, so that
 //! only its verbs change it.
 
+use std::io::Write;
+use std::path::Path;
+
+use crate::call_log::{CallKind, CallLog, CallLogError, Gauges};
 use crate::config::EngineConfig;
+use crate::ids::FfiId;
 use crate::error::{AdmitError, ConfigError, RequestError};
 use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
@@ -68,6 +73,11 @@ pub struct Engine {
     step_index: u64,
     /// Optional out-of-process stream: fed one batch per step.
     publisher: Option<Publisher>,
+    /// Calls that changed (or could change) state so far: a call log starts
+    /// only at 0.
+    calls_taken: u64,
+    /// The call log, while recording (`record_calls`).
+    call_log: Option<CallLog>,
 }
 
 impl Engine {
@@ -83,6 +93,8 @@ impl Engine {
             counters: Counters::default(),
             step_index: 0,
             publisher: None,
+            calls_taken: 0,
+            call_log: None,
             config,
         })
     }
@@ -95,6 +107,25 @@ impl Engine {
     /// Validates and admits a request: matches its longest cached prefix and
     /// allocates the rest of its prompt. On error nothing changed.
     pub fn add_request(&mut self, spec: &RequestSpec<'_>) -> Result<Admission, AdmitError> {
+        let result = self.admit(spec);
+        self.log_call(CallKind::AddRequest, |log, e| {
+            log.arg_request(spec);
+            match &result {
+                Ok(a) => {
+                    log.out_result::<AdmitError>(Ok(&[
+                        a.id.to_ffi(),
+                        a.tokens_cached as u64,
+                        a.tokens_onboarded as u64,
+                    ]));
+                    e.log_block_table(log, a.id);
+                }
+                Err(err) => log.out_result(Err(err)),
+            }
+        });
+        result
+    }
+
+    fn admit(&mut self, spec: &RequestSpec<'_>) -> Result<Admission, AdmitError> {
         let valid = match admit::validate_request(spec, &self.config) {
             Ok(v) => v,
             Err(e) => {
@@ -117,7 +148,7 @@ impl Engine {
 
     /// Appends generated tokens and allocates the blocks they need.
     pub fn grow(&mut self, id: RequestId, tokens: &[u32]) -> Result<(), RequestError> {
-        allocate::grow_request(
+        let result = allocate::grow_request(
             &mut self.requests,
             id,
             tokens,
@@ -125,40 +156,69 @@ impl Engine {
             &mut self.cache,
             &mut self.events,
             &mut self.counters,
-        )
+        );
+        self.log_call(CallKind::Grow, |log, e| {
+            log.arg(id.to_ffi());
+            log.arg_tokens(tokens);
+            log.out_result(result.as_ref().map(|()| &[][..]));
+            e.log_block_table(log, id);
+        });
+        result
     }
 
     /// Reports that the request's first `tokens_computed` tokens have their KV
     /// written (chunked prefill reports a prompt over several calls).
     pub fn commit(&mut self, id: RequestId, tokens_computed: u64) -> Result<(), RequestError> {
-        commit::commit_computed(
+        let result = commit::commit_computed(
             &mut self.requests,
             id,
             tokens_computed,
             &self.config,
             &mut self.cache,
             &mut self.events,
-        )
+        );
+        self.log_call(CallKind::Commit, |log, _| {
+            log.arg(id.to_ffi());
+            log.arg(tokens_computed);
+            log.out_result(result.as_ref().map(|()| &[][..]));
+        });
+        result
     }
 
     /// Ends a request normally, releasing its blocks (cached ones stay matchable).
     pub fn finish(&mut self, id: RequestId) -> Result<(), RequestError> {
-        release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache)
+        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache);
+        self.log_call(CallKind::Finish, |log, _| {
+            log.arg(id.to_ffi());
+            log.out_result(result.as_ref().map(|()| &[][..]));
+        });
+        result
     }
 
     /// Ends a request early. Blocks it fully computed stay cached; the rest are freed.
     pub fn cancel(&mut self, id: RequestId) -> Result<(), RequestError> {
-        release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache)
+        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache);
+        self.log_call(CallKind::Cancel, |log, _| {
+            log.arg(id.to_ffi());
+            log.out_result(result.as_ref().map(|()| &[][..]));
+        });
+        result
     }
 
     /// Evicts up to `n` unreferenced cached device blocks; returns how many.
     pub fn evict(&mut self, n: usize) -> usize {
-        evict::evict_device_blocks(&mut self.cache, n, &mut self.events, &mut self.counters)
+        let evicted = evict::evict_device_blocks(&mut self.cache, n, &mut self.events, &mut self.counters);
+        self.log_call(CallKind::Evict, |log, _| {
+            log.arg(n as u64);
+            log.out_result::<CallLogError>(Ok(&[evicted as u64]));
+        });
+        evicted
     }
 
     /// Resets the prefix cache (`AllBlocksCleared`).
     pub fn clear(&mut self) {
         clear::clear_cache(&mut self.cache, &mut self.events);
+        self.log_call(CallKind::Clear, |_, _| {});
     }
 
     /// Closes the step: returns the block copies to perform before the next
@@ -166,6 +226,14 @@ impl Engine {
     pub fn step(&mut self) -> Vec<BlockCopy> {
         let (copies, batch) =
             systems::run_step(self.step_index, &mut self.cache, &mut self.hints, &mut self.events, &mut self.counters);
+        if let Some(log) = &mut self.call_log {
+            log.begin(CallKind::Step);
+            log.out_copies(&copies);
+            match &batch {
+                Some(b) => log.out_events(Some(b.step_index), &b.events),
+                None => log.out_events(None, &[]),
+            }
+        }
         if let Some(batch) = batch {
             // Publishing never blocks: the publisher queues and drops
             // (counting a gap) when full. The batch is copied only when it is
@@ -182,6 +250,12 @@ impl Engine {
             }
         }
         self.step_index += 1;
+        self.calls_taken += 1;
+        if let Some(mut log) = self.call_log.take() {
+            log.out_counters(&self.counters, self.gauges());
+            log.end(true);
+            self.call_log = Some(log);
+        }
         #[cfg(any(debug_assertions, kvc_paranoid))]
         self.check_invariants();
         copies
@@ -191,13 +265,19 @@ impl Engine {
     /// (it stays drainable too). The publisher's snapshot mirror is seeded
     /// with the current cache state, so snapshots are complete at once.
     pub fn attach_publisher(&mut self, mut publisher: Publisher) {
-        publisher.prime(self.snapshot());
+        let snapshot = snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters);
+        self.log_call(CallKind::AttachPublisher, |log, _| log.out_events(None, &snapshot));
+        publisher.prime(snapshot);
         self.publisher = Some(publisher);
     }
 
     /// Detaches and returns the publisher, if any.
     pub fn detach_publisher(&mut self) -> Option<Publisher> {
-        self.publisher.take()
+        let publisher = self.publisher.take();
+        if publisher.is_some() {
+            self.log_call(CallKind::DetachPublisher, |_, _| {});
+        }
+        publisher
     }
 
     /// The attached publisher, if any (for its endpoint and counters).
@@ -212,12 +292,19 @@ impl Engine {
 
     /// Takes the closed batches of events, oldest first.
     pub fn drain_batches(&mut self) -> Vec<EventBatch> {
-        self.events.drain()
+        let batches = self.events.drain();
+        self.log_call(CallKind::Drain, |log, _| {
+            log.out_drained(batches.iter().map(|b| (b.step_index, b.events.as_slice())));
+        });
+        batches
     }
 
     /// Takes the closed events, oldest first.
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
-        self.events.drain_events()
+        if self.call_log.is_none() {
+            return self.events.drain_events();
+        }
+        self.drain_batches().into_iter().flat_map(|b| b.events).collect()
     }
 
     /// The full cache state as events, for a consumer that fell behind the
@@ -226,7 +313,84 @@ impl Engine {
     /// with UUID hints resolved now. Every `event_seq` is 0: a snapshot is
     /// tagged with the batch sequence number it is consistent with.
     pub fn snapshot(&mut self) -> Vec<KvEvent> {
-        snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters)
+        let events = snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters);
+        self.log_call(CallKind::Snapshot, |log, _| log.out_events(None, &events));
+        events
+    }
+
+    /// Starts recording every call into `sink` as a call log (the format is
+    /// in docs/c-api.md, "Reproducing an incident"): each call's arguments
+    /// and digests of what it answered, streamed through a 64 KiB buffer
+    /// that is flushed at every step. Only a fresh engine records (one that
+    /// has taken no call that changes state), so that the log replays from
+    /// the state it started in; [`crate::replay_calls`] replays it.
+    pub fn record_calls(&mut self, sink: Box<dyn Write + Send>) -> Result<(), CallLogError> {
+        if self.call_log.is_some() {
+            return Err(CallLogError::AlreadyRecording);
+        }
+        if self.calls_taken != 0 {
+            return Err(CallLogError::NotFresh);
+        }
+        self.call_log = Some(CallLog::start(sink, &self.config)?);
+        Ok(())
+    }
+
+    /// [`Engine::record_calls`] into a file created (or truncated) at `path`.
+    pub fn record_calls_to_file(&mut self, path: &Path) -> Result<(), CallLogError> {
+        if self.call_log.is_some() {
+            return Err(CallLogError::AlreadyRecording);
+        }
+        if self.calls_taken != 0 {
+            return Err(CallLogError::NotFresh);
+        }
+        let file = std::fs::File::create(path)?;
+        self.record_calls(Box::new(file))
+    }
+
+    /// Stops recording: flushes the log and returns how many calls it holds,
+    /// or the first write error (after which nothing more was written).
+    pub fn stop_recording(&mut self) -> Result<u64, CallLogError> {
+        self.call_log.take().ok_or(CallLogError::NotRecording)?.finish()
+    }
+
+    /// Whether the engine records its calls, and how many so far.
+    pub fn calls_recorded(&self) -> Option<u64> {
+        self.call_log.as_ref().map(CallLog::calls)
+    }
+
+    /// The output digests of the last call recorded (for the replay).
+    pub(crate) fn last_call_outputs(&self) -> &[(crate::call_log::OutputKind, u64)] {
+        self.call_log.as_ref().map_or(&[], |l| l.last_outputs())
+    }
+
+    /// Counts a call that changes state and, while recording, logs it: `f`
+    /// writes its arguments and output digests; the counters follow.
+    fn log_call(&mut self, kind: CallKind, f: impl FnOnce(&mut CallLog, &Engine)) {
+        self.calls_taken += 1;
+        let Some(mut log) = self.call_log.take() else { return };
+        log.begin(kind);
+        f(&mut log, self);
+        log.out_counters(&self.counters, self.gauges());
+        log.end(false);
+        self.call_log = Some(log);
+    }
+
+    fn log_block_table(&self, log: &mut CallLog, id: RequestId) {
+        match self.requests.rows.get(id) {
+            Some(r) => log.out_block_table(r.blocks.iter().map(|b| self.cache.block(*b).page)),
+            None => log.out_block_table(std::iter::empty()),
+        }
+    }
+
+    fn gauges(&self) -> Gauges {
+        let (blocks_cached_device, blocks_cached_host) = self.blocks_cached();
+        Gauges {
+            requests_live: self.requests.rows.len() as u64,
+            blocks_free_device: self.cache.free_pages(Tier::Device) as u64,
+            blocks_cached_device: blocks_cached_device as u64,
+            blocks_cached_host: blocks_cached_host as u64,
+            step_index: self.step_index,
+        }
     }
 
     /// The request's UUID list: `None` when it was given none, a copy otherwise.
@@ -281,15 +445,23 @@ impl Engine {
     }
 
     /// Every cached block (each key the engine advertises, once) with the
-    /// page that holds its KV, in no particular order; its length is the
-    /// number of cached blocks. This is what a router that replays the
-    /// engine's events holds, tier included, and what a KV pool must keep
-    /// intact: tests check both through it.
+    /// page that holds its KV, device tier first, each tier in page order;
+    /// its length is the number of cached blocks. This is what a router that
+    /// replays the engine's events holds, tier included, and what a KV pool
+    /// must keep intact: tests check both through it. The order is the
+    /// pages', never the index's hash order, so two engines given the same
+    /// calls list the same blocks in the same order.
     pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
-        self.cache.indexed().map(|(key, id)| {
-            let b = self.cache.block(id);
-            CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
-        })
+        let mut blocks: Vec<CachedBlock> = self
+            .cache
+            .indexed()
+            .map(|(key, id)| {
+                let b = self.cache.block(id);
+                CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
+            })
+            .collect();
+        blocks.sort_unstable_by_key(|b| (b.page.medium, b.page.page));
+        blocks.into_iter()
     }
 
     /// Checks every invariant across tables and resources; panics naming the

@@ -32,6 +32,7 @@
 
 #![deny(unsafe_code)]
 
+mod call_log;
 mod capabilities;
 mod config;
 mod engine;
@@ -52,11 +53,16 @@ pub mod gpu;
 mod ids;
 mod keys;
 mod outbound;
+mod replay;
 mod resources;
 mod systems;
 mod tables;
 mod tier;
 
+pub use call_log::{
+    CALL_LOG_MAGIC, CALL_LOG_VERSION, CallKind, CallLogError, CallLogReader, CallRecord, LoggedCall, LoggedItem,
+    LoggedRequest, OutputKind,
+};
 pub use capabilities::{
     Deployment, IMAGE_ROUTING_VERSION, ImageRoutingGates, KvTransfer, ModelFamily, VALIDATED_FAMILIES, model_info,
     validated_family,
@@ -72,6 +78,7 @@ pub use keys::{
     mm_hash, mm_hash_of_identifier, root_key,
 };
 pub use outbound::{PublisherError, VacantPublisher};
+pub use replay::{Divergence, ReplayReport, replay_calls};
 pub use resources::{BlockCopy, Counters, PageRef, copy_waves};
 pub use tables::TokenRun;
 pub use tier::Tier;

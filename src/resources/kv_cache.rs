@@ -32,8 +32,14 @@
 //! The replacement policy built on these verbs (eviction, offload or drop,
 //! onboarding, making room) is in `eviction.rs`, which reaches no field.
 //!
-//! Every verb is O(1) per block (`clear`: per index entry) and allocates
-//! nothing beyond the events and copies it queues.
+//! Every verb is O(1) per block (`clear`: O(n log n) in the index entries,
+//! which it sorts) and allocates nothing beyond the events and copies it
+//! queues.
+//!
+//! The prefix index is an ahash map with a random seed per map. Nothing that
+//! the cache decides may follow its iteration order: lookups and inserts only,
+//! except `clear`, which sorts what it drains, and `indexed`, whose callers
+//! sort or only count.
 
 use std::collections::hash_map::Entry;
 
@@ -64,6 +70,9 @@ pub struct KvCache {
     block_size: u32,
     /// Scopes of requests and advertised blocks.
     scopes: Scopes,
+    /// [`KvCache::clear`]'s list of the blocks it releases, sorted; kept
+    /// empty between calls, its capacity reserved once.
+    cleared: Vec<BlockId>,
 }
 
 /// A block whose every token is computed, as its request knows it: what
@@ -103,6 +112,7 @@ impl KvCache {
             copies: Vec::with_capacity(total.min(1 << 16)),
             block_size,
             scopes: Scopes::default(),
+            cleared: Vec::with_capacity(total),
         }
     }
 
@@ -142,7 +152,9 @@ impl KvCache {
         self.index.get(key).copied()
     }
 
-    /// Every index entry (cached key and its block), in no particular order.
+    /// Every index entry (cached key and its block), in the index's hash
+    /// order, which changes with its seed: callers sort what they hand out
+    /// or decide on (see the module docs).
     pub fn indexed(&self) -> impl ExactSizeIterator<Item = (&BlockKey, BlockId)> + '_ {
         self.index.iter().map(|(k, id)| (k, *id))
     }
@@ -354,9 +366,20 @@ impl KvCache {
     /// leave their LRU and are freed; blocks still used by running requests
     /// stay with them as private copies, freed with their last reference.
     /// Queues `AllBlocksCleared`. The index keeps its allocated capacity.
+    ///
+    /// The blocks are released in tier and page order, never in the index's
+    /// iteration order: that order follows the map's hash seed, which differs
+    /// between maps and between processes, and the order in which pages
+    /// return to the free lists (and rows to the table's free slots) decides
+    /// which page and id every later allocation gets.
     pub fn clear(&mut self, events: &mut EventQueue) {
-        let mut index = std::mem::take(&mut self.index);
-        for (_, id) in index.drain() {
+        let mut cleared = std::mem::take(&mut self.cleared);
+        cleared.extend(self.index.drain().map(|(_, id)| id));
+        cleared.sort_unstable_by_key(|id| {
+            let b = &self.blocks.rows[*id];
+            (b.medium, b.page)
+        });
+        for id in cleared.drain(..) {
             let b = &mut self.blocks.rows[id];
             b.indexed = false;
             let (unreferenced, medium) = (b.ref_count == 0, b.medium);
@@ -366,7 +389,7 @@ impl KvCache {
                 self.release_row(id);
             }
         }
-        self.index = index;
+        self.cleared = cleared;
         events.push_cleared();
     }
 
