@@ -157,6 +157,21 @@ enum kvc_status
      */
     KVC_STATUS_PUBLISHER_NOT_RUNNING = 402,
     /**
+     * `kvc_engine_call_log_open` on an engine that already took a call
+     * (a log starts with a fresh engine) or already records one.
+     */
+    KVC_STATUS_CALL_LOG_REFUSED = 500,
+    /**
+     * The call log file could not be created or written (the message holds
+     * the system's error). A failed write stops the recording; the engine
+     * keeps serving.
+     */
+    KVC_STATUS_CALL_LOG_FAILED = 501,
+    /**
+     * `kvc_engine_call_log_close` on an engine that records no call log.
+     */
+    KVC_STATUS_CALL_LOG_NOT_OPEN = 502,
+    /**
      * kvcore panicked inside this call (a broken invariant). The engine is
      * now poisoned; only `kvc_engine_last_error` and `kvc_engine_free` remain useful.
      */
@@ -929,6 +944,44 @@ typedef struct kvc_counters {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Starts recording every call on `engine` into the file at `path` (UTF-8;
+ * created, or truncated when it exists). Call it right after
+ * `kvc_engine_new`, before any other call that changes the engine: a log
+ * replays from a fresh engine. The file is written through a 64 KiB buffer
+ * flushed at every `kvc_engine_step`, by `kvc_engine_call_log_close` and by
+ * `kvc_engine_free`; a process that dies loses at most the calls since its
+ * last step. A write that fails stops the recording (the engine keeps
+ * serving) and `kvc_engine_call_log_close` reports it.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_UTF8`; `KVC_STATUS_CALL_LOG_REFUSED` (the engine already
+ * took a call, or already records); `KVC_STATUS_CALL_LOG_FAILED` (the file
+ * cannot be created); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `path` is NULL or a NUL-terminated
+ * string readable for the call.
+ */
+kvc_status kvc_engine_call_log_open(struct kvc_engine *engine, const char *path);
+
+/**
+ * Stops recording: flushes and closes the call log; `*calls_out` receives
+ * the number of calls it holds.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_CALL_LOG_NOT_OPEN`; `KVC_STATUS_CALL_LOG_FAILED` (a write
+ * failed: the log ends at the last record written before it; the log is
+ * closed all the same); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `calls_out` is NULL or valid for one
+ * write.
+ */
+kvc_status kvc_engine_call_log_close(struct kvc_engine *engine, uint64_t *calls_out);
 
 /**
  * Opens CUDA device `ordinal` for this engine: loads `libcuda` and

@@ -100,6 +100,12 @@ inline const char *status_name(kvc_status status) noexcept {
             return "KVC_STATUS_PUBLISHER_START_FAILED";
         case KVC_STATUS_PUBLISHER_NOT_RUNNING:
             return "KVC_STATUS_PUBLISHER_NOT_RUNNING";
+        case KVC_STATUS_CALL_LOG_REFUSED:
+            return "KVC_STATUS_CALL_LOG_REFUSED";
+        case KVC_STATUS_CALL_LOG_FAILED:
+            return "KVC_STATUS_CALL_LOG_FAILED";
+        case KVC_STATUS_CALL_LOG_NOT_OPEN:
+            return "KVC_STATUS_CALL_LOG_NOT_OPEN";
         case KVC_STATUS_PANIC:
             return "KVC_STATUS_PANIC";
         case KVC_STATUS_POISONED:
@@ -455,6 +461,17 @@ public:
 
     // Stops the publisher, sending what it holds first (up to one second).
     void stop_publisher() { check(kvc_engine_publisher_stop(engine_)); }
+
+    // Records every call from now on into the file at `path` (a fresh engine
+    // only); `kvcore replay-calls FILE` replays it.
+    void open_call_log(const std::string &path) { check(kvc_engine_call_log_open(engine_, path.c_str())); }
+
+    // Flushes and closes the call log; returns the calls it holds.
+    uint64_t close_call_log() {
+        uint64_t calls = 0;
+        check(kvc_engine_call_log_close(engine_, &calls));
+        return calls;
+    }
 
     // The publisher's bound endpoint, a `*` port resolved.
     std::string publisher_endpoint() {

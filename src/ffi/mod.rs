@@ -20,7 +20,7 @@
 //! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `step.rs` also `records.rs` |
 //! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`, `device_digests`) |
 //! | `publisher.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `request.rs` (`kvc_bytes`) |
-//! | `gpu.rs` | `boundary.rs`, `handle.rs`, `status.rs` |
+//! | `gpu.rs`, `calllog.rs` | `boundary.rs`, `handle.rs`, `status.rs` |
 //!
 //! | file | holds |
 //! |---|---|
@@ -33,6 +33,7 @@
 //! | `step.rs` | step, block copies, event records, evict, clear, counters |
 //! | `gpu.rs` | GPU open, KV pool attach, block copies on the pool, digests of device-resident images |
 //! | `publisher.rs` | wire-encoded drain, ZMQ publisher start/stop/endpoint/stats |
+//! | `calllog.rs` | the call log switch: open (record every call into a file), close |
 //! | `version.rs` | `KVCORE_VERSION_*`, `kvc_version` |
 //!
 //! Every submodule is private; the C surface is the flat list re-exported
@@ -60,6 +61,7 @@
 #![allow(non_camel_case_types, reason = "C type names are written exactly as they appear in the header")]
 
 mod boundary;
+mod calllog;
 mod gpu;
 mod handle;
 mod lifecycle;
@@ -70,6 +72,7 @@ mod status;
 mod step;
 mod version;
 
+pub use calllog::{kvc_engine_call_log_close, kvc_engine_call_log_open};
 pub use gpu::{
     kvc_device_bytes, kvc_engine_attach_kv_pool, kvc_engine_copy_blocks, kvc_engine_digest_device, kvc_engine_gpu_open,
     kvc_kv_pool,

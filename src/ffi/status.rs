@@ -10,6 +10,7 @@
 //! | 2xx | a configured capacity was reached |
 //! | 3xx | the GPU |
 //! | 4xx | events and the publisher |
+//! | 5xx | the call log |
 //! | 9xx | kvcore itself (a bug) |
 //!
 //! A retired code stays listed here as a comment so that it is never handed
@@ -86,6 +87,15 @@ pub enum kvc_status {
     PublisherStartFailed = 401,
     /// A publisher call on an engine with no publisher running.
     PublisherNotRunning = 402,
+    /// `kvc_engine_call_log_open` on an engine that already took a call
+    /// (a log starts with a fresh engine) or already records one.
+    CallLogRefused = 500,
+    /// The call log file could not be created or written (the message holds
+    /// the system's error). A failed write stops the recording; the engine
+    /// keeps serving.
+    CallLogFailed = 501,
+    /// `kvc_engine_call_log_close` on an engine that records no call log.
+    CallLogNotOpen = 502,
     /// kvcore panicked inside this call (a broken invariant). The engine is
     /// now poisoned; only `kvc_engine_last_error` and `kvc_engine_free` remain useful.
     Panic = 900,
@@ -143,6 +153,9 @@ status_table! {
     PublisherRunning => c"a publisher is already running",
     PublisherStartFailed => c"the publisher could not start",
     PublisherNotRunning => c"no publisher is running",
+    CallLogRefused => c"the call log cannot start on this engine",
+    CallLogFailed => c"the call log could not be written",
+    CallLogNotOpen => c"no call log is open",
     Panic => c"kvcore panicked; the engine is poisoned",
     Poisoned => c"the engine is poisoned by an earlier panic",
     Internal => c"internal error",
@@ -159,7 +172,7 @@ const _: () = {
     while i < all.len() {
         let code = all[i] as u32;
         assert!(i == 0 || (all[i - 1] as u32) < code, "status codes are listed in strictly increasing order");
-        assert!(matches!(code / 100, 0 | 1 | 2 | 3 | 4 | 9), "a status code lies in an origin's range");
+        assert!(matches!(code / 100, 0 | 1 | 2 | 3 | 4 | 5 | 9), "a status code lies in an origin's range");
         i += 1;
     }
 };
