@@ -13,6 +13,7 @@ mod events;
     reason = "gpu-bench passes device ranges it allocated to unsafe digest calls; each block has a SAFETY comment"
 )]
 mod gpu_bench;
+mod replay_calls;
 mod route;
 mod sim;
 
@@ -50,6 +51,9 @@ enum Command {
     Route(route::RouteArgs),
     /// Benchmark the router's indexer, side by side with Dynamo's (`--dynamo`).
     RouteBench(route::BenchArgs),
+    /// Replay a call log into a fresh engine and report the first call whose
+    /// output differs from the log (exit 1), or that every call matched (exit 0).
+    ReplayCalls(replay_calls::ReplayCallsArgs),
     /// The fleet simulation: routing policies compared on real engines (the default).
     Sim(sim::SimArgs),
 }
@@ -60,6 +64,7 @@ fn main() {
         Some(Command::Demo) => demo::run(),
         Some(Command::CoreBench { reps }) => std::process::exit(core_bench::run(reps)),
         Some(Command::Sim(args)) => std::process::exit(sim::run(&args)),
+        Some(Command::ReplayCalls(args)) => std::process::exit(replay_calls::run(&args)),
         None => std::process::exit(sim::run(&sim::SimArgs::default())),
         Some(Command::Events(args)) => {
             if let Err(e) = events::run(args) {
