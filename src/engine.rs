@@ -21,10 +21,10 @@ use std::path::Path;
 
 use crate::call_log::{CallKind, CallLog, CallLogError, Gauges};
 use crate::config::EngineConfig;
-use crate::ids::FfiId;
 use crate::error::{AdmitError, ConfigError, RequestError};
 use crate::events::publisher::Publisher;
 use crate::events::{EventBatch, EventQueue, KvEvent};
+use crate::ids::FfiId;
 use crate::ids::{BlockId, RequestId, ScopeId};
 use crate::keys::BlockKey;
 use crate::resources::{BlockCopy, Counters, KvCache, PageRef, RoutingHints};

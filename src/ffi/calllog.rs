@@ -49,8 +49,8 @@ impl From<CallLogError> for Failure {
 pub unsafe extern "C" fn kvc_engine_call_log_open(engine: *mut kvc_engine, path: *const c_char) -> kvc_status {
     ffi_boundary!({
         with_engine(engine, |st| {
-            let path = optional_str(path, "path")?
-                .ok_or_else(|| Failure::new(kvc_status::NullArgument, "`path` is NULL"))?;
+            let path =
+                optional_str(path, "path")?.ok_or_else(|| Failure::new(kvc_status::NullArgument, "`path` is NULL"))?;
             st.engine.record_calls_to_file(Path::new(&path))?;
             Ok(())
         })

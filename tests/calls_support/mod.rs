@@ -66,10 +66,20 @@ pub struct Admit {
 #[derive(Clone, Debug)]
 pub enum Op {
     Admit(Admit),
-    Grow { pick: usize, tokens: Vec<u32> },
-    Commit { pick: usize, part: u32 },
-    Finish { pick: usize },
-    Cancel { pick: usize },
+    Grow {
+        pick: usize,
+        tokens: Vec<u32>,
+    },
+    Commit {
+        pick: usize,
+        part: u32,
+    },
+    Finish {
+        pick: usize,
+    },
+    Cancel {
+        pick: usize,
+    },
     Evict(usize),
     Clear,
     Step,
@@ -199,7 +209,11 @@ impl Driver {
                         .items
                         .iter()
                         .map(|it| MmItemSpec {
-                            content: if it.is_digest { MmContent::Digest(&it.bytes) } else { MmContent::Bytes(&it.bytes) },
+                            content: if it.is_digest {
+                                MmContent::Digest(&it.bytes)
+                            } else {
+                                MmContent::Bytes(&it.bytes)
+                            },
                             runs: it.runs.clone(),
                         })
                         .collect(),

@@ -100,7 +100,10 @@ fn a_log_recorded_through_the_c_abi_replays_with_the_cli() {
     let out = replay(&cut_path);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
-        text(&out).contains(&format!("{k} calls replayed, every output matched; the log ends inside the record at byte {}", recs[k])),
+        text(&out).contains(&format!(
+            "{k} calls replayed, every output matched; the log ends inside the record at byte {}",
+            recs[k]
+        )),
         "{}",
         text(&out)
     );
