@@ -1,9 +1,10 @@
 // The C++ wrapper (kvcore.hpp): a serving loop through kvc::Engine, failures
 // as kvc::Error with the right status and a message, UUID lists as
 // optionals, move-only ownership (ASan would flag a double free), several
-// engines held in one container, the publisher and wire drain, and status
-// names for every status the library describes.
+// engines held in one container, the publisher and wire drain, the call
+// log, and status names for every status the library describes.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -175,6 +176,25 @@ static void publisher() {
     expect_error([&] { engine.stop_publisher(); }, KVC_STATUS_PUBLISHER_NOT_RUNNING, __LINE__);
 }
 
+// The call log: opened on a fresh engine, refused a second time, closed with
+// the number of calls it holds (one admission, one commit, one finish, one
+// step), refused once closed.
+static void call_log() {
+    const char *dir = std::getenv("TMPDIR");
+    const std::string path = std::string(dir ? dir : "/tmp") + "/kvcore-wrapper-calls.bin";
+    kvc::Engine engine(config());
+    engine.open_call_log(path);
+    expect_error([&] { engine.open_call_log(path); }, KVC_STATUS_CALL_LOG_REFUSED, __LINE__);
+    const std::vector<uint32_t> prompt = {1, 2, 3, 4, 5};
+    kvc_admission a = engine.add(kvc::Request(prompt));
+    engine.commit(a.request_id, 5);
+    engine.finish(a.request_id);
+    engine.step();
+    CHECK(engine.close_call_log() == 4);
+    expect_error([&] { engine.close_call_log(); }, KVC_STATUS_CALL_LOG_NOT_OPEN, __LINE__);
+    std::remove(path.c_str());
+}
+
 // The GPU methods: without an open GPU they throw with their statuses and
 // the engine goes on serving; gpu_open either opens device 0 or throws
 // GPU_UNAVAILABLE (tests/gpu.rs covers an open device with a real pool).
@@ -233,6 +253,7 @@ int main() {
     errors();
     ownership();
     publisher();
+    call_log();
     if (failures != 0) {
         std::fprintf(stderr, "wrapper: %d check(s) failed\n", failures);
         return 1;
