@@ -126,10 +126,22 @@ pub const BATCH: usize = 16;
 /// ratio of medians is then meaningful even when absolute times move.
 /// Untimed between repetitions: clearing the cold engine.
 pub fn run_core_bench(reps: usize) -> CoreBenchResult {
+    run_core_bench_with(reps, false)
+}
+
+/// [`run_core_bench`], with every engine recording its calls into a sink
+/// that discards them when `record_calls` (the call log's own cost: the
+/// records and their digests, not the file's).
+pub fn run_core_bench_with(reps: usize, record_calls: bool) -> CoreBenchResult {
     let w = PromptWorkload::default();
     let mut cold = PromptWorkload::engine(2, 0);
     let mut evicting = PromptWorkload::engine(2, 1);
     let mut warm = PromptWorkload::engine(2, 0);
+    if record_calls {
+        for e in [&mut cold, &mut evicting, &mut warm] {
+            e.record_calls(Box::new(std::io::sink())).expect("a fresh engine records");
+        }
+    }
     w.serve(&mut warm, &w.tokens);
     let mut fresh = w.tokens.clone();
     let mut out = CoreBenchResult::default();

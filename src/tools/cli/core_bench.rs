@@ -3,18 +3,21 @@
 //! the bare SHA-256 chain, the four cases interleaved in one run so that they
 //! share the machine's conditions, reported as ratios to the chain.
 
-use kvcore_tools::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench};
+use kvcore_tools::bench::{BATCH, BLOCK_SIZE, CASES, PROMPT, run_core_bench_with};
 
 /// Runs the bench and prints one line per case; returns the exit code.
-pub fn run(reps: usize) -> i32 {
+/// `record_calls`: every engine records a call log (into a sink that
+/// discards it), to measure what recording costs.
+pub fn run(reps: usize, record_calls: bool) -> i32 {
     if reps == 0 {
         eprintln!("kvcore core-bench: --reps must be at least 1");
         return 2;
     }
-    let r = run_core_bench(reps);
+    let r = run_core_bench_with(reps, record_calls);
     let blocks = (PROMPT / BLOCK_SIZE) as f64;
     let bare = r.median(0).as_secs_f64();
-    println!("{reps} repetitions per case, interleaved in batches of {BATCH}; medians (wall clock, one thread)");
+    let log = if record_calls { ", every engine recording its calls" } else { "" };
+    println!("{reps} repetitions per case, interleaved in batches of {BATCH}{log}; medians (wall clock, one thread)");
     println!("{:<20} {:>12} {:>12} {:>8}", "case", "per prompt", "per block", "ratio");
     for (c, name) in CASES.iter().enumerate() {
         let m = r.median(c).as_secs_f64();

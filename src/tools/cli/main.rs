@@ -36,6 +36,9 @@ enum Command {
         /// Repetitions of each case.
         #[arg(long, default_value_t = 2000)]
         reps: usize,
+        /// Every engine records a call log (discarded), to measure its cost.
+        #[arg(long)]
+        record_calls: bool,
     },
     /// A short demonstration of the engine that prints its events.
     Demo,
@@ -62,7 +65,7 @@ fn main() {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Demo) => demo::run(),
-        Some(Command::CoreBench { reps }) => std::process::exit(core_bench::run(reps)),
+        Some(Command::CoreBench { reps, record_calls }) => std::process::exit(core_bench::run(reps, record_calls)),
         Some(Command::Sim(args)) => std::process::exit(sim::run(&args)),
         Some(Command::ReplayCalls(args)) => std::process::exit(replay_calls::run(&args)),
         None => std::process::exit(sim::run(&sim::SimArgs::default())),
