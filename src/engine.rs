@@ -15,6 +15,12 @@
 //! `cached_blocks`, ...) are read-only views in exported types; the block
 //! side itself (`KvCache`, its pool and index) is no part of the API, so that
 //! only its verbs change it.
+//!
+//! Every output is a function of the configuration and the calls alone
+//! (docs/architecture.md, "Determinism"). While a call log is recorded
+//! ([`Engine::record_calls`]), each method that changes state also writes its
+//! record: its arguments, then digests of what it answered and of the
+//! counters after it.
 
 use std::io::Write;
 use std::path::Path;
