@@ -11,8 +11,10 @@
 
 mod calls_support;
 
+use std::io::{self, Write};
 use std::path::Path;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 
 use calls_support::{Driver, Workload, config, line_digest};
 use kvcore::Engine;
@@ -22,12 +24,33 @@ const CALLS: usize = 3000;
 /// Where a child writes its transcript.
 const TRANSCRIPT_ENV: &str = "KVCORE_DETERMINISM_TRANSCRIPT";
 
+/// A sink that keeps what is written, shared with the test.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Runs two engines through the calls of `seed`, comparing every output
-/// after every call; returns the last counters.
-fn run_two(seed: u64, offload_first: bool) -> kvcore::Counters {
+/// after every call; with `record`, both record a call log, and the two logs
+/// (arguments and output digests, as two ranks would write them) must be
+/// equal byte for byte. Returns the last counters.
+fn run_two(seed: u64, offload_first: bool, record: bool) -> kvcore::Counters {
     let mut work = Workload::new(seed);
     let mut a = Driver::new(Engine::new(config(offload_first)).unwrap());
     let mut b = Driver::new(Engine::new(config(offload_first)).unwrap());
+    let logs = [Shared::default(), Shared::default()];
+    if record {
+        a.engine.record_calls(Box::new(logs[0].clone())).unwrap();
+        b.engine.record_calls(Box::new(logs[1].clone())).unwrap();
+    }
     for i in 0..CALLS {
         let op = work.next_op();
         let (la, lb) = (a.apply(&op), b.apply(&op));
@@ -41,13 +64,20 @@ fn run_two(seed: u64, offload_first: bool) -> kvcore::Counters {
             );
         }
     }
+    if record {
+        assert_eq!(a.engine.stop_recording().unwrap(), b.engine.stop_recording().unwrap());
+        let (la, lb) = (logs[0].0.lock().unwrap(), logs[1].0.lock().unwrap());
+        assert!(la.len() > 10_000, "the log holds the run");
+        assert!(*la == *lb, "seed {seed}: the two engines' call logs differ");
+    }
     a.engine.counters()
 }
 
 /// Two engines, one process: the same calls give the same admissions,
 /// block tables, pages, copies and waves, events in the same order,
 /// evictions and counters, checked after each of 3000 calls for three
-/// seeds (one with `offload_first`). The workload reaches every path it is
+/// seeds (one with `offload_first`, one recording call logs, which must come
+/// out equal). The workload reaches every path it is
 /// meant to (asserted on the counters), so agreement is not vacuous.
 #[test]
 fn two_engines_agree_after_every_call() {
@@ -60,8 +90,8 @@ fn two_engines_agree_after_every_call() {
         std::fs::write(path, transcript.join("\n")).unwrap();
         return;
     }
-    for (seed, offload_first) in [(7, false), (8, true), (9, false)] {
-        let c = run_two(seed, offload_first);
+    for (seed, offload_first, record) in [(7, false, false), (8, true, false), (9, false, true)] {
+        let c = run_two(seed, offload_first, record);
         assert!(c.requests_admitted > 200 && c.requests_rejected > 0, "seed {seed}: admissions {c:?}");
         assert!(c.blocks_offloaded > 0 && c.blocks_onboarded > 0, "seed {seed}: tier moves {c:?}");
         assert!(c.blocks_evicted_device > 0 && c.blocks_evicted_host > 0, "seed {seed}: evictions {c:?}");
