@@ -193,7 +193,10 @@ fn a_lora_id_needs_its_name() {
     assert_eq!(e.counters().requests_rejected, rejected + 2);
     e.step();
     assert!(e.drain_events().is_empty());
-    serve(&mut e, &RequestSpec { tokens: &tokens, lora_id: Some(5), lora_name: Some("adapter-5"), ..Default::default() });
+    serve(
+        &mut e,
+        &RequestSpec { tokens: &tokens, lora_id: Some(5), lora_name: Some("adapter-5"), ..Default::default() },
+    );
     let events = e.drain_events();
     let KvEvent::BlockStored(s) = &events[0] else { panic!("{events:?}") };
     assert_eq!((s.lora_id, s.lora_name.as_deref()), (Some(5), Some("adapter-5")));

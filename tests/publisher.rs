@@ -294,7 +294,10 @@ fn full_queue_drops_are_counted_gaps_and_snapshots_stay_exact() {
     assert!(publisher.flush(Duration::from_secs(10)));
     let stats = publisher.stats();
     assert!(stats.dropped_queue_full > 0);
-    assert_eq!(stats.batches_reserved, stats.batches_handed_to_socket + stats.dropped_queue_full + stats.dropped_send_failed);
+    assert_eq!(
+        stats.batches_reserved,
+        stats.batches_handed_to_socket + stats.dropped_queue_full + stats.dropped_send_failed
+    );
     // The subscriber sees exactly the sent batches; the rest are gaps.
     let mut gaps = 0u64;
     let mut expect = first;
@@ -389,7 +392,10 @@ fn an_idle_publisher_sends_heartbeats_with_the_next_seq() {
         assert_eq!(replayed.iter().map(|m| m.seq).collect::<Vec<_>>(), (0..=seq).collect::<Vec<_>>());
         let stats = publisher.stats();
         assert!(stats.heartbeats >= 2);
-        assert_eq!(stats.batches_reserved, stats.batches_handed_to_socket + stats.dropped_queue_full + stats.dropped_send_failed);
+        assert_eq!(
+            stats.batches_reserved,
+            stats.batches_handed_to_socket + stats.dropped_queue_full + stats.dropped_send_failed
+        );
     }
 }
 

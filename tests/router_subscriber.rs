@@ -7,8 +7,8 @@ mod router_support;
 
 use std::time::Duration;
 
-use kvcore::{Publisher, PublisherConfig};
 use kvcore::HashProfile;
+use kvcore::{Publisher, PublisherConfig};
 use kvcore_router::{IndexerConfig, SubscribeError, Subscriber, SubscriberConfig, Tier};
 use router_support::{Worker, sync};
 
@@ -121,10 +121,7 @@ fn a_worker_with_another_hash_profile_is_refused() {
         match refused {
             Some(field) => {
                 let e = error.expect("the mismatch is an error");
-                assert!(
-                    matches!(&e, SubscribeError::ProfileMismatch { field: f, .. } if *f == field),
-                    "{e}"
-                );
+                assert!(matches!(&e, SubscribeError::ProfileMismatch { field: f, .. } if *f == field), "{e}");
                 assert!(e.to_string().contains(field) && e.to_string().contains("151655"), "{e}");
                 assert_eq!(sub.counters().snapshots_applied, 0);
                 assert!(sub.indexer().worker_blocks(id, Tier::Device).is_empty());

@@ -192,9 +192,7 @@ fn to_json(rd: &mut &[u8]) -> serde_json::Value {
             let n = rd.read_data_u16().unwrap();
             V::Array((0..n).map(|_| to_json(rd)).collect())
         }
-        M::FixMap(n) => {
-            V::Object((0..n).map(|_| (to_json(rd).as_str().unwrap().to_owned(), to_json(rd))).collect())
-        }
+        M::FixMap(n) => V::Object((0..n).map(|_| (to_json(rd).as_str().unwrap().to_owned(), to_json(rd))).collect()),
         m => panic!("unexpected marker {m:?}"),
     }
 }

@@ -83,11 +83,7 @@ impl HashProfile {
                 format!("{:?}", other.image_placeholder_token_ids),
             ),
             ("scope", self.scope.clone(), other.scope.clone()),
-            (
-                "image_routing_version",
-                self.image_routing_version.to_string(),
-                other.image_routing_version.to_string(),
-            ),
+            ("image_routing_version", self.image_routing_version.to_string(), other.image_routing_version.to_string()),
         ];
         pairs.into_iter().find(|(_, a, b)| a != b)
     }

@@ -523,9 +523,7 @@ fn replay_loop(
         // without the delimiter from a ROUTER-less client.
         let (id, delimited, request, wants_profile) = match frames.as_slice() {
             [id, empty, req] if empty.is_empty() => (id.clone(), true, req.as_slice(), false),
-            [id, empty, req, p] if empty.is_empty() && p == PROFILE_REQUEST => {
-                (id.clone(), true, req.as_slice(), true)
-            }
+            [id, empty, req, p] if empty.is_empty() && p == PROFILE_REQUEST => (id.clone(), true, req.as_slice(), true),
             [id, req] => (id.clone(), false, req.as_slice(), false),
             [id, ..] => (id.clone(), true, &[][..], false),
             [] => continue,
@@ -539,15 +537,17 @@ fn replay_loop(
             let _ = socket.send_multipart(msg, 0);
         };
         let good = <[u8; 8]>::try_from(request).is_ok() || request == SNAPSHOT_REQUEST;
-        if good && wants_profile && let Some(profile) = &config.profile {
+        if good
+            && wants_profile
+            && let Some(profile) = &config.profile
+        {
             send(&[PROFILE_REQUEST, &profile.to_json()]);
         }
         if let Ok(start) = <[u8; 8]>::try_from(request) {
             let start = u64::from_be_bytes(start);
             let (retained, snapshot) = {
                 let s = lock(shared);
-                let retained: Vec<(u64, Arc<[u8]>)> =
-                    s.ring.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
+                let retained: Vec<(u64, Arc<[u8]>)> = s.ring.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
                 // The ring covers the request when it holds every batch from
                 // `start` to the last one handed over (none, when `start` is
                 // past it); otherwise only the snapshot brings the consumer

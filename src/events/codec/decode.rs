@@ -247,7 +247,6 @@ impl Reader<'_> {
         Ok((salt, any.then_some(infos)))
     }
 
-
     fn hashes(&mut self) -> Result<Vec<i64>> {
         let n = self.array_len("block_hashes")?;
         let mut v = Vec::with_capacity(self.cap(n, 1));

@@ -512,7 +512,10 @@ fn check_with_vllm(python: &Path, payloads: &[(EventForm, Vec<u8>)]) -> usize {
                     let first = keys.get(0).and_then(Value::as_array).cloned().unwrap_or_default();
                     match &s.cache_salt {
                         Some(salt) => assert!(first.contains(&tag(salt)), "the salt in extra_keys[0]: {e}"),
-                        None => assert!(!first.iter().any(|k| k.as_str().is_some_and(|t| t.starts_with("dynamo-cache-"))), "{e}"),
+                        None => assert!(
+                            !first.iter().any(|k| k.as_str().is_some_and(|t| t.starts_with("dynamo-cache-"))),
+                            "{e}"
+                        ),
                     }
                     for (i, info) in s.block_mm_infos.clone().unwrap_or_default().iter().enumerate() {
                         let markers: Vec<u64> = keys[i]
@@ -752,4 +755,94 @@ fn dynamo_learns_an_idle_engine_from_its_heartbeats() {
         captured.extend(capture.payloads.drain(..).map(|p| (form, p)));
     }
     check_with_vllm(&vllm, &captured);
+}
+
+/// Dynamo's in-process `KvRouter` (tests/interop/dynamo_kvrouter.py: the
+/// wheel's own relay decodes our stream, its router indexes it), one engine
+/// per form: a LoRA scope, a salted scope, the base model and an image each
+/// match only the query of their own scope.
+#[test]
+fn dynamo_kvrouter_in_process_keeps_scopes_in_both_forms() {
+    let Some(python) = python() else { return };
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut e = engine_in_form(form, false, 100, 0);
+        let (endpoint, _) = endpoints(&e);
+        let mut child = Command::new(&python)
+            .arg(repo().join("tests/interop/dynamo_kvrouter.py"))
+            .args(["--block-size", &BLOCK.to_string(), "--endpoint", &endpoint])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning dynamo_kvrouter.py");
+        let mut stdin = BufWriter::new(child.stdin.take().unwrap());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        stdout.read_line(&mut ready).unwrap();
+        assert!(ready.contains("\"ready\": true"), "Dynamo's KvRouter did not start: {ready:?}");
+        let mut call = |cmd: Value| -> Value {
+            writeln!(stdin, "{cmd}").unwrap();
+            stdin.flush().unwrap();
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            assert!(v.get("error").is_none(), "{cmd}: {v}");
+            v
+        };
+        assert_eq!(call(json!({"op": "ping"}))["ok"], true);
+        let blocks = |call: &mut dyn FnMut(Value) -> Value,
+                      tokens: &[u32],
+                      lora: Option<&str>,
+                      salt: Option<&str>,
+                      mm: Option<Value>| {
+            call(json!({"op": "overlap", "tokens": tokens, "lora_name": lora, "cache_namespace": salt,
+                        "block_mm_infos": mm}))["device_blocks"]
+                .as_u64()
+                .unwrap()
+        };
+        // Join: serve probe prompts until the relay has one.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut n = 0u32;
+        loop {
+            let p: Vec<u32> = (0..33).map(|i| 40_000 + n * 64 + i).collect();
+            serve(&mut e, &p, 33, None);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(150));
+            if blocks(&mut call, &p, None, None, None) == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{form:?}: Dynamo's relay never received our stream");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(80);
+        let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+        let (t1, t2, t3) = (text(130), text(130), text(130));
+        let prompt = image_prompt(&t3[..32], &t3[32..64]);
+        let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
+        serve_spec(
+            &mut e,
+            &RequestSpec { tokens: &t1, lora_id: Some(5), lora_name: Some("adapter-a"), ..Default::default() },
+        );
+        serve_spec(&mut e, &RequestSpec { tokens: &t2, cache_salt: Some("tenant-b"), ..Default::default() });
+        serve(&mut e, &t3, 130, None);
+        serve(&mut e, &prompt, 130, Some(a));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))) < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(blocks(&mut call, &t1, Some("adapter-a"), None, None), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &t1, None, None, None), 0, "{form:?}: LoRA blocks are not base blocks");
+        assert_eq!(blocks(&mut call, &t2, None, Some("tenant-b"), None), 4, "{form:?}");
+        assert_eq!(
+            blocks(&mut call, &t2, None, None, None),
+            0,
+            "{form:?}: salted blocks do not match unsalted queries"
+        );
+        assert_eq!(blocks(&mut call, &t3, None, None, None), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &t3, None, Some("tenant-b"), None), 0, "{form:?}: nor the reverse");
+        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos("other"))), 1, "{form:?}");
+        call(json!({"op": "quit"}));
+        drop(stdin);
+        let _ = child.wait();
+    }
 }
