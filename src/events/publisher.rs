@@ -406,6 +406,7 @@ fn publisher_loop(
     let heartbeat = (config.heartbeat_ms > 0).then(|| Duration::from_millis(config.heartbeat_ms.into()));
     let mut payload = Vec::new();
     let mut last_handed = Instant::now();
+    let outlet = Outlet { socket, config, shared, stats, rank };
     loop {
         let cmd = match heartbeat {
             None => match rx.recv() {
@@ -436,7 +437,7 @@ fn publisher_loop(
                         Err(cmd) => cmd,
                         Ok(seq) => {
                             let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-                            if hand_over(socket, config, shared, stats, rank, seq, ts, &[], &[], &mut payload) {
+                            if hand_over(&outlet, (seq, ts), &[], &[], &mut payload) {
                                 bump(&stats.heartbeats);
                             }
                             last_handed = Instant::now();
@@ -452,29 +453,33 @@ fn publisher_loop(
                 let _ = done.send(());
             }
             Command::Batch { seq, ts, events, dropped } => {
-                hand_over(socket, config, shared, stats, rank, seq, ts, &events, &dropped, &mut payload);
+                hand_over(&outlet, (seq, ts), &events, &dropped, &mut payload);
                 last_handed = Instant::now();
             }
         }
     }
 }
 
+/// What the publisher thread hands batches over with.
+struct Outlet<'a> {
+    socket: &'a zmq::Socket,
+    config: &'a PublisherConfig,
+    shared: &'a Mutex<Shared>,
+    stats: &'a AtomicStats,
+    rank: Option<i64>,
+}
+
 /// Encodes and sends one batch, applies it (and the batches dropped before
 /// it) to the mirror and retains it for replay. Returns whether the socket
 /// took it.
-#[allow(clippy::too_many_arguments)]
 fn hand_over(
-    socket: &zmq::Socket,
-    config: &PublisherConfig,
-    shared: &Mutex<Shared>,
-    stats: &AtomicStats,
-    rank: Option<i64>,
-    seq: u64,
-    ts: f64,
+    out: &Outlet<'_>,
+    (seq, ts): (u64, f64),
     events: &[KvEvent],
     dropped: &[Vec<KvEvent>],
     payload: &mut Vec<u8>,
 ) -> bool {
+    let Outlet { socket, config, shared, stats, rank } = *out;
     payload.clear();
     encode_events(events, ts, rank, &config.encode, payload);
     let sent = socket

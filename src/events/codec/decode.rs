@@ -77,6 +77,9 @@ fn decode_map_envelope(mut r: Reader<'_>) -> Result<WireBatch> {
     })
 }
 
+/// Per block, its image objects (`block_mm_infos`).
+type MmInfos = Vec<Option<WireMmInfo>>;
+
 /// Every field any event type may carry, gathered before the type is known
 /// (a map may name `type` last).
 #[derive(Default)]
@@ -184,8 +187,7 @@ impl Reader<'_> {
     /// string ([`mm_of_marker`]) alone or as `[marker, offset]` is an image
     /// object. The first string equal to the LoRA name in a block is that
     /// name; everything else is skipped.
-    #[allow(clippy::type_complexity)]
-    fn extra_keys(&mut self, lora_name: Option<&str>) -> Result<(Option<String>, Option<Vec<Option<WireMmInfo>>>)> {
+    fn extra_keys(&mut self, lora_name: Option<&str>) -> Result<(Option<String>, Option<MmInfos>)> {
         if self.nil()? {
             return Ok((None, None));
         }
