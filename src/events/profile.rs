@@ -48,8 +48,10 @@ pub struct HashProfile {
     pub image_placeholder_token_ids: Vec<u32>,
     /// The scope rule ([`SCOPE_RULE`]).
     pub scope: String,
-    /// The version of the `image_routing` metadata on the stream.
-    pub image_routing_version: u64,
+    /// The version of the routing metadata on the stream (`image_routing`
+    /// `v`). Named apart from `model_info`'s `extra.image_routing_version`,
+    /// which says whether image routing is advertised at all.
+    pub routing_metadata_version: u64,
 }
 
 impl HashProfile {
@@ -64,7 +66,7 @@ impl HashProfile {
             mm_hash: MM_HASH_RECIPE.into(),
             image_placeholder_token_ids,
             scope: SCOPE_RULE.into(),
-            image_routing_version: IMAGE_ROUTING_VERSION,
+            routing_metadata_version: IMAGE_ROUTING_VERSION,
         }
     }
 
@@ -83,7 +85,11 @@ impl HashProfile {
                 format!("{:?}", other.image_placeholder_token_ids),
             ),
             ("scope", self.scope.clone(), other.scope.clone()),
-            ("image_routing_version", self.image_routing_version.to_string(), other.image_routing_version.to_string()),
+            (
+                "routing_metadata_version",
+                self.routing_metadata_version.to_string(),
+                other.routing_metadata_version.to_string(),
+            ),
         ];
         pairs.into_iter().find(|(_, a, b)| a != b)
     }
