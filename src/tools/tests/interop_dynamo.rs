@@ -2,7 +2,11 @@
 //! standalone KV indexer (PyPI `ai-dynamo-runtime==1.6.1`) subscribes to two
 //! kvcore engines' publishers, and its per-worker overlap for queries hashed
 //! by Dynamo's own `compute_block_hash_for_seq` must equal the prefix each
-//! engine holds.
+//! engine holds. Then, in both event forms: LoRA and salt scopes on three
+//! engines, recovery after the replay ring moved on, an idle engine learned
+//! from its heartbeats, and the same scopes through Dynamo's in-process
+//! `KvRouter`; every payload captured there is also decoded by vLLM 0.33.0's
+//! own decoder, whose fields must mean what kvcore meant.
 //!
 //! The Python side (tests/interop/) is installed into a virtualenv by
 //! `setup_venv.sh` on first use and reused afterwards. Where Python or the
