@@ -301,7 +301,6 @@ fn run_ops(ops: Vec<Op>, partial_reuse: bool) {
                     items,
                     uuids: if prompt.images.is_empty() { None } else { Some(uuid_refs) },
                     dummy,
-                    ..Default::default()
                 };
                 let expected = if dummy { 0 } else { model.expected_match(&prompt) };
                 let partial_max = if dummy || !partial_reuse { 0 } else { model.partial_bound(&prompt, expected) };
