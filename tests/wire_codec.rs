@@ -201,7 +201,7 @@ fn to_json(rd: &mut &[u8]) -> serde_json::Value {
 /// field order): LoRA name at 7, the tagged salt and the per-block image
 /// markers in `extra_keys` at 8, nothing but nil in vLLM's slots 9-15
 /// (`group_idx` .. `lookahead_token_ids`, where a salt would otherwise read
-/// as a session id), and `image_routing` at 16. A map envelope decodes like
+/// as vLLM's `session_id`), and `image_routing` at 16. A map envelope decodes like
 /// the array one.
 #[test]
 fn array_form_follows_the_reference_layout() {

@@ -5,7 +5,7 @@ wheel on PyPI. It is never part of this repository: `fetch` reads that one
 member out of the remote wheel with HTTP range requests (the zip directory
 and the member only, not the whole wheel) and caches it; `load` runs it with
 small stand-ins for the vllm modules it imports (logging, config and network
-helpers it does not use to decode) and, where pyzmq is missing, for zmq.
+functions it does not use to decode) and, where pyzmq is missing, for zmq.
 
 Decoding:
 - map form: vLLM 0.33's own `KVEventBatch` decoder (its events are tagged
@@ -121,8 +121,8 @@ def _module(name, **attrs):
 def load(path):
     """Runs vLLM's kv_events.py as `vllm.distributed.kv_events` with stand-ins
     for the imports that decoding does not need."""
-    class KVEventsConfig:  # only named in the publisher factory's annotations
-        pass
+    class KVEventsConfig:
+        """Only named in the publisher factory's annotations."""
 
     def unused(*_a, **_k):
         raise RuntimeError("not available in the decoder-only loader")
