@@ -318,6 +318,51 @@ fn full_queue_drops_are_counted_gaps_and_snapshots_stay_exact() {
     assert!(found, "the dropped batch's block is in the snapshot");
 }
 
+/// A heartbeat after a dropped batch carries the dropped events to the
+/// mirror like any batch: a snapshot tagged past the drop includes them.
+#[test]
+fn a_heartbeat_carries_dropped_events_to_the_snapshot() {
+    let ctx = zmq::Context::new();
+    let mut publisher =
+        Publisher::bind(PublisherConfig { queue_capacity: 1, send_hwm: 0, heartbeat_ms: 100, ..config() }).unwrap();
+    let big: Vec<KvEvent> = {
+        let mut warm =
+            Engine::new(EngineConfig { block_size_tokens: 4, blocks_device: 2048, ..Default::default() }).unwrap();
+        run(&mut warm, &(0..4000).collect::<Vec<u32>>(), None);
+        warm.drain_events()
+    };
+    let mut e = engine();
+    let mut dropped_store = None;
+    for k in 0..10_000u32 {
+        publisher.publish(big.clone());
+        run(&mut e, &[9, 9, 9, 2000 + k], None);
+        let stored = e.drain_events();
+        let before = publisher.stats().dropped_queue_full;
+        publisher.publish(stored.clone());
+        if publisher.stats().dropped_queue_full > before {
+            dropped_store = Some(stored);
+            break;
+        }
+    }
+    let stored = dropped_store.expect("a one-slot queue overflowed");
+    assert!(publisher.flush(Duration::from_secs(10)));
+    // Idle now: only a heartbeat can carry the dropped events.
+    let heartbeats = publisher.stats().heartbeats;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while publisher.stats().heartbeats == heartbeats {
+        assert!(Instant::now() < deadline, "no heartbeat");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let snap = request(&ctx, publisher.replay_endpoint().unwrap(), SNAPSHOT_REQUEST);
+    let WireEvent::BlockStored(w) = wire_event(&stored[0], &EncodeOptions::default()) else { panic!() };
+    assert!(snap[0].seq > 0);
+    let found = snap[0].batch.events.iter().any(|ev| match ev {
+        WireEvent::BlockStored(s) => s.block_hashes == w.block_hashes,
+        _ => false,
+    });
+    assert!(found, "the dropped batch's block is in the snapshot tagged {}", snap[0].seq);
+}
+
 /// A subscriber that stops reading must not stall publishing: the publisher
 /// thread keeps draining its queue (PUB drops at the high-water mark).
 #[test]

@@ -203,6 +203,17 @@ enum Command {
     Flush(SyncSender<()>),
 }
 
+/// Numbering, shared by the step side and the publisher thread's heartbeat.
+#[derive(Debug, Default)]
+struct Sequencer {
+    /// The number the next batch gets.
+    next: u64,
+    /// The events of batches dropped since the last one that got through:
+    /// they changed the engine's state, so the next batch or heartbeat
+    /// carries them to the mirror.
+    backlog: Vec<Vec<KvEvent>>,
+}
+
 /// What the publisher thread shares with the replay thread.
 #[derive(Debug, Default)]
 struct Shared {
@@ -216,10 +227,10 @@ struct Shared {
 /// sent first).
 pub struct Publisher {
     tx: Option<SyncSender<Command>>,
-    /// The next sequence number; batches are queued under this lock, so the
-    /// publisher thread can reserve a heartbeat's number in order.
-    next_seq: Arc<Mutex<u64>>,
-    backlog: Vec<Vec<KvEvent>>,
+    /// The next sequence number and the events of dropped batches; batches
+    /// are queued under this lock, so the publisher thread can reserve a
+    /// heartbeat's number in order and carry the dropped events with it.
+    seq: Arc<Mutex<Sequencer>>,
     stats: Arc<AtomicStats>,
     endpoint: String,
     replay_endpoint: Option<String>,
@@ -282,13 +293,13 @@ impl Publisher {
         let stats = Arc::new(AtomicStats::default());
         let shared = Arc::new(Mutex::new(Shared::default()));
         let shutdown = Arc::new(AtomicBool::new(false));
-        let next_seq = Arc::new(Mutex::new(0u64));
+        let seq = Arc::new(Mutex::new(Sequencer::default()));
         let mut threads = Vec::new();
         {
             let (stats, shared, config) = (Arc::clone(&stats), Arc::clone(&shared), config.clone());
-            let next_seq = Arc::clone(&next_seq);
+            let seq = Arc::clone(&seq);
             threads.push(std::thread::Builder::new().name("kvcore-publisher".into()).spawn(move || {
-                publisher_loop(&rx, &pub_socket, &config, &shared, &stats, &next_seq);
+                publisher_loop(&rx, &pub_socket, &config, &shared, &stats, &seq);
             })?);
         }
         if let Some(socket) = replay {
@@ -298,7 +309,7 @@ impl Publisher {
                 replay_loop(&socket, &config, &shared, &stats, &shutdown);
             })?);
         }
-        Ok(Self { tx: Some(tx), next_seq, backlog: Vec::new(), stats, endpoint, replay_endpoint, shutdown, threads })
+        Ok(Self { tx: Some(tx), seq, stats, endpoint, replay_endpoint, shutdown, threads })
     }
 
     /// The endpoint the `PUB` socket is bound to (with the real port when `*` was asked).
@@ -313,7 +324,7 @@ impl Publisher {
 
     /// The sequence number the next batch will get.
     pub fn next_seq(&self) -> u64 {
-        *lock_seq(&self.next_seq)
+        lock_seq(&self.seq).next
     }
 
     /// The counters.
@@ -326,12 +337,12 @@ impl Publisher {
     /// the batch had to be dropped.
     pub fn publish(&mut self, events: Vec<KvEvent>) -> u64 {
         let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let dropped = std::mem::take(&mut self.backlog);
         // Held for the reservation and the `try_send` only (neither blocks):
         // the heartbeat reserves its number under it when the queue is empty.
-        let mut next = lock_seq(&self.next_seq);
-        let seq = *next;
-        *next += 1;
+        let mut sequencer = lock_seq(&self.seq);
+        let dropped = std::mem::take(&mut sequencer.backlog);
+        let seq = sequencer.next;
+        sequencer.next += 1;
         bump(&self.stats.batches_reserved);
         let Some(tx) = &self.tx else { return seq };
         match tx.try_send(Command::Batch { seq, ts, events, dropped }) {
@@ -340,7 +351,7 @@ impl Publisher {
             | Err(TrySendError::Disconnected(Command::Batch { events, mut dropped, .. })) => {
                 bump(&self.stats.dropped_queue_full);
                 dropped.push(events);
-                self.backlog = dropped;
+                sequencer.backlog = dropped;
             }
             Err(_) => unreachable!("the command sent was a batch"),
         }
@@ -383,9 +394,10 @@ fn last_endpoint(s: &zmq::Socket) -> Result<String, PublishError> {
     Ok(s.get_last_endpoint()?.unwrap_or_default())
 }
 
-fn lock_seq(next_seq: &Mutex<u64>) -> std::sync::MutexGuard<'_, u64> {
-    // Only integer updates happen under this lock: poisoned or not, it is valid.
-    next_seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock_seq(seq: &Mutex<Sequencer>) -> std::sync::MutexGuard<'_, Sequencer> {
+    // Only a counter and a list are updated under this lock, each in one
+    // step: poisoned or not, it is valid.
+    seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -400,7 +412,7 @@ fn publisher_loop(
     config: &PublisherConfig,
     shared: &Mutex<Shared>,
     stats: &AtomicStats,
-    next_seq: &Mutex<u64>,
+    seq: &Mutex<Sequencer>,
 ) {
     let rank = config.data_parallel_rank.map(i64::from);
     let heartbeat = (config.heartbeat_ms > 0).then(|| Duration::from_millis(config.heartbeat_ms.into()));
@@ -421,23 +433,26 @@ fn publisher_loop(
                     // queued: the step queues under the same lock, so nothing
                     // numbered below it can still be on its way.
                     let reserved = {
-                        let mut next = lock_seq(next_seq);
+                        let mut sequencer = lock_seq(seq);
                         match rx.try_recv() {
                             Ok(cmd) => Err(cmd),
                             Err(TryRecvError::Disconnected) => return,
                             Err(TryRecvError::Empty) => {
-                                let seq = *next;
-                                *next += 1;
+                                let number = sequencer.next;
+                                sequencer.next += 1;
                                 bump(&stats.batches_reserved);
-                                Ok(seq)
+                                Ok((number, std::mem::take(&mut sequencer.backlog)))
                             }
                         }
                     };
                     match reserved {
                         Err(cmd) => cmd,
-                        Ok(seq) => {
+                        Ok((number, dropped)) => {
+                            // A heartbeat carries the events of dropped
+                            // batches to the mirror like any batch, so a
+                            // snapshot tagged past them includes them.
                             let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-                            if hand_over(&outlet, (seq, ts), &[], &[], &mut payload) {
+                            if hand_over(&outlet, (number, ts), &[], &dropped, &mut payload) {
                                 bump(&stats.heartbeats);
                             }
                             last_handed = Instant::now();
