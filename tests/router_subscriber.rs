@@ -69,7 +69,7 @@ fn publisher_restart_is_healed_by_a_snapshot() {
 }
 
 /// A subscriber that joins after the replay ring has moved past seq 0 sees a
-/// gap from 0, finds the replay short, and catches up by snapshot.
+/// gap from 0, and the replay answers with the snapshot, which it applies.
 #[test]
 fn late_joiner_catches_up_by_snapshot() {
     let mut w = Worker::new(4, 64, 0, 2);
@@ -82,6 +82,8 @@ fn late_joiner_catches_up_by_snapshot() {
     assert!(sync(&mut sub, &mut [(&mut w, id)], Duration::from_secs(20)), "{:?}", sub.counters());
     let c = sub.counters();
     assert!(c.gaps >= 1 && c.snapshots_applied >= 1, "{c:?}");
+    // The replay itself brought the snapshot: no second request.
+    assert!(c.replays_answered_by_snapshot >= 1 && c.snapshots == 0, "{c:?}");
     assert_eq!(sub.indexer().worker_blocks(id, Tier::Device), w.advertised(Tier::Device));
     assert_eq!(w.advertised(Tier::Device).len(), 24);
 }

@@ -6,7 +6,9 @@
 //!    s == e ──────────────► apply, e = s + 1
 //!    s >  e  (gap) ───────► buffer s; ask replay from e ──► replayed e.. applied in order,
 //!                                                        then the buffer (s < e skipped)
-//!           replay starts above e (ring no longer covers e) or times out
+//!           replay answered with the snapshot (starts with AllBlocksCleared at s' > e)
+//!                         └► clear the worker, apply it, e = s' + 1, then the buffer
+//!           replay starts above e otherwise (ring no longer covers e) or times out
 //!                         └► ask a snapshot (seq S = "state before batch S")
 //!                            ──► clear the worker, apply it, e = S, then the buffer
 //!    s <  e  ─────────────► skip (a replay or snapshot already covered it)
@@ -46,9 +48,9 @@
 use std::time::{Duration, Instant};
 
 use crate::indexer::{Indexer, IndexerConfig, WorkerId};
-use kvcore::wire::WireBatch;
 use kvcore::wire::decode_message;
 use kvcore::wire::{END_SEQ, HashProfile, PROFILE_REQUEST, SNAPSHOT_REQUEST};
+use kvcore::wire::{WireBatch, WireEvent};
 
 /// Settings of a [`Subscriber`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +97,9 @@ pub struct SubscriberCounters {
     pub batches_replayed: u64,
     /// Replays that did not cover the gap (the ring had moved on).
     pub replays_short: u64,
+    /// Replays the publisher answered with its snapshot (the ring had moved
+    /// on), applied as one.
+    pub replays_answered_by_snapshot: u64,
     /// Snapshots asked.
     pub snapshots: u64,
     /// Snapshots applied.
@@ -529,6 +534,18 @@ impl Subscriber {
                         continue;
                     }
                     if msg.seq > c.expected {
+                        if matches!(msg.batch.events.first(), Some(WireEvent::AllBlocksCleared)) {
+                            // The publisher answered with its snapshot (the
+                            // ring moved on): the state after batch `seq`, and
+                            // a batch that starts by clearing everything needs
+                            // nothing before it.
+                            c.expected = msg.seq + 1;
+                            self.indexer.clear_worker(id);
+                            self.apply_batch(id, &msg.batch);
+                            self.counters.replays_answered_by_snapshot += 1;
+                            self.counters.snapshots_applied += 1;
+                            continue;
+                        }
                         // The ring starts past what we miss: only a snapshot helps.
                         self.counters.replays_short += 1;
                         self.start_recovery(i, Recovery::Snapshot)?;
