@@ -439,6 +439,22 @@ impl Capture {
         Self { sub, form, payloads: Vec::new() }
     }
 
+    /// Publishes clears from `e` until this capture has one (ZMQ's slow
+    /// joiner), so that nothing after it is missed.
+    fn join(&mut self, e: &mut Engine) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            e.clear();
+            e.step();
+            std::thread::sleep(Duration::from_millis(50));
+            self.drain();
+            if !self.payloads.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the capture never joined");
+        }
+    }
+
     fn drain(&mut self) {
         while let Ok(frames) = self.sub.recv_multipart(zmq::DONTWAIT) {
             self.payloads.push(frames[2].clone());
@@ -601,12 +617,14 @@ fn dynamo_keeps_lora_and_salt_scopes_apart_in_both_forms() {
         let mut engines: Vec<Engine> = (0..3).map(|_| engine_in_form(form, false, 100, 0)).collect();
         let workers: Vec<String> =
             engines.iter().enumerate().map(|(i, e)| format!("{}={}", i + 1, endpoints(e).0)).collect();
+        let mut captures: Vec<Capture> = engines.iter().map(|e| Capture::new(&ctx, &endpoints(e).0, form)).collect();
+        for (c, e) in captures.iter_mut().zip(&mut engines) {
+            c.join(e);
+        }
         let mut probe = Probe::start(&python, &workers.join(","));
         for e in &mut engines {
             join(&mut probe, e);
         }
-        let mut captures: Vec<Capture> = engines.iter().map(|e| Capture::new(&ctx, &endpoints(e).0, form)).collect();
-        std::thread::sleep(Duration::from_millis(300));
         let mut rng = rand::rngs::StdRng::seed_from_u64(20);
         let text: Vec<u32> = (0..130).map(|_| rng.random_range(1000..60_000)).collect();
         let prompt = image_prompt(&text[..32], &text[32..64]);
@@ -658,6 +676,7 @@ fn dynamo_reaches_the_exact_state_after_the_ring_moved_on() {
         let mut e = engine_in_form(form, true, 2, 0);
         let (endpoint, replay) = endpoints(&e);
         let mut capture = Capture::new(&ctx, &endpoint, form);
+        capture.join(&mut e);
         let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
         let mut rng = rand::rngs::StdRng::seed_from_u64(40 + k as u64);
         let prompts: Vec<Vec<u32>> =
@@ -729,6 +748,7 @@ fn dynamo_learns_an_idle_engine_from_its_heartbeats() {
         let mut e = engine_in_form(form, true, 100, 200);
         let (endpoint, replay) = endpoints(&e);
         let mut capture = Capture::new(&ctx, &endpoint, form);
+        capture.join(&mut e);
         let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
         let mut rng = rand::rngs::StdRng::seed_from_u64(60 + k as u64);
         let prompts: Vec<Vec<u32>> =
