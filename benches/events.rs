@@ -144,7 +144,7 @@ fn publish(c: &mut Criterion) {
         let s = p.stats();
         eprintln!(
             "events/publish/{mode}: reserved {} sent {} dropped (queue full) {}",
-            s.batches_reserved, s.batches_sent, s.dropped_queue_full
+            s.batches_reserved, s.batches_handed_to_socket, s.dropped_queue_full
         );
     }
     g.finish();

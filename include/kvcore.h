@@ -109,6 +109,12 @@ enum kvc_status
      */
     KVC_STATUS_ENGINE_BUSY = 111,
     /**
+     * A request names a LoRA adapter by id without its name. Routers scope
+     * blocks by the adapter's name, so kvcore refuses an adapter a router
+     * could not tell from the base model; nothing was admitted.
+     */
+    KVC_STATUS_LORA_NAME_REQUIRED = 112,
+    /**
      * Not enough free or evictable KV blocks on the device.
      */
     KVC_STATUS_OUT_OF_BLOCKS = 200,
@@ -536,6 +542,11 @@ typedef struct kvc_publisher_config {
      * The `PUB` socket's send high-water mark, in messages.
      */
     int32_t send_hwm;
+    /**
+     * After this many milliseconds with nothing sent, an empty heartbeat
+     * batch goes out with the next sequence number; 0 turns heartbeats off.
+     */
+    uint32_t heartbeat_ms;
 } kvc_publisher_config;
 
 /**
@@ -547,9 +558,15 @@ typedef struct kvc_publisher_stats {
      */
     uint64_t batches_reserved;
     /**
-     * Batches sent on the `PUB` socket.
+     * Batches handed to the `PUB` socket (heartbeats included). ZMQ drops
+     * silently for a subscriber at its high-water mark, so this is what the
+     * socket took, not what each subscriber received (it sees a gap).
      */
-    uint64_t batches_sent;
+    uint64_t batches_handed_to_socket;
+    /**
+     * Empty heartbeat batches handed to the socket.
+     */
+    uint64_t heartbeats;
     /**
      * Batches dropped because the publisher queue was full.
      */
@@ -562,6 +579,10 @@ typedef struct kvc_publisher_stats {
      * Replay requests served.
      */
     uint64_t replays_served;
+    /**
+     * Replay requests older than the ring, answered with the snapshot.
+     */
+    uint64_t replays_answered_by_snapshot;
     /**
      * Snapshot requests served.
      */
@@ -1187,7 +1208,8 @@ kvc_status kvc_engine_model_info(struct kvc_engine *engine, char *buf, size_t le
 /**
  * Writes the default publisher configuration into `*config_out`: the
  * engine's endpoint, no replay, empty topic, no rank, token ids on, map
- * form, 10000 replay batches, a queue of 100000 batches, HWM 100000.
+ * form, 10000 replay batches, a queue of 100000 batches, HWM 100000,
+ * heartbeat every 1000 ms.
  *
  * Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
  *

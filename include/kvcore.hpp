@@ -78,6 +78,8 @@ inline const char *status_name(kvc_status status) noexcept {
             return "KVC_STATUS_BUFFER_TOO_SMALL";
         case KVC_STATUS_ENGINE_BUSY:
             return "KVC_STATUS_ENGINE_BUSY";
+        case KVC_STATUS_LORA_NAME_REQUIRED:
+            return "KVC_STATUS_LORA_NAME_REQUIRED";
         case KVC_STATUS_OUT_OF_BLOCKS:
             return "KVC_STATUS_OUT_OF_BLOCKS";
         case KVC_STATUS_TOO_MANY_REQUESTS:

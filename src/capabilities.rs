@@ -22,6 +22,7 @@
 use serde_json::json;
 
 use crate::config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN};
+use crate::events::profile::HashProfile;
 use crate::keys::BLOCK_KEY_ALGORITHM;
 
 /// The version of image routing this crate implements (the value of
@@ -135,6 +136,7 @@ pub fn model_info(config: &EngineConfig, deployment: &Deployment) -> serde_json:
         "image_placeholder_token_id": config.image_placeholder_token_id,
         "block_reuse": config.block_reuse,
         "kv_events": config.kv_events,
+        "hash_profile": HashProfile::new(config.block_size_tokens, vec![config.image_placeholder_token_id]),
         "extra": extra,
     })
 }

@@ -89,6 +89,14 @@ pub enum AdmitError {
         /// Index of the item.
         item: usize,
     },
+    /// A LoRA adapter given by id without a name. Routers (Dynamo, vLLM's
+    /// consumers, kvcore's own) scope blocks by the adapter's name, so an
+    /// unnamed adapter's blocks would look like base-model blocks to them.
+    #[error("LoRA adapter {lora_id} has no name; routers scope blocks by name, so an adapter id needs its lora_name")]
+    LoraNameRequired {
+        /// The adapter id given.
+        lora_id: u32,
+    },
     /// The LoRA name or cache salt is not valid UTF-8.
     #[error("the {field} is not valid UTF-8")]
     InvalidUtf8 {

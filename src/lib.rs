@@ -70,7 +70,8 @@ pub use capabilities::{
 pub use config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX};
 pub use engine::{Admission, CachedBlock, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
-pub use events::publisher::{PublishError, Publisher, PublisherConfig, PublisherStats};
+pub use events::profile::HashProfile;
+pub use events::publisher::{HEARTBEAT_MS_DEFAULT, PublishError, Publisher, PublisherConfig, PublisherStats};
 pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventImage, EventImageRun, KvEvent};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{
@@ -93,7 +94,8 @@ pub mod wire {
         DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, encode_payload,
         seq_frame, wire_event,
     };
-    pub use crate::events::publisher::{END_SEQ, SNAPSHOT_REQUEST, endpoint_for_rank};
+    pub use crate::events::profile::{HASH_PROFILE_VERSION, HashProfile, MM_HASH_RECIPE, SCOPE_RULE, WIRE_HASH_RECIPE};
+    pub use crate::events::publisher::{END_SEQ, PROFILE_REQUEST, SNAPSHOT_REQUEST, endpoint_for_rank};
     pub use crate::events::wire::{
         ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem, WireImageRef,
         WireMessage, WireMmInfo, WireMmObject,

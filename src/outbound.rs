@@ -9,12 +9,14 @@
 //! | [`Deployment::publisher_endpoint`] | a publisher with no endpoint of its own binds where the deployment says events go |
 //! | [`Deployment::publisher_bound`] | the endpoint a publisher bound (a `*` port resolved) is what `model_info` advertises |
 //! | [`Engine::stop_publisher`] | a stopped publisher first sends what it holds, for as long as the caller allows |
+//! | [`Engine::hash_profile`] | the rules a router must share to match this engine's blocks, published in `model_info` and in replies |
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::capabilities::Deployment;
 use crate::engine::Engine;
 use crate::events::codec::{EncodeOptions, encode_events};
+use crate::events::profile::HashProfile;
 use crate::events::publisher::{PublishError, Publisher, PublisherConfig};
 
 /// Why a publisher verb of the engine was refused.
@@ -41,10 +43,15 @@ pub struct VacantPublisher<'a> {
 impl<'a> VacantPublisher<'a> {
     /// Binds a publisher with `config` and attaches it to the engine (its
     /// snapshot mirror is seeded with the current cache state, see
-    /// [`Engine::attach_publisher`]); returns it, for its bound endpoint.
-    pub fn start(self, config: PublisherConfig) -> Result<&'a Publisher, PublisherError> {
-        let publisher = Publisher::bind(config)?;
+    /// [`Engine::attach_publisher`]); returns it, for its bound endpoint. A
+    /// configuration without a hash profile gets the engine's
+    /// ([`Engine::hash_profile`]).
+    pub fn start(self, mut config: PublisherConfig) -> Result<&'a Publisher, PublisherError> {
         let engine = self.engine;
+        if config.profile.is_none() {
+            config.profile = Some(engine.hash_profile());
+        }
+        let publisher = Publisher::bind(config)?;
         engine.attach_publisher(publisher);
         Ok(engine.publisher().expect("invariant: the publisher attached just above is attached"))
     }
@@ -70,6 +77,13 @@ impl Engine {
         let sent = publisher.flush(flush);
         drop(publisher);
         Ok(sent)
+    }
+
+    /// The hash profile of this engine's stream: its block size and image
+    /// placeholder id with this build's recipes (docs/wire-format.md).
+    pub fn hash_profile(&self) -> HashProfile {
+        let config = self.config();
+        HashProfile::new(config.block_size_tokens, vec![config.image_placeholder_token_id])
     }
 
     /// Takes the closed batches as wire payloads, oldest first: each is the

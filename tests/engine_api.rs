@@ -174,6 +174,34 @@ fn bad_input_is_rejected_without_trace() {
     e.check_invariants();
 }
 
+/// A LoRA adapter given by id without a name is refused with its own error,
+/// counted as a rejection, and leaves nothing behind; with its name (and a
+/// name alone) it is admitted, and its events carry the name routers key on.
+#[test]
+fn a_lora_id_needs_its_name() {
+    let mut e = engine(8);
+    let tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let before = state(&e);
+    let rejected = e.counters().requests_rejected;
+    for name in [None, Some("")] {
+        let spec = RequestSpec { tokens: &tokens, lora_id: Some(5), lora_name: name, ..Default::default() };
+        let err = e.add_request(&spec).unwrap_err();
+        assert_eq!(err, AdmitError::LoraNameRequired { lora_id: 5 }, "{name:?}");
+        assert!(err.to_string().contains("lora_name"), "{err}");
+        assert_eq!(state(&e), before, "{err} left a trace");
+    }
+    assert_eq!(e.counters().requests_rejected, rejected + 2);
+    e.step();
+    assert!(e.drain_events().is_empty());
+    serve(
+        &mut e,
+        &RequestSpec { tokens: &tokens, lora_id: Some(5), lora_name: Some("adapter-5"), ..Default::default() },
+    );
+    let events = e.drain_events();
+    let KvEvent::BlockStored(s) = &events[0] else { panic!("{events:?}") };
+    assert_eq!((s.lora_id, s.lora_name.as_deref()), (Some(5), Some("adapter-5")));
+}
+
 /// Warm-up requests use blocks like others but never reach the index or the events.
 #[test]
 fn dummy_requests_are_invisible() {
@@ -322,6 +350,7 @@ fn uuid_list_and_hints() {
         items: vec![MmItemSpec { content: MmContent::Bytes(b"p"), runs: vec![TokenRun { start: 1, len: 2 }] }],
         uuids: Some(vec![Some(b"sku-002")]),
         lora_id: Some(3),
+        lora_name: Some("adapter-3"),
         ..Default::default()
     };
     let c = e.add_request(&conflict).unwrap();

@@ -291,14 +291,16 @@ fn run_ops(ops: Vec<Op>, partial_reuse: bool) {
                     })
                     .collect();
                 let uuid_refs: Vec<Option<&[u8]>> = uuids.iter().map(|u| u.as_deref()).collect();
+                // An adapter id always comes with its name (routers key on the name).
+                let lora_name = prompt.lora.map(|id| format!("adapter-{id}"));
                 let spec = RequestSpec {
                     tokens: &prompt.tokens,
                     lora_id: prompt.lora,
+                    lora_name: lora_name.as_deref(),
                     cache_salt: prompt.salt.as_deref(),
                     items,
                     uuids: if prompt.images.is_empty() { None } else { Some(uuid_refs) },
                     dummy,
-                    ..Default::default()
                 };
                 let expected = if dummy { 0 } else { model.expected_match(&prompt) };
                 let partial_max = if dummy || !partial_reuse { 0 } else { model.partial_bound(&prompt, expected) };

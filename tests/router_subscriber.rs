@@ -7,8 +7,9 @@ mod router_support;
 
 use std::time::Duration;
 
+use kvcore::HashProfile;
 use kvcore::{Publisher, PublisherConfig};
-use kvcore_router::{IndexerConfig, Subscriber, SubscriberConfig, Tier};
+use kvcore_router::{IndexerConfig, SubscribeError, Subscriber, SubscriberConfig, Tier};
 use router_support::{Worker, sync};
 
 fn subscriber() -> Subscriber {
@@ -68,7 +69,7 @@ fn publisher_restart_is_healed_by_a_snapshot() {
 }
 
 /// A subscriber that joins after the replay ring has moved past seq 0 sees a
-/// gap from 0, finds the replay short, and catches up by snapshot.
+/// gap from 0, and the replay answers with the snapshot, which it applies.
 #[test]
 fn late_joiner_catches_up_by_snapshot() {
     let mut w = Worker::new(4, 64, 0, 2);
@@ -81,6 +82,79 @@ fn late_joiner_catches_up_by_snapshot() {
     assert!(sync(&mut sub, &mut [(&mut w, id)], Duration::from_secs(20)), "{:?}", sub.counters());
     let c = sub.counters();
     assert!(c.gaps >= 1 && c.snapshots_applied >= 1, "{c:?}");
+    // The replay itself brought the snapshot: no second request.
+    assert!(c.replays_answered_by_snapshot >= 1 && c.snapshots == 0, "{c:?}");
     assert_eq!(sub.indexer().worker_blocks(id, Tier::Device), w.advertised(Tier::Device));
     assert_eq!(w.advertised(Tier::Device).len(), 24);
+}
+
+/// A worker that publishes another hash profile than the router's (here its
+/// image placeholder id; then its block size) is refused with an error that
+/// names the field, its view stays empty and its batches are ignored; with
+/// the same profile the same stream is accepted.
+#[test]
+fn a_worker_with_another_hash_profile_is_refused() {
+    let mut w = Worker::new(4, 64, 0, 1000);
+    for p in 0..3u32 {
+        w.run(&(p * 100..p * 100 + 16).collect::<Vec<_>>(), &[]).unwrap();
+    }
+    let cases = [
+        (Some(HashProfile::new(4, vec![32_000])), Some("image_placeholder_token_ids")),
+        (None, None),
+        (Some(w.engine.hash_profile()), None),
+    ];
+    for (profile, refused) in cases {
+        let mut sub = Subscriber::new(SubscriberConfig {
+            indexer: IndexerConfig { block_size: 4, ..Default::default() },
+            profile,
+            ..Default::default()
+        });
+        let id = w.subscribe(&mut sub, "w");
+        sub.resync(id).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut error = None;
+        while error.is_none() && sub.counters().snapshots_applied == 0 && std::time::Instant::now() < deadline {
+            match sub.poll(Duration::from_millis(50)) {
+                Ok(_) => {}
+                Err(e) => error = Some(e),
+            }
+        }
+        assert_eq!(sub.counters().profiles_checked, 1);
+        match refused {
+            Some(field) => {
+                let e = error.expect("the mismatch is an error");
+                assert!(matches!(&e, SubscribeError::ProfileMismatch { field: f, .. } if *f == field), "{e}");
+                assert!(e.to_string().contains(field) && e.to_string().contains("151655"), "{e}");
+                assert_eq!(sub.counters().snapshots_applied, 0);
+                assert!(sub.indexer().worker_blocks(id, Tier::Device).is_empty());
+                // Live batches of the refused worker are ignored.
+                w.run(&[900, 901, 902, 903, 904], &[]).unwrap();
+                w.publisher.flush(Duration::from_secs(5));
+                for _ in 0..10 {
+                    let _ = sub.poll(Duration::from_millis(30));
+                }
+                assert!(sub.indexer().worker_blocks(id, Tier::Device).is_empty());
+            }
+            None => {
+                assert!(error.is_none(), "{error:?}");
+                assert_eq!(sub.counters().snapshots_applied, 1);
+                assert_eq!(sub.indexer().worker_blocks(id, Tier::Device), w.advertised(Tier::Device));
+            }
+        }
+    }
+    // Another block size is refused as well (the indexer's own block size is the default rule).
+    let mut sub = Subscriber::new(SubscriberConfig {
+        indexer: IndexerConfig { block_size: 8, ..Default::default() },
+        ..Default::default()
+    });
+    let id = w.subscribe(&mut sub, "w");
+    sub.resync(id).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        if let Err(e) = sub.poll(Duration::from_millis(50)) {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no profile check");
+    };
+    assert!(matches!(err, SubscribeError::ProfileMismatch { field: "block_size", .. }), "{err}");
 }

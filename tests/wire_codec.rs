@@ -147,6 +147,137 @@ fn text_only_event_is_plain_vllm_map_form() {
     assert_eq!(ours, want);
 }
 
+/// A msgpack value as JSON (binary as a hex string), read with `rmp`'s
+/// decoder: an independent view of what the encoder wrote.
+fn to_json(rd: &mut &[u8]) -> serde_json::Value {
+    use rmp::Marker as M;
+    use rmp::decode::{self as d, RmpRead};
+    use serde_json::Value as V;
+    let text = |rd: &mut &[u8], n: usize| {
+        let (head, rest) = rd.split_at(n);
+        *rd = rest;
+        head.to_vec()
+    };
+    match d::read_marker(rd).unwrap() {
+        M::Null => V::Null,
+        M::True => V::Bool(true),
+        M::False => V::Bool(false),
+        M::FixPos(n) => n.into(),
+        M::FixNeg(n) => n.into(),
+        M::U8 => rd.read_data_u8().unwrap().into(),
+        M::U16 => rd.read_data_u16().unwrap().into(),
+        M::U32 => rd.read_data_u32().unwrap().into(),
+        M::U64 => rd.read_data_u64().unwrap().into(),
+        M::I8 => rd.read_data_i8().unwrap().into(),
+        M::I16 => rd.read_data_i16().unwrap().into(),
+        M::I32 => rd.read_data_i32().unwrap().into(),
+        M::I64 => rd.read_data_i64().unwrap().into(),
+        M::F32 => rd.read_data_f32().unwrap().into(),
+        M::F64 => rd.read_data_f64().unwrap().into(),
+        M::FixStr(n) => V::String(String::from_utf8(text(rd, n.into())).unwrap()),
+        M::Str8 => {
+            let n = rd.read_data_u8().unwrap();
+            V::String(String::from_utf8(text(rd, n.into())).unwrap())
+        }
+        M::Str16 => {
+            let n = rd.read_data_u16().unwrap();
+            V::String(String::from_utf8(text(rd, n.into())).unwrap())
+        }
+        M::Bin8 => {
+            let n = rd.read_data_u8().unwrap();
+            V::String(text(rd, n.into()).iter().map(|b| format!("{b:02x}")).collect())
+        }
+        M::FixArray(n) => V::Array((0..n).map(|_| to_json(rd)).collect()),
+        M::Array16 => {
+            let n = rd.read_data_u16().unwrap();
+            V::Array((0..n).map(|_| to_json(rd)).collect())
+        }
+        M::FixMap(n) => V::Object((0..n).map(|_| (to_json(rd).as_str().unwrap().to_owned(), to_json(rd))).collect()),
+        m => panic!("unexpected marker {m:?}"),
+    }
+}
+
+/// The array form follows Dynamo 1.6.1's positional reference (vLLM 0.33's
+/// field order): LoRA name at 7, the tagged salt and the per-block image
+/// markers in `extra_keys` at 8, nothing but nil in vLLM's slots 9-15
+/// (`group_idx` .. `lookahead_token_ids`, where a salt would otherwise read
+/// as vLLM's `session_id`), and `image_routing` at 16. A map envelope decodes like
+/// the array one.
+#[test]
+fn array_form_follows_the_reference_layout() {
+    let events = workload();
+    let opts = EncodeOptions { form: EventForm::Array, token_ids: true };
+    let mut bytes = Vec::new();
+    encode_events(&events, 1.0, Some(0), &opts, &mut bytes);
+    let v = to_json(&mut &bytes[..]);
+    let mut saw_salt = false;
+    let mut saw_image = false;
+    for (typed, ev) in events.iter().zip(v[1].as_array().unwrap()) {
+        let KvEvent::BlockStored(t) = typed else { continue };
+        let a = ev.as_array().unwrap();
+        assert_eq!(a[0], "BlockStored");
+        assert_eq!(a[7].as_str(), t.lora_name.as_deref(), "lora_name at 7");
+        let has_image = t.block_images.iter().any(|b| !b.is_empty());
+        let expected_len = if has_image {
+            17
+        } else if t.lora_name.is_some() || t.cache_salt.is_some() {
+            9
+        } else {
+            8
+        };
+        assert_eq!(a.len(), expected_len, "{ev}");
+        if a.len() > 9 {
+            for (slot, x) in a.iter().enumerate().take(16).skip(9) {
+                assert!(x.is_null(), "vLLM's slot {slot} stays unset: {x}");
+            }
+            assert!(a[16].is_object(), "image_routing at 16");
+        }
+        if let Some(salt) = &t.cache_salt {
+            let first = a[8][0].as_array().unwrap();
+            assert!(first.iter().any(|k| k.as_str() == Some(&format!("dynamo-cache-salt:{salt}"))), "{ev}");
+            saw_salt = true;
+        }
+        if has_image {
+            for (i, runs) in t.block_images.iter().enumerate() {
+                let keys = a[8][i].as_array().map(Vec::as_slice).unwrap_or_default();
+                let markers: Vec<&str> = keys.iter().filter_map(|k| k[0].as_str()).collect();
+                // One marker per item present in the block, at its first run.
+                let mut firsts: Vec<&kvcore::EventImageRun> = Vec::new();
+                for r in runs {
+                    if !firsts.iter().any(|f| f.image == r.image) {
+                        firsts.push(r);
+                    }
+                }
+                assert_eq!(markers.len(), firsts.len(), "block {i}: {ev}");
+                for (m, r) in markers.iter().zip(firsts) {
+                    let img = &t.images[r.image as usize];
+                    let h = kvcore::mm_hash(&img.digest, img.uuid.as_deref());
+                    assert_eq!(*m, format!("{h:016x}{}", "0".repeat(48)));
+                    let offset = keys.iter().find(|k| k[0].as_str() == Some(m)).unwrap()[1].as_i64().unwrap();
+                    assert_eq!(offset, i64::from(r.block_offset) - i64::from(r.item_offset), "vLLM's item start");
+                }
+            }
+            saw_image = true;
+        }
+    }
+    assert!(saw_salt && saw_image);
+    // The same batch as a map envelope.
+    let batch = decode_payload(&bytes).unwrap();
+    let mut map = Vec::new();
+    mp::write_map_len(&mut map, 3).unwrap();
+    mp::write_str(&mut map, "events").unwrap();
+    let at = {
+        // The events array starts after the 3-element header and the f64 ts.
+        1 + 9
+    };
+    map.extend_from_slice(&bytes[at..bytes.len() - 1]);
+    mp::write_str(&mut map, "ts").unwrap();
+    mp::write_f64(&mut map, 1.0).unwrap();
+    mp::write_str(&mut map, "data_parallel_rank").unwrap();
+    mp::write_uint(&mut map, 0).unwrap();
+    assert_eq!(decode_payload(&map).unwrap(), batch);
+}
+
 /// Positional events as older vLLM writes them (eleven fields, u64 hashes,
 /// extra_keys) must decode, with a u64 hash read as the same 64 bits.
 #[test]
@@ -395,7 +526,7 @@ fn unknown_fields_types_and_versions_are_skipped() {
 fn malformed_input_gets_clear_errors() {
     let mut map_envelope = Vec::new();
     mp::write_map_len(&mut map_envelope, 0).unwrap();
-    assert!(matches!(decode_payload(&map_envelope), Err(DecodeError::Unexpected { pos: 0, .. })));
+    assert!(matches!(decode_payload(&map_envelope), Err(DecodeError::Missing { field: "ts", .. })));
     let mut ok = Vec::new();
     encode_events(&workload()[..1], 0.0, None, &EncodeOptions::default(), &mut ok);
     assert!(matches!(decode_payload(&ok[..ok.len() - 1]), Err(DecodeError::Truncated(_))));

@@ -2,6 +2,9 @@
  * ZMQ socket on loopback, refuses a second start and bad endpoints with their
  * documented statuses, counts the batches of each step, and stops; the wire
  * drain hands out length-framed msgpack payloads. */
+#define _POSIX_C_SOURCE 200809L
+#include <time.h>
+
 #include "check.h"
 
 static kvc_engine *make_engine(const char *endpoint) {
@@ -35,6 +38,9 @@ static void publisher_lifecycle(void) {
     kvc_engine *e = make_engine(NULL);
     kvc_publisher_config pc;
     EXPECT_OK(kvc_publisher_config_default(&pc));
+    CHECK(pc.heartbeat_ms == 1000);
+    /* Counted below batch for batch: no heartbeat in between. */
+    pc.heartbeat_ms = 0;
     size_t n = 0;
     char endpoint[128];
 
@@ -96,8 +102,33 @@ static void publisher_lifecycle(void) {
     EXPECT_OK(kvc_engine_drain_events_wire(e, NULL, 0, &need));
     CHECK(need == 0);
 
+    /* A LoRA adapter given by id without its name is refused, and nothing is admitted. */
+    uint32_t tokens[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvc_request lora = text_request(tokens, 9);
+    lora.has_lora_id = true;
+    lora.lora_id = 3;
+    kvc_admission refused;
+    EXPECT_STATUS(kvc_engine_add_request(e, &lora, &refused), KVC_STATUS_LORA_NAME_REQUIRED);
+    CHECK(strstr(last_error(e), "lora_name") != NULL);
+    CHECK(strcmp(kvc_status_str(KVC_STATUS_LORA_NAME_REQUIRED), "unknown status code") != 0);
+
     EXPECT_OK(kvc_engine_publisher_stop(e));
     EXPECT_STATUS(kvc_engine_publisher_stop(e), KVC_STATUS_PUBLISHER_NOT_RUNNING);
+
+    /* An idle publisher sends heartbeats: numbered batches handed to the socket. */
+    pc.heartbeat_ms = 10;
+    EXPECT_OK(kvc_engine_publisher_start(e, &pc));
+    for (int i = 0; i < 200; i++) {
+        EXPECT_OK(kvc_engine_publisher_stats(e, &stats));
+        if (stats.heartbeats >= 2) {
+            break;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(stats.heartbeats >= 2);
+    CHECK(stats.batches_handed_to_socket >= stats.heartbeats);
+    EXPECT_OK(kvc_engine_publisher_stop(e));
     /* The engine serves on without a publisher, and a new one can start. */
     serve_one(e, 300);
     EXPECT_OK(kvc_engine_publisher_start(e, &pc));

@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod mirror;
+pub mod profile;
 pub mod publisher;
 mod queue;
 pub mod wire;

@@ -26,20 +26,36 @@
 //!   whose seq frame `S` means: "this is the state after every batch numbered
 //!   below `S`; apply live batches from `S` on". Then the END sentinel.
 //!
+//! - a replay asked from a start the ring no longer holds is answered with
+//!   the snapshot instead (the replay protocol itself: no new request), so a
+//!   consumer that applies every batch of a replay reply, like NVIDIA Dynamo
+//!   1.6.1, reaches the exact state. Its seq frame is the last batch the
+//!   snapshot covers, so the next live batch is contiguous with it;
+//! - while nothing was handed to the socket for `heartbeat_ms`, an empty batch
+//!   goes out with the next sequence number, so a subscriber that joined an
+//!   idle engine sees its gap within one heartbeat and replays. The number is
+//!   reserved under the same lock as the step's, and only when no batch is
+//!   queued, so numbers stay in order on the wire;
+//! - a reply carries the engine's [`HashProfile`] first when the request asks
+//!   for it (a trailing [`PROFILE_REQUEST`] frame), so other consumers see
+//!   the vLLM protocol unchanged.
+//!
 //! PUB sockets drop messages silently at the high-water mark (libzmq reports
-//! no error), so a stalled subscriber loses batches without a count here; its
-//! own gap detection is what tells it.
+//! no error), so a stalled subscriber loses batches without a count here: the
+//! counter says what it knows, [`PublisherStats::batches_handed_to_socket`],
+//! and the subscriber sees the loss as a gap that it heals by replay.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::events::KvEvent;
 use crate::events::codec::{EncodeOptions, encode_events, seq_frame};
 use crate::events::mirror::Mirror;
+use crate::events::profile::HashProfile;
 
 /// The request frame that asks the replay socket for a snapshot (any length
 /// other than 8 bytes cannot be taken for a start sequence).
@@ -47,6 +63,14 @@ pub const SNAPSHOT_REQUEST: &[u8] = b"kvcore.snapshot.v1";
 
 /// The sequence frame of the END sentinel that closes a replay or snapshot.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
+
+/// A trailing request frame (after the start sequence or [`SNAPSHOT_REQUEST`])
+/// that asks for the publisher's [`HashProfile`]; the reply then starts with
+/// the two-frame message `[PROFILE_REQUEST, profile JSON]`.
+pub const PROFILE_REQUEST: &[u8] = b"kvcore.profile.v1";
+
+/// The default heartbeat period, in milliseconds.
+pub const HEARTBEAT_MS_DEFAULT: u32 = 1000;
 
 /// Configuration of a [`Publisher`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +94,13 @@ pub struct PublisherConfig {
     pub send_hwm: i32,
     /// How events are encoded.
     pub encode: EncodeOptions,
+    /// After this many milliseconds with nothing handed to the socket, an
+    /// empty batch goes out with the next sequence number; 0 turns heartbeats
+    /// off. Default [`HEARTBEAT_MS_DEFAULT`].
+    pub heartbeat_ms: u32,
+    /// The hash profile that replies carry when asked; the engine fills it
+    /// from its configuration when a publisher is started through it.
+    pub profile: Option<HashProfile>,
 }
 
 impl Default for PublisherConfig {
@@ -83,6 +114,8 @@ impl Default for PublisherConfig {
             queue_capacity: 100_000,
             send_hwm: 100_000,
             encode: EncodeOptions::default(),
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            profile: None,
         }
     }
 }
@@ -104,16 +137,26 @@ pub enum PublishError {
 /// Counters of a publisher, readable at any time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PublisherStats {
-    /// Sequence numbers reserved (batches handed to [`Publisher::publish`]).
+    /// Sequence numbers reserved: batches handed to [`Publisher::publish`]
+    /// and heartbeats. Always `batches_handed_to_socket + dropped_queue_full
+    /// + dropped_send_failed` once the queue is flushed.
     pub batches_reserved: u64,
-    /// Batches sent on the `PUB` socket.
-    pub batches_sent: u64,
+    /// Batches handed to the `PUB` socket (heartbeats included). libzmq
+    /// accepts a message and then drops it, silently, for each subscriber at
+    /// its high-water mark, so this counts what the socket took, not what
+    /// every subscriber received: a subscriber sees such a loss as a gap.
+    pub batches_handed_to_socket: u64,
+    /// Empty heartbeat batches handed to the socket.
+    pub heartbeats: u64,
     /// Batches dropped because the queue to the publisher thread was full.
     pub dropped_queue_full: u64,
     /// Batches dropped because the socket refused them.
     pub dropped_send_failed: u64,
     /// Replay requests answered.
     pub replays_served: u64,
+    /// Replay requests whose start the ring no longer held, answered with
+    /// the snapshot.
+    pub replays_answered_by_snapshot: u64,
     /// Snapshot requests answered.
     pub snapshots_served: u64,
     /// Malformed requests on the replay socket (answered with END only).
@@ -123,10 +166,12 @@ pub struct PublisherStats {
 #[derive(Debug, Default)]
 struct AtomicStats {
     batches_reserved: AtomicU64,
-    batches_sent: AtomicU64,
+    batches_handed_to_socket: AtomicU64,
+    heartbeats: AtomicU64,
     dropped_queue_full: AtomicU64,
     dropped_send_failed: AtomicU64,
     replays_served: AtomicU64,
+    replays_answered_by_snapshot: AtomicU64,
     snapshots_served: AtomicU64,
     bad_requests: AtomicU64,
 }
@@ -136,10 +181,12 @@ impl AtomicStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PublisherStats {
             batches_reserved: l(&self.batches_reserved),
-            batches_sent: l(&self.batches_sent),
+            batches_handed_to_socket: l(&self.batches_handed_to_socket),
+            heartbeats: l(&self.heartbeats),
             dropped_queue_full: l(&self.dropped_queue_full),
             dropped_send_failed: l(&self.dropped_send_failed),
             replays_served: l(&self.replays_served),
+            replays_answered_by_snapshot: l(&self.replays_answered_by_snapshot),
             snapshots_served: l(&self.snapshots_served),
             bad_requests: l(&self.bad_requests),
         }
@@ -156,6 +203,17 @@ enum Command {
     Flush(SyncSender<()>),
 }
 
+/// Numbering, shared by the step side and the publisher thread's heartbeat.
+#[derive(Debug, Default)]
+struct Sequencer {
+    /// The number the next batch gets.
+    next: u64,
+    /// The events of batches dropped since the last one that got through:
+    /// they changed the engine's state, so the next batch or heartbeat
+    /// carries them to the mirror.
+    backlog: Vec<Vec<KvEvent>>,
+}
+
 /// What the publisher thread shares with the replay thread.
 #[derive(Debug, Default)]
 struct Shared {
@@ -169,8 +227,10 @@ struct Shared {
 /// sent first).
 pub struct Publisher {
     tx: Option<SyncSender<Command>>,
-    next_seq: u64,
-    backlog: Vec<Vec<KvEvent>>,
+    /// The next sequence number and the events of dropped batches; batches
+    /// are queued under this lock, so the publisher thread can reserve a
+    /// heartbeat's number in order and carry the dropped events with it.
+    seq: Arc<Mutex<Sequencer>>,
     stats: Arc<AtomicStats>,
     endpoint: String,
     replay_endpoint: Option<String>,
@@ -183,7 +243,7 @@ impl std::fmt::Debug for Publisher {
         f.debug_struct("Publisher")
             .field("endpoint", &self.endpoint)
             .field("replay_endpoint", &self.replay_endpoint)
-            .field("next_seq", &self.next_seq)
+            .field("next_seq", &self.next_seq())
             .field("stats", &self.stats.load())
             .finish()
     }
@@ -219,6 +279,10 @@ impl Publisher {
             Some(e) => {
                 let s = ctx.socket(zmq::ROUTER)?;
                 s.set_linger(1000)?;
+                // A ROUTER drops what it cannot queue: a replay of the whole
+                // ring must reach its client, so no high-water mark here (the
+                // ring bounds what one reply holds).
+                s.set_sndhwm(0)?;
                 s.bind(&endpoint_for_rank(e, config.data_parallel_rank)?)?;
                 Some(s)
             }
@@ -229,23 +293,23 @@ impl Publisher {
         let stats = Arc::new(AtomicStats::default());
         let shared = Arc::new(Mutex::new(Shared::default()));
         let shutdown = Arc::new(AtomicBool::new(false));
+        let seq = Arc::new(Mutex::new(Sequencer::default()));
         let mut threads = Vec::new();
         {
             let (stats, shared, config) = (Arc::clone(&stats), Arc::clone(&shared), config.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name("kvcore-publisher".into())
-                    .spawn(move || publisher_loop(rx, pub_socket, &config, &shared, &stats))?,
-            );
+            let seq = Arc::clone(&seq);
+            threads.push(std::thread::Builder::new().name("kvcore-publisher".into()).spawn(move || {
+                publisher_loop(&rx, &pub_socket, &config, &shared, &stats, &seq);
+            })?);
         }
         if let Some(socket) = replay {
             let (stats, shared, shutdown) = (Arc::clone(&stats), Arc::clone(&shared), Arc::clone(&shutdown));
-            let (topic, rank, encode) = (config.topic.clone(), config.data_parallel_rank, config.encode);
+            let config = config.clone();
             threads.push(std::thread::Builder::new().name("kvcore-replay".into()).spawn(move || {
-                replay_loop(&socket, &topic, rank, &encode, &shared, &stats, &shutdown);
+                replay_loop(&socket, &config, &shared, &stats, &shutdown);
             })?);
         }
-        Ok(Self { tx: Some(tx), next_seq: 0, backlog: Vec::new(), stats, endpoint, replay_endpoint, shutdown, threads })
+        Ok(Self { tx: Some(tx), seq, stats, endpoint, replay_endpoint, shutdown, threads })
     }
 
     /// The endpoint the `PUB` socket is bound to (with the real port when `*` was asked).
@@ -260,7 +324,7 @@ impl Publisher {
 
     /// The sequence number the next batch will get.
     pub fn next_seq(&self) -> u64 {
-        self.next_seq
+        lock_seq(&self.seq).next
     }
 
     /// The counters.
@@ -272,11 +336,14 @@ impl Publisher {
     /// the sequence number reserved for it, which is a gap on the wire when
     /// the batch had to be dropped.
     pub fn publish(&mut self, events: Vec<KvEvent>) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        bump(&self.stats.batches_reserved);
         let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let dropped = std::mem::take(&mut self.backlog);
+        // Held for the reservation and the `try_send` only (neither blocks):
+        // the heartbeat reserves its number under it when the queue is empty.
+        let mut sequencer = lock_seq(&self.seq);
+        let dropped = std::mem::take(&mut sequencer.backlog);
+        let seq = sequencer.next;
+        sequencer.next += 1;
+        bump(&self.stats.batches_reserved);
         let Some(tx) = &self.tx else { return seq };
         match tx.try_send(Command::Batch { seq, ts, events, dropped }) {
             Ok(()) => {}
@@ -284,7 +351,7 @@ impl Publisher {
             | Err(TrySendError::Disconnected(Command::Batch { events, mut dropped, .. })) => {
                 bump(&self.stats.dropped_queue_full);
                 dropped.push(events);
-                self.backlog = dropped;
+                sequencer.backlog = dropped;
             }
             Err(_) => unreachable!("the command sent was a batch"),
         }
@@ -327,6 +394,12 @@ fn last_endpoint(s: &zmq::Socket) -> Result<String, PublishError> {
     Ok(s.get_last_endpoint()?.unwrap_or_default())
 }
 
+fn lock_seq(seq: &Mutex<Sequencer>) -> std::sync::MutexGuard<'_, Sequencer> {
+    // Only a counter and a list are updated under this lock, each in one
+    // step: poisoned or not, it is valid.
+    seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     // A poisoned lock means the other thread panicked mid-update; the ring and
     // the mirror are still structurally valid, so keep serving.
@@ -334,70 +407,145 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 fn publisher_loop(
-    rx: Receiver<Command>,
-    socket: zmq::Socket,
+    rx: &Receiver<Command>,
+    socket: &zmq::Socket,
     config: &PublisherConfig,
     shared: &Mutex<Shared>,
     stats: &AtomicStats,
+    seq: &Mutex<Sequencer>,
 ) {
     let rank = config.data_parallel_rank.map(i64::from);
+    let heartbeat = (config.heartbeat_ms > 0).then(|| Duration::from_millis(config.heartbeat_ms.into()));
     let mut payload = Vec::new();
-    while let Ok(cmd) = rx.recv() {
+    let mut last_handed = Instant::now();
+    let outlet = Outlet { socket, config, shared, stats, rank };
+    loop {
+        let cmd = match heartbeat {
+            None => match rx.recv() {
+                Ok(cmd) => cmd,
+                Err(_) => return,
+            },
+            Some(period) => match rx.recv_timeout(period.saturating_sub(last_handed.elapsed())) {
+                Ok(cmd) => cmd,
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {
+                    // Reserve the heartbeat's number only while no batch is
+                    // queued: the step queues under the same lock, so nothing
+                    // numbered below it can still be on its way.
+                    let reserved = {
+                        let mut sequencer = lock_seq(seq);
+                        match rx.try_recv() {
+                            Ok(cmd) => Err(cmd),
+                            Err(TryRecvError::Disconnected) => return,
+                            Err(TryRecvError::Empty) => {
+                                let number = sequencer.next;
+                                sequencer.next += 1;
+                                bump(&stats.batches_reserved);
+                                Ok((number, std::mem::take(&mut sequencer.backlog)))
+                            }
+                        }
+                    };
+                    match reserved {
+                        Err(cmd) => cmd,
+                        Ok((number, dropped)) => {
+                            // A heartbeat carries the events of dropped
+                            // batches to the mirror like any batch, so a
+                            // snapshot tagged past them includes them.
+                            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+                            if hand_over(&outlet, (number, ts), &[], &dropped, &mut payload) {
+                                bump(&stats.heartbeats);
+                            }
+                            last_handed = Instant::now();
+                            continue;
+                        }
+                    }
+                }
+            },
+        };
         match cmd {
             Command::Prime(events) => lock(shared).mirror.apply(&events),
             Command::Flush(done) => {
                 let _ = done.send(());
             }
             Command::Batch { seq, ts, events, dropped } => {
-                payload.clear();
-                encode_events(&events, ts, rank, &config.encode, &mut payload);
-                let sent = socket
-                    .send(&config.topic[..], zmq::SNDMORE | zmq::DONTWAIT)
-                    .and_then(|()| socket.send(&seq_frame(seq)[..], zmq::SNDMORE | zmq::DONTWAIT))
-                    .and_then(|()| socket.send(&payload[..], zmq::DONTWAIT));
-                let mut s = lock(shared);
-                for d in &dropped {
-                    s.mirror.apply(d);
-                }
-                s.mirror.apply(&events);
-                s.next_seq = seq + 1;
-                match sent {
-                    Ok(()) => {
-                        bump(&stats.batches_sent);
-                        if config.buffer_steps > 0 {
-                            if s.ring.len() == config.buffer_steps {
-                                s.ring.pop_front();
-                            }
-                            s.ring.push_back((seq, Arc::from(&payload[..])));
-                        }
-                    }
-                    Err(_) => bump(&stats.dropped_send_failed),
-                }
+                hand_over(&outlet, (seq, ts), &events, &dropped, &mut payload);
+                last_handed = Instant::now();
             }
+        }
+    }
+}
+
+/// What the publisher thread hands batches over with.
+struct Outlet<'a> {
+    socket: &'a zmq::Socket,
+    config: &'a PublisherConfig,
+    shared: &'a Mutex<Shared>,
+    stats: &'a AtomicStats,
+    rank: Option<i64>,
+}
+
+/// Encodes and sends one batch, applies it (and the batches dropped before
+/// it) to the mirror and retains it for replay. Returns whether the socket
+/// took it.
+fn hand_over(
+    out: &Outlet<'_>,
+    (seq, ts): (u64, f64),
+    events: &[KvEvent],
+    dropped: &[Vec<KvEvent>],
+    payload: &mut Vec<u8>,
+) -> bool {
+    let Outlet { socket, config, shared, stats, rank } = *out;
+    payload.clear();
+    encode_events(events, ts, rank, &config.encode, payload);
+    let sent = socket
+        .send(&config.topic[..], zmq::SNDMORE | zmq::DONTWAIT)
+        .and_then(|()| socket.send(&seq_frame(seq)[..], zmq::SNDMORE | zmq::DONTWAIT))
+        .and_then(|()| socket.send(&payload[..], zmq::DONTWAIT));
+    let mut s = lock(shared);
+    for d in dropped {
+        s.mirror.apply(d);
+    }
+    s.mirror.apply(events);
+    s.next_seq = seq + 1;
+    match sent {
+        Ok(()) => {
+            bump(&stats.batches_handed_to_socket);
+            if config.buffer_steps > 0 {
+                if s.ring.len() == config.buffer_steps {
+                    s.ring.pop_front();
+                }
+                s.ring.push_back((seq, Arc::from(&payload[..])));
+            }
+            true
+        }
+        Err(_) => {
+            bump(&stats.dropped_send_failed);
+            false
         }
     }
 }
 
 fn replay_loop(
     socket: &zmq::Socket,
-    topic: &[u8],
-    rank: Option<u32>,
-    encode: &EncodeOptions,
+    config: &PublisherConfig,
     shared: &Mutex<Shared>,
     stats: &AtomicStats,
     shutdown: &AtomicBool,
 ) {
+    let topic = &config.topic[..];
     while !shutdown.load(Ordering::Relaxed) {
         match socket.poll(zmq::POLLIN, 50) {
             Ok(n) if n > 0 => {}
             _ => continue,
         }
         let Ok(frames) = socket.recv_multipart(zmq::DONTWAIT) else { continue };
-        // [identity, "", request] from a DEALER; [identity, request] without the delimiter.
-        let (id, delimited, request) = match frames.as_slice() {
-            [id, empty, req] if empty.is_empty() => (id.clone(), true, req.as_slice()),
-            [id, req] => (id.clone(), false, req.as_slice()),
-            [id, ..] => (id.clone(), true, &[][..]),
+        // [identity, "", request, (PROFILE_REQUEST)] from a DEALER; the same
+        // without the delimiter from a ROUTER-less client.
+        let (id, delimited, request, wants_profile) = match frames.as_slice() {
+            [id, empty, req] if empty.is_empty() => (id.clone(), true, req.as_slice(), false),
+            [id, empty, req, p] if empty.is_empty() && p == PROFILE_REQUEST => (id.clone(), true, req.as_slice(), true),
+            [id, req] => (id.clone(), false, req.as_slice(), false),
+            [id, ..] => (id.clone(), true, &[][..], false),
             [] => continue,
         };
         let send = |parts: &[&[u8]]| {
@@ -408,12 +556,36 @@ fn replay_loop(
             msg.extend_from_slice(parts);
             let _ = socket.send_multipart(msg, 0);
         };
+        let good = <[u8; 8]>::try_from(request).is_ok() || request == SNAPSHOT_REQUEST;
+        if good
+            && wants_profile
+            && let Some(profile) = &config.profile
+        {
+            send(&[PROFILE_REQUEST, &profile.to_json()]);
+        }
         if let Ok(start) = <[u8; 8]>::try_from(request) {
             let start = u64::from_be_bytes(start);
-            let retained: Vec<(u64, Arc<[u8]>)> =
-                lock(shared).ring.iter().filter(|(s, _)| *s >= start).cloned().collect();
+            let (retained, snapshot) = {
+                let s = lock(shared);
+                let retained: Vec<(u64, Arc<[u8]>)> = s.ring.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
+                // The ring covers the request when it holds every batch from
+                // `start` to the last one handed over (none, when `start` is
+                // past it); otherwise only the snapshot brings the consumer
+                // to the exact state.
+                let covered = start >= s.next_seq
+                    || (retained.first().is_some_and(|(first, _)| *first == start)
+                        && retained.len() as u64 == s.next_seq - start);
+                if covered { (retained, None) } else { (Vec::new(), Some((s.mirror.snapshot(), s.next_seq))) }
+            };
             for (seq, payload) in retained {
                 send(&[topic, &seq_frame(seq), &payload]);
+            }
+            if let Some((events, next)) = snapshot {
+                // The state after batch `next - 1`: tagged with that number, so
+                // the consumer's next live batch, `next`, follows it.
+                let payload = snapshot_payload(&events, config);
+                send(&[topic, &seq_frame(next - 1), &payload]);
+                bump(&stats.replays_answered_by_snapshot);
             }
             bump(&stats.replays_served);
         } else if request == SNAPSHOT_REQUEST {
@@ -421,9 +593,7 @@ fn replay_loop(
                 let s = lock(shared);
                 (s.mirror.snapshot(), s.next_seq)
             };
-            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-            let mut payload = Vec::new();
-            encode_events(&events, ts, rank.map(i64::from), encode, &mut payload);
+            let payload = snapshot_payload(&events, config);
             send(&[topic, &seq_frame(tag), &payload]);
             bump(&stats.snapshots_served);
         } else {
@@ -431,4 +601,11 @@ fn replay_loop(
         }
         send(&[b"", &END_SEQ, b""]);
     }
+}
+
+fn snapshot_payload(events: &[KvEvent], config: &PublisherConfig) -> Vec<u8> {
+    let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let mut payload = Vec::new();
+    encode_events(events, ts, config.data_parallel_rank.map(i64::from), &config.encode, &mut payload);
+    payload
 }

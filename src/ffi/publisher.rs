@@ -59,6 +59,9 @@ pub struct kvc_publisher_config {
     pub queue_capacity: u32,
     /// The `PUB` socket's send high-water mark, in messages.
     pub send_hwm: i32,
+    /// After this many milliseconds with nothing sent, an empty heartbeat
+    /// batch goes out with the next sequence number; 0 turns heartbeats off.
+    pub heartbeat_ms: u32,
 }
 
 /// A publisher's counters.
@@ -67,14 +70,20 @@ pub struct kvc_publisher_config {
 pub struct kvc_publisher_stats {
     /// Batches handed to the publisher (sequence numbers reserved).
     pub batches_reserved: u64,
-    /// Batches sent on the `PUB` socket.
-    pub batches_sent: u64,
+    /// Batches handed to the `PUB` socket (heartbeats included). ZMQ drops
+    /// silently for a subscriber at its high-water mark, so this is what the
+    /// socket took, not what each subscriber received (it sees a gap).
+    pub batches_handed_to_socket: u64,
+    /// Empty heartbeat batches handed to the socket.
+    pub heartbeats: u64,
     /// Batches dropped because the publisher queue was full.
     pub dropped_queue_full: u64,
     /// Batches whose send failed.
     pub dropped_send_failed: u64,
     /// Replay requests served.
     pub replays_served: u64,
+    /// Replay requests older than the ring, answered with the snapshot.
+    pub replays_answered_by_snapshot: u64,
     /// Snapshot requests served.
     pub snapshots_served: u64,
     /// Malformed requests on the replay socket.
@@ -94,6 +103,8 @@ impl kvc_publisher_config {
             queue_capacity,
             send_hwm,
             encode: EncodeOptions { form, token_ids },
+            heartbeat_ms,
+            profile: _,
         } = PublisherConfig::default();
         // A default string would need storage that outlives the C struct;
         // the defaults have no replay socket and an empty topic, which C
@@ -110,6 +121,7 @@ impl kvc_publisher_config {
             buffer_steps: buffer_steps as u32,
             queue_capacity: queue_capacity as u32,
             send_hwm,
+            heartbeat_ms,
         }
     }
 
@@ -127,6 +139,7 @@ impl kvc_publisher_config {
             buffer_steps,
             queue_capacity,
             send_hwm,
+            heartbeat_ms,
         } = *self;
         let endpoint = deployment.publisher_endpoint(optional_str(endpoint, "config.endpoint")?).ok_or_else(|| {
             Failure::new(
@@ -148,6 +161,8 @@ impl kvc_publisher_config {
             queue_capacity: queue_capacity as usize,
             send_hwm,
             encode: EncodeOptions { form: if array_form { EventForm::Array } else { EventForm::Map }, token_ids },
+            heartbeat_ms,
+            profile: None,
         })
     }
 }
@@ -156,19 +171,23 @@ impl From<PublisherStats> for kvc_publisher_stats {
     fn from(stats: PublisherStats) -> Self {
         let PublisherStats {
             batches_reserved,
-            batches_sent,
+            batches_handed_to_socket,
+            heartbeats,
             dropped_queue_full,
             dropped_send_failed,
             replays_served,
+            replays_answered_by_snapshot,
             snapshots_served,
             bad_requests,
         } = stats;
         Self {
             batches_reserved,
-            batches_sent,
+            batches_handed_to_socket,
+            heartbeats,
             dropped_queue_full,
             dropped_send_failed,
             replays_served,
+            replays_answered_by_snapshot,
             snapshots_served,
             bad_requests,
         }
@@ -177,7 +196,8 @@ impl From<PublisherStats> for kvc_publisher_stats {
 
 /// Writes the default publisher configuration into `*config_out`: the
 /// engine's endpoint, no replay, empty topic, no rank, token ids on, map
-/// form, 10000 replay batches, a queue of 100000 batches, HWM 100000.
+/// form, 10000 replay batches, a queue of 100000 batches, HWM 100000,
+/// heartbeat every 1000 ms.
 ///
 /// Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
 ///

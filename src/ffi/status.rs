@@ -61,6 +61,10 @@ pub enum kvc_status {
     /// Another thread is inside a call on the same engine. An engine serves one
     /// thread at a time; this is reported instead of racing.
     EngineBusy = 111,
+    /// A request names a LoRA adapter by id without its name. Routers scope
+    /// blocks by the adapter's name, so kvcore refuses an adapter a router
+    /// could not tell from the base model; nothing was admitted.
+    LoraNameRequired = 112,
     /// Not enough free or evictable KV blocks on the device.
     OutOfBlocks = 200,
     /// All `requests_max` request slots are in use.
@@ -142,6 +146,7 @@ status_table! {
     BadComputedCount => c"the computed token count is out of range",
     BufferTooSmall => c"the caller's buffer is too small",
     EngineBusy => c"another thread is using this engine",
+    LoraNameRequired => c"a LoRA adapter id was given without its name",
     OutOfBlocks => c"not enough KV blocks",
     TooManyRequests => c"too many live requests",
     TooManyItems => c"the image item table is full",
@@ -221,6 +226,7 @@ impl From<AdmitError> for Failure {
             AdmitError::BadDigestLength { .. } => S::BadDigestLength,
             AdmitError::UuidCountMismatch { .. } => S::UuidCountMismatch,
             AdmitError::InvalidUtf8Uuid { .. } | AdmitError::InvalidUtf8 { .. } => S::InvalidUtf8,
+            AdmitError::LoraNameRequired { .. } => S::LoraNameRequired,
             AdmitError::TooManyRequests { .. } => S::TooManyRequests,
             AdmitError::TooManyLiveItems { .. } => S::TooManyItems,
             AdmitError::OutOfBlocks { .. } => S::OutOfBlocks,

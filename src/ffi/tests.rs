@@ -79,7 +79,7 @@ fn event_records_chain_parents() {
         lora_id: 7,
         has_lora_id: true,
         dummy: false,
-        lora_name: kvc_bytes { ptr: ptr::null(), len: 0 },
+        lora_name: kvc_bytes { ptr: b"adapter-7".as_ptr(), len: 9 },
         cache_salt: kvc_bytes { ptr: ptr::null(), len: 0 },
         items: ptr::null(),
         items_len: 0,

@@ -6,7 +6,9 @@
 //!    s == e ──────────────► apply, e = s + 1
 //!    s >  e  (gap) ───────► buffer s; ask replay from e ──► replayed e.. applied in order,
 //!                                                        then the buffer (s < e skipped)
-//!           replay starts above e (ring no longer covers e) or times out
+//!           replay answered with the snapshot (starts with AllBlocksCleared at s' > e)
+//!                         └► clear the worker, apply it, e = s' + 1, then the buffer
+//!           replay starts above e otherwise (ring no longer covers e) or times out
 //!                         └► ask a snapshot (seq S = "state before batch S")
 //!                            ──► clear the worker, apply it, e = S, then the buffer
 //!    s <  e  ─────────────► skip (a replay or snapshot already covered it)
@@ -34,13 +36,21 @@
 //!
 //! Without a replay endpoint a gap is applied through (counted as lost
 //! batches) and a restart clears the worker.
+//!
+//! Every recovery request asks for the publisher's hash profile (block size,
+//! key and `mm_hash` recipes, image placeholder ids, scope rule, routing
+//! metadata version). A profile that differs from this subscriber's
+//! configuration would make every lookup miss in silence, so the worker is
+//! refused instead: [`Subscriber::poll`] returns
+//! [`SubscribeError::ProfileMismatch`] naming the field, the worker's view is
+//! cleared and its batches are ignored from then on (counted).
 
 use std::time::{Duration, Instant};
 
 use crate::indexer::{Indexer, IndexerConfig, WorkerId};
-use kvcore::wire::WireBatch;
 use kvcore::wire::decode_message;
-use kvcore::wire::{END_SEQ, SNAPSHOT_REQUEST};
+use kvcore::wire::{END_SEQ, HashProfile, PROFILE_REQUEST, SNAPSHOT_REQUEST};
+use kvcore::wire::{WireBatch, WireEvent};
 
 /// Settings of a [`Subscriber`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,11 +62,20 @@ pub struct SubscriberConfig {
     /// Most live batches buffered per worker during a recovery; past that,
     /// the buffer is dropped and a snapshot asked instead.
     pub buffer_max: usize,
+    /// The hash profile workers must publish. `None`: the indexer's block
+    /// size and this build's recipes, with any image placeholder id; a
+    /// worker whose profile differs is refused.
+    pub profile: Option<HashProfile>,
 }
 
 impl Default for SubscriberConfig {
     fn default() -> Self {
-        Self { indexer: IndexerConfig::default(), recovery_timeout: Duration::from_secs(2), buffer_max: 100_000 }
+        Self {
+            indexer: IndexerConfig::default(),
+            recovery_timeout: Duration::from_secs(2),
+            buffer_max: 100_000,
+            profile: None,
+        }
     }
 }
 
@@ -78,6 +97,9 @@ pub struct SubscriberCounters {
     pub batches_replayed: u64,
     /// Replays that did not cover the gap (the ring had moved on).
     pub replays_short: u64,
+    /// Replays the publisher answered with its snapshot (the ring had moved
+    /// on), applied as one.
+    pub replays_answered_by_snapshot: u64,
     /// Snapshots asked.
     pub snapshots: u64,
     /// Snapshots applied.
@@ -94,6 +116,12 @@ pub struct SubscriberCounters {
     pub batches_lost: u64,
     /// Batches dropped on purpose by the loss simulation ([`Subscriber::simulate_loss`]).
     pub batches_dropped_simulated: u64,
+    /// Profiles received from workers and checked.
+    pub profiles_checked: u64,
+    /// Workers refused because their profile differs from the configuration.
+    pub profile_mismatches: u64,
+    /// Batches ignored because their worker was refused.
+    pub batches_refused: u64,
 }
 
 /// Why the subscriber could not connect or poll.
@@ -102,6 +130,31 @@ pub enum SubscribeError {
     /// ZMQ refused an operation.
     #[error("zmq: {0}")]
     Zmq(#[from] zmq::Error),
+    /// A worker publishes with another hash profile than this subscriber's
+    /// configuration: its blocks could never match a lookup. The worker is
+    /// refused (its view cleared, its batches ignored).
+    #[error(
+        "worker {worker:?} publishes another hash profile: {field} is {theirs} there and {ours} here; its stream is \
+         refused (configure the router with the engine's profile, see model_info.hash_profile)"
+    )]
+    ProfileMismatch {
+        /// The worker's name.
+        worker: String,
+        /// The first field that differs.
+        field: &'static str,
+        /// This subscriber's value.
+        ours: String,
+        /// The worker's value.
+        theirs: String,
+    },
+    /// A worker's profile reply did not parse.
+    #[error("worker {worker:?} sent a hash profile that does not parse: {reason}")]
+    BadProfile {
+        /// The worker's name.
+        worker: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 #[derive(Debug)]
@@ -118,6 +171,9 @@ struct Pending {
 
 struct WorkerConn {
     id: WorkerId,
+    name: String,
+    /// Set once the worker's profile was found to differ: nothing of it is applied.
+    refused: bool,
     sub: zmq::Socket,
     replay_endpoint: Option<String>,
     /// The next batch number to apply.
@@ -185,6 +241,8 @@ impl Subscriber {
         let id = self.indexer.add_worker(name);
         self.conns.push(WorkerConn {
             id,
+            name: name.to_owned(),
+            refused: false,
             sub,
             replay_endpoint: replay_endpoint.map(str::to_owned),
             expected: 0,
@@ -338,6 +396,10 @@ impl Subscriber {
                 self.counters.batches_dropped_simulated += 1;
                 continue;
             }
+            if self.conns[i].refused {
+                self.counters.batches_refused += 1;
+                continue;
+            }
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             let Ok(msg) = decode_message(&refs) else {
                 self.counters.batches_undecodable += 1;
@@ -423,11 +485,11 @@ impl Subscriber {
         dealer.connect(&endpoint)?;
         match kind {
             Recovery::Replay => {
-                dealer.send_multipart([&b""[..], &c.expected.to_be_bytes()[..]], 0)?;
+                dealer.send_multipart([&b""[..], &c.expected.to_be_bytes()[..], PROFILE_REQUEST], 0)?;
                 self.counters.replays += 1;
             }
             Recovery::Snapshot => {
-                dealer.send_multipart([&b""[..], SNAPSHOT_REQUEST], 0)?;
+                dealer.send_multipart([&b""[..], SNAPSHOT_REQUEST, PROFILE_REQUEST], 0)?;
                 self.counters.snapshots += 1;
             }
         }
@@ -445,10 +507,19 @@ impl Subscriber {
                 Err(e) => return Err(e.into()),
             };
             handled += 1;
-            // [b"", topic, seq, payload]; END is [b"", b"", 0xFF*8, b""].
+            // [b"", topic, seq, payload]; END is [b"", b"", 0xFF*8, b""];
+            // the profile, first when asked, [b"", PROFILE_REQUEST, json].
             let body: Vec<&[u8]> = frames.iter().skip(1).map(Vec::as_slice).collect();
             if body.len() == 3 && body[1] == END_SEQ {
                 self.finish_recovery(i)?;
+                continue;
+            }
+            if body.len() == 2 && body[0] == PROFILE_REQUEST {
+                self.check_profile(i, body[1])?;
+                continue;
+            }
+            if self.conns[i].refused {
+                self.counters.batches_refused += 1;
                 continue;
             }
             let Ok(msg) = decode_message(&body) else {
@@ -463,6 +534,18 @@ impl Subscriber {
                         continue;
                     }
                     if msg.seq > c.expected {
+                        if matches!(msg.batch.events.first(), Some(WireEvent::AllBlocksCleared)) {
+                            // The publisher answered with its snapshot (the
+                            // ring moved on): the state after batch `seq`, and
+                            // a batch that starts by clearing everything needs
+                            // nothing before it.
+                            c.expected = msg.seq + 1;
+                            self.indexer.clear_worker(id);
+                            self.apply_batch(id, &msg.batch);
+                            self.counters.replays_answered_by_snapshot += 1;
+                            self.counters.snapshots_applied += 1;
+                            continue;
+                        }
                         // The ring starts past what we miss: only a snapshot helps.
                         self.counters.replays_short += 1;
                         self.start_recovery(i, Recovery::Snapshot)?;
@@ -481,6 +564,30 @@ impl Subscriber {
                 None => {}
             }
         }
+    }
+
+    /// Compares a worker's profile with the configuration; on a difference
+    /// the worker is refused and the error names the field.
+    fn check_profile(&mut self, i: usize, json: &[u8]) -> Result<(), SubscribeError> {
+        self.counters.profiles_checked += 1;
+        let c = &mut self.conns[i];
+        let theirs = HashProfile::from_json(json)
+            .map_err(|e| SubscribeError::BadProfile { worker: c.name.clone(), reason: e.to_string() })?;
+        let ours = self.config.profile.clone().unwrap_or_else(|| {
+            HashProfile::new(self.config.indexer.block_size, theirs.image_placeholder_token_ids.clone())
+        });
+        let Some((field, ours, theirs)) = ours.first_difference(&theirs) else {
+            // A worker reconfigured to agree is taken back.
+            c.refused = false;
+            return Ok(());
+        };
+        c.refused = true;
+        c.pending = None;
+        c.buffer.clear();
+        let (id, worker) = (c.id, c.name.clone());
+        self.indexer.clear_worker(id);
+        self.counters.profile_mismatches += 1;
+        Err(SubscribeError::ProfileMismatch { worker, field, ours, theirs })
     }
 
     /// The recovery's END arrived: apply the buffer in order, asking a replay

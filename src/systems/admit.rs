@@ -85,6 +85,11 @@ pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) ->
     if prompt_len > config.tokens_per_request_max as usize {
         return Err(AdmitError::PromptTooLong { tokens: prompt_len, max: config.tokens_per_request_max });
     }
+    if let Some(lora_id) = spec.lora_id
+        && spec.lora_name.is_none_or(str::is_empty)
+    {
+        return Err(AdmitError::LoraNameRequired { lora_id });
+    }
     if spec.items.len() > config.mm_items_per_request_max as usize {
         return Err(AdmitError::TooManyItems { items: spec.items.len(), max: config.mm_items_per_request_max });
     }

@@ -134,6 +134,7 @@ impl Worker {
             endpoint: "tcp://127.0.0.1:*".into(),
             replay_endpoint: Some("tcp://127.0.0.1:*".into()),
             buffer_steps,
+            profile: Some(engine.hash_profile()),
             ..Default::default()
         })
         .expect("bind loopback publisher");

@@ -4,7 +4,7 @@
 //! [`Reader::cap`]).
 
 use super::error::{DecodeError, Result};
-use super::layout::{POS_BLOCK_MM_INFOS, POS_CACHE_SALT, POS_IMAGE_ROUTING};
+use super::layout::{CACHE_SALT_TAG, POS_EXTRA_KEYS, POS_IMAGE_ROUTING, POS_LORA_NAME, mm_of_marker};
 use super::reader::Reader;
 use crate::events::wire::{
     IMAGE_ROUTING_VERSION, ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem,
@@ -20,10 +20,15 @@ pub fn decode_message(frames: &[&[u8]]) -> Result<WireMessage> {
     Ok(WireMessage { topic: topic.to_vec(), seq: u64::from_be_bytes(seq), batch: decode_payload(payload)? })
 }
 
-/// Decodes one payload `[ts, events, data_parallel_rank]`. Extra trailing
-/// elements of the envelope are skipped; a map envelope is refused.
+/// Decodes one payload `[ts, events, data_parallel_rank]`, or the same as a
+/// map `{"ts", "events", "data_parallel_rank"}` (any order, unknown keys
+/// skipped; `ts` and `events` required). Extra trailing elements of the
+/// array envelope are skipped.
 pub fn decode_payload(bytes: &[u8]) -> Result<WireBatch> {
     let mut r = Reader { buf: bytes, pos: 0 };
+    if matches!(r.peek()?, 0x80..=0x8f | 0xde | 0xdf) {
+        return decode_map_envelope(r);
+    }
     let n = r.array_len("payload array")?;
     if n < 2 {
         return Err(DecodeError::Invalid("payload array has fewer than 2 elements"));
@@ -43,6 +48,37 @@ pub fn decode_payload(bytes: &[u8]) -> Result<WireBatch> {
     }
     Ok(WireBatch { ts, events, data_parallel_rank })
 }
+
+fn decode_map_envelope(mut r: Reader<'_>) -> Result<WireBatch> {
+    let n = r.map_len("payload map")?;
+    let (mut ts, mut events, mut data_parallel_rank) = (None, None, None);
+    for _ in 0..n {
+        match r.key()? {
+            Some("ts") => ts = Some(r.f64("ts")?),
+            Some("events") => {
+                let count = r.array_len("events array")?;
+                let mut v = Vec::with_capacity(r.cap(count, MIN_EVENT_BYTES));
+                for _ in 0..count {
+                    v.push(r.event()?);
+                }
+                events = Some(v);
+            }
+            Some("data_parallel_rank" | "dp_rank") => data_parallel_rank = r.opt_i64("data_parallel_rank")?,
+            _ => r.skip()?,
+        }
+    }
+    if r.remaining() > 0 {
+        return Err(DecodeError::Trailing(r.remaining()));
+    }
+    Ok(WireBatch {
+        ts: ts.ok_or(DecodeError::Missing { event: "payload", field: "ts" })?,
+        events: events.ok_or(DecodeError::Missing { event: "payload", field: "events" })?,
+        data_parallel_rank,
+    })
+}
+
+/// Per block, its image objects (`block_mm_infos`).
+type MmInfos = Vec<Option<WireMmInfo>>;
 
 /// Every field any event type may carry, gathered before the type is known
 /// (a map may name `type` last).
@@ -115,6 +151,7 @@ impl Reader<'_> {
         }
         let name = self.str("type")?.to_owned();
         let mut f = Fields::default();
+        let mut extra_keys = None;
         for i in 1..n {
             match (name.as_str(), i) {
                 ("BlockStored" | "BlockRemoved", 1) => f.block_hashes = Some(self.hashes()?),
@@ -123,15 +160,93 @@ impl Reader<'_> {
                 ("BlockStored", 4) => f.block_size = Some(self.u32("block_size")?),
                 ("BlockStored", 5) => f.lora_id = self.opt_i64("lora_id")?,
                 ("BlockStored", 6) | ("BlockRemoved", 2) => f.medium = self.opt_string("medium")?,
-                ("BlockStored", 7) => f.lora_name = self.opt_string("lora_name")?,
-                ("BlockStored", POS_BLOCK_MM_INFOS) => f.block_mm_infos = self.mm_infos()?,
+                ("BlockStored", POS_LORA_NAME) => f.lora_name = self.opt_string("lora_name")?,
+                ("BlockStored", POS_EXTRA_KEYS) => {
+                    extra_keys = Some(self.pos);
+                    self.skip()?;
+                }
                 ("BlockStored", POS_IMAGE_ROUTING) => f.image_routing = self.image_routing()?,
-                ("BlockStored", POS_CACHE_SALT) => f.cache_salt = self.opt_string("cache_salt")?,
                 _ => self.skip()?,
             }
         }
+        if let Some(at) = extra_keys {
+            // Read once the LoRA name is known (it comes first in each block).
+            let end = self.pos;
+            self.pos = at;
+            let (salt, infos) = self.extra_keys(f.lora_name.as_deref())?;
+            self.pos = end;
+            f.cache_salt = salt;
+            f.block_mm_infos = infos;
+        }
         f.type_name = Some(name);
         build_event(f)
+    }
+
+    /// vLLM's `extra_keys` as Dynamo reads them: in the first block, a string
+    /// tagged [`CACHE_SALT_TAG`] is the cache salt; in every block, a marker
+    /// string ([`mm_of_marker`]) alone or as `[marker, offset]` is an image
+    /// object. The first string equal to the LoRA name in a block is that
+    /// name; everything else is skipped.
+    fn extra_keys(&mut self, lora_name: Option<&str>) -> Result<(Option<String>, Option<MmInfos>)> {
+        if self.nil()? {
+            return Ok((None, None));
+        }
+        let blocks = self.array_len("extra_keys")?;
+        let mut salt = None;
+        let mut infos = Vec::with_capacity(self.cap(blocks, 1));
+        for block in 0..blocks {
+            if self.nil()? {
+                infos.push(None);
+                continue;
+            }
+            if !matches!(self.peek()?, 0x90..=0x9f | 0xdc | 0xdd) {
+                self.skip()?;
+                infos.push(None);
+                continue;
+            }
+            let items = self.array_len("extra_keys entry")?;
+            let mut lora_pending = lora_name;
+            let mut objects = Vec::new();
+            for _ in 0..items {
+                let text = match self.peek()? {
+                    0xa0..=0xbf | 0xd9 | 0xda | 0xdb => Some(self.str("extra key")?),
+                    0x92 => {
+                        // [identifier, offset]
+                        self.array_len("extra key pair")?;
+                        let id = match self.peek()? {
+                            0xa0..=0xbf | 0xd9 | 0xda | 0xdb => Some(self.str("extra key")?),
+                            _ => {
+                                self.skip()?;
+                                None
+                            }
+                        };
+                        self.skip()?;
+                        if let Some(h) = id.and_then(mm_of_marker) {
+                            objects.push(WireMmObject { mm_hash: h, offsets: Vec::new() });
+                        }
+                        continue;
+                    }
+                    _ => {
+                        self.skip()?;
+                        continue;
+                    }
+                };
+                let Some(text) = text else { continue };
+                if lora_pending.is_some_and(|n| n == text) {
+                    lora_pending = None;
+                } else if let Some(h) = mm_of_marker(text) {
+                    objects.push(WireMmObject { mm_hash: h, offsets: Vec::new() });
+                } else if block == 0
+                    && salt.is_none()
+                    && let Some(s) = text.strip_prefix(CACHE_SALT_TAG)
+                {
+                    salt = Some(s.to_owned());
+                }
+            }
+            infos.push((!objects.is_empty()).then_some(WireMmInfo { mm_objects: objects }));
+        }
+        let any = infos.iter().any(Option::is_some);
+        Ok((salt, any.then_some(infos)))
     }
 
     fn hashes(&mut self) -> Result<Vec<i64>> {

@@ -2,7 +2,9 @@
 //! the smallest encoding of every integer, so that a batch's size is a
 //! property of its content alone.
 
-use super::layout::{EncodeOptions, EventForm, POS_BLOCK_MM_INFOS, POS_CACHE_SALT, POS_IMAGE_ROUTING};
+use super::layout::{
+    CACHE_SALT_TAG, EncodeOptions, EventForm, POS_EXTRA_KEYS, POS_IMAGE_ROUTING, POS_LORA_NAME, mm_marker,
+};
 use super::project::wire_event;
 use super::write::{
     put_array_len, put_bin, put_f64, put_int, put_map_len, put_nil, put_opt_int, put_opt_str, put_str, put_u32,
@@ -126,15 +128,16 @@ fn put_stored_map(out: &mut Vec<u8>, s: &WireBlockStored) {
 }
 
 fn put_stored_array(out: &mut Vec<u8>, s: &WireBlockStored) {
-    // vLLM's seven core fields always; ours only as far as the last one set.
-    let len = if s.cache_salt.is_some() {
-        POS_CACHE_SALT + 1
-    } else if s.image_routing.is_some() {
+    // The reference layout (layout.rs): the seven core fields always, then
+    // `extra_keys` when the event has a LoRA name, a salt or image
+    // identity, and `image_routing` past vLLM's last slot when set.
+    let extra_keys = s.lora_name.is_some() || s.cache_salt.is_some() || s.block_mm_infos.is_some();
+    let len = if s.image_routing.is_some() {
         POS_IMAGE_ROUTING + 1
-    } else if s.block_mm_infos.is_some() {
-        POS_BLOCK_MM_INFOS + 1
+    } else if extra_keys {
+        POS_EXTRA_KEYS + 1
     } else {
-        8
+        POS_LORA_NAME + 1
     };
     put_array_len(out, len);
     put_str(out, "BlockStored");
@@ -148,24 +151,66 @@ fn put_stored_array(out: &mut Vec<u8>, s: &WireBlockStored) {
     put_opt_int(out, s.lora_id);
     put_opt_str(out, s.medium.as_deref());
     put_opt_str(out, s.lora_name.as_deref());
-    if len > 8 {
-        // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
-        for _ in 8..POS_BLOCK_MM_INFOS {
+    if len > POS_EXTRA_KEYS {
+        if extra_keys {
+            put_extra_keys(out, s);
+        } else {
             put_nil(out);
-        }
-        match &s.block_mm_infos {
-            Some(i) => put_mm_infos(out, i),
-            None => put_nil(out),
         }
     }
     if len > POS_IMAGE_ROUTING {
+        // group_idx .. lookahead_token_ids: vLLM's, unset.
+        for _ in POS_EXTRA_KEYS + 1..POS_IMAGE_ROUTING {
+            put_nil(out);
+        }
         match &s.image_routing {
             Some(r) => put_image_routing(out, r),
             None => put_nil(out),
         }
     }
-    if len > POS_CACHE_SALT {
-        put_opt_str(out, s.cache_salt.as_deref());
+}
+
+/// `extra_keys` as vLLM orders a block's entries and Dynamo reads them: the
+/// LoRA name, then `[mm marker, block offset]` per image object, then (in
+/// the first block) the tagged cache salt. One entry per block (at least
+/// one when a salt has to be carried); nil for a block with none.
+fn put_extra_keys(out: &mut Vec<u8>, s: &WireBlockStored) {
+    let blocks = s.block_hashes.len().max(usize::from(s.cache_salt.is_some()));
+    put_array_len(out, blocks);
+    for i in 0..blocks {
+        let objects = s.block_mm_infos.as_ref().and_then(|v| v.get(i)).and_then(Option::as_ref);
+        let objects = objects.map_or(&[][..], |info| &info.mm_objects[..]);
+        let salt = if i == 0 { s.cache_salt.as_deref() } else { None };
+        let n = usize::from(s.lora_name.is_some()) + objects.len() + usize::from(salt.is_some());
+        if n == 0 {
+            put_nil(out);
+            continue;
+        }
+        put_array_len(out, n);
+        if let Some(name) = &s.lora_name {
+            put_str(out, name);
+        }
+        // vLLM's offset: where the item starts relative to the block (negative
+        // when it started in an earlier block), from the object's first run.
+        // Objects are listed in the order of their items' first runs.
+        let mut starts = Vec::with_capacity(objects.len());
+        if let Some(refs) = s.image_routing.as_ref().and_then(|r| r.blocks.get(i)) {
+            let mut seen = Vec::with_capacity(objects.len());
+            for x in refs {
+                if !seen.contains(&x.item) {
+                    seen.push(x.item);
+                    starts.push(i64::from(x.block_offset) - i64::from(x.item_offset));
+                }
+            }
+        }
+        for (k, o) in objects.iter().enumerate() {
+            put_array_len(out, 2);
+            put_str(out, &mm_marker(o.mm_hash));
+            put_int(out, starts.get(k).copied().unwrap_or(0));
+        }
+        if let Some(salt) = salt {
+            put_str(out, &format!("{CACHE_SALT_TAG}{salt}"));
+        }
     }
 }
 

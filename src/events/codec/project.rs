@@ -2,7 +2,7 @@
 //! hashes, image items become `mm_hash` values and routing metadata. What it
 //! returns is exactly what a consumer decodes.
 
-use super::layout::EncodeOptions;
+use super::layout::{EncodeOptions, EventForm};
 use crate::events::wire::{
     ImageRoutingV1, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem, WireImageRef, WireMmInfo, WireMmObject,
 };
@@ -33,15 +33,23 @@ fn wire_stored(e: &BlockStored, opts: &EncodeOptions) -> WireBlockStored {
                 let mut objects: Vec<(u32, WireMmObject)> = Vec::new();
                 for r in runs {
                     let range = [r.block_offset, r.block_offset.saturating_add(r.len)];
+                    // The array form carries one start offset per object in
+                    // `extra_keys`, not the ranges (Dynamo hashes neither).
+                    let array = opts.form == EventForm::Array;
                     match objects.iter_mut().find(|(i, _)| *i == r.image) {
-                        Some((_, o)) => o.offsets.push(range),
+                        Some((_, o)) => {
+                            if !array {
+                                o.offsets.push(range);
+                            }
+                        }
                         None => {
                             let hash = e
                                 .images
                                 .get(r.image as usize)
                                 .map(|img| mm_hash(&img.digest, img.uuid.as_deref()))
                                 .unwrap_or(0);
-                            objects.push((r.image, WireMmObject { mm_hash: hash, offsets: vec![range] }));
+                            let offsets = if array { Vec::new() } else { vec![range] };
+                            objects.push((r.image, WireMmObject { mm_hash: hash, offsets }));
                         }
                     }
                 }

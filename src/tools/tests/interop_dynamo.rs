@@ -2,7 +2,11 @@
 //! standalone KV indexer (PyPI `ai-dynamo-runtime==1.6.1`) subscribes to two
 //! kvcore engines' publishers, and its per-worker overlap for queries hashed
 //! by Dynamo's own `compute_block_hash_for_seq` must equal the prefix each
-//! engine holds.
+//! engine holds. Then, in both event forms: LoRA and salt scopes on three
+//! engines, recovery after the replay ring moved on, an idle engine learned
+//! from its heartbeats, and the same scopes through Dynamo's in-process
+//! `KvRouter`; every payload captured there is also decoded by vLLM 0.33.0's
+//! own decoder, whose fields must mean what kvcore meant.
 //!
 //! The Python side (tests/interop/) is installed into a virtualenv by
 //! `setup_venv.sh` on first use and reused afterwards. Where Python or the
@@ -16,6 +20,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvcore::mm_hash_of_identifier;
+use kvcore::wire::{EncodeOptions, EventForm, WireEvent, decode_payload};
 use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
 use kvcore::{Publisher, PublisherConfig};
 use rand::{Rng, SeedableRng};
@@ -385,5 +390,483 @@ fn route_bench_measures_both_sides_on_the_same_events() {
     for key in ["stored_blocks_per_cpu_s", "warm_stored_blocks_per_cpu_s"] {
         let r = &report["ratio"][key];
         assert!(r.is_null() || r.as_f64().is_some_and(|r| r.is_finite() && r > 0.0), "ratio {key}: {r:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The event classes routers disagreed on, each against Dynamo 1.6.1's real
+// indexer in both event forms, with every captured payload also decoded by
+// vLLM 0.33.0's own decoder (tests/interop/vllm_decoder.py).
+
+/// vLLM 0.33.0's decoder's python (venv and decoder source set up by
+/// `setup_vllm_decoder.sh` on first use), or `None` when interop tests are
+/// skipped explicitly.
+fn vllm_python() -> Option<PathBuf> {
+    static PYTHON: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            python()?;
+            let out = Command::new("bash")
+                .arg(repo().join("tests/interop/setup_vllm_decoder.sh"))
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("interop_dynamo: cannot run bash for tests/interop/setup_vllm_decoder.sh");
+            assert!(
+                out.status.success(),
+                "interop_dynamo: setup_vllm_decoder.sh failed ({}): Python 3.10+ with venv and pip, PyPI access for \
+                 msgspec and HTTP range requests to files.pythonhosted.org for vLLM 0.33.0's kv_events.py are needed",
+                out.status
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            Some(PathBuf::from(stdout.lines().last().unwrap_or_default().trim()))
+        })
+        .clone()
+}
+
+/// Collects every message a publisher sends, from a `SUB` of its own.
+struct Capture {
+    sub: zmq::Socket,
+    form: EventForm,
+    payloads: Vec<Vec<u8>>,
+}
+
+impl Capture {
+    fn new(ctx: &zmq::Context, endpoint: &str, form: EventForm) -> Self {
+        let sub = ctx.socket(zmq::SUB).unwrap();
+        sub.set_subscribe(b"").unwrap();
+        sub.set_rcvhwm(0).unwrap();
+        sub.connect(endpoint).unwrap();
+        Self { sub, form, payloads: Vec::new() }
+    }
+
+    /// Publishes clears from `e` until this capture has one (ZMQ's slow
+    /// joiner), so that nothing after it is missed.
+    fn join(&mut self, e: &mut Engine) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            e.clear();
+            e.step();
+            std::thread::sleep(Duration::from_millis(50));
+            self.drain();
+            if !self.payloads.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the capture never joined");
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Ok(frames) = self.sub.recv_multipart(zmq::DONTWAIT) {
+            self.payloads.push(frames[2].clone());
+        }
+    }
+}
+
+/// Decodes every payload with vLLM 0.33.0's own decoder and checks that what
+/// it reads means what kvcore meant: the same hashes, parents, tokens, block
+/// size, medium and LoRA name; in the array form the cache salt (tagged) and
+/// each block's image identity in `extra_keys`; and nothing in vLLM's slots
+/// kvcore has no value for (a salt must never read as a `session_id`).
+fn check_with_vllm(python: &Path, payloads: &[(EventForm, Vec<u8>)]) -> usize {
+    let mut child = Command::new(python)
+        .arg(repo().join("tests/interop/vllm_decoder.py"))
+        .arg("--cache")
+        .arg(python.parent().and_then(Path::parent).unwrap().join("cache"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning vllm_decoder.py");
+    {
+        let mut stdin = BufWriter::new(child.stdin.take().unwrap());
+        for (form, p) in payloads {
+            let form = if *form == EventForm::Array { "array" } else { "map" };
+            let hex: String = p.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(stdin, "{}", json!({"form": form, "payload": hex})).unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "vllm_decoder.py failed");
+    let answers: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(answers.len(), payloads.len());
+    let mut stored = 0;
+    for ((form, p), v) in payloads.iter().zip(&answers) {
+        assert_eq!(v["ok"], true, "vLLM 0.33.0 refused a {form:?} payload: {v}");
+        let ours = decode_payload(p).unwrap();
+        // (JSON in between: equal to the microsecond.)
+        assert!(v["ts"].as_f64().is_some_and(|ts| (ts - ours.ts).abs() < 1e-6), "ts {} vs {}", v["ts"], ours.ts);
+        assert_eq!(v["data_parallel_rank"].as_i64(), ours.data_parallel_rank);
+        let events = v["events"].as_array().unwrap();
+        assert_eq!(events.len(), ours.events.len());
+        for (w, e) in ours.events.iter().zip(events) {
+            match w {
+                WireEvent::BlockStored(s) => {
+                    stored += 1;
+                    assert_eq!(e["type"], "BlockStored");
+                    let u = |h: i64| json!(h as u64);
+                    let hashes: Vec<Value> = s.block_hashes.iter().map(|h| u(*h)).collect();
+                    assert!(e["block_hashes"] == json!(hashes) || e["block_hashes"] == json!(s.block_hashes), "{e}");
+                    assert!(
+                        e["parent_block_hash"] == json!(s.parent_block_hash)
+                            || e["parent_block_hash"] == json!(s.parent_block_hash.map(|h| h as u64)),
+                        "{e}"
+                    );
+                    assert_eq!(e["token_ids"], json!(s.token_ids.clone().unwrap_or_default()));
+                    assert_eq!(e["block_size"], json!(s.block_size));
+                    assert_eq!(e["lora_id"], json!(s.lora_id));
+                    assert_eq!(e["medium"], json!(s.medium));
+                    assert_eq!(e["lora_name"], json!(s.lora_name));
+                    for slot in ["group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality"] {
+                        assert!(e[slot].is_null(), "vLLM reads {slot} = {} from kvcore: {e}", e[slot]);
+                    }
+                    for slot in ["ownership", "session_id", "lookahead_token_ids"] {
+                        assert!(e[slot].is_null(), "vLLM reads {slot} = {} from kvcore: {e}", e[slot]);
+                    }
+                    let keys = &e["extra_keys"];
+                    if *form == EventForm::Map {
+                        assert!(keys.is_null());
+                        continue;
+                    }
+                    let tag = |salt: &str| json!(format!("dynamo-cache-salt:{salt}"));
+                    let first = keys.get(0).and_then(Value::as_array).cloned().unwrap_or_default();
+                    match &s.cache_salt {
+                        Some(salt) => assert!(first.contains(&tag(salt)), "the salt in extra_keys[0]: {e}"),
+                        None => assert!(
+                            !first.iter().any(|k| k.as_str().is_some_and(|t| t.starts_with("dynamo-cache-"))),
+                            "{e}"
+                        ),
+                    }
+                    for (i, info) in s.block_mm_infos.clone().unwrap_or_default().iter().enumerate() {
+                        let markers: Vec<u64> = keys[i]
+                            .as_array()
+                            .map(Vec::as_slice)
+                            .unwrap_or_default()
+                            .iter()
+                            .filter_map(|k| k[0].as_str())
+                            .filter_map(|m| u64::from_str_radix(&m[..16], 16).ok().filter(|_| m.len() == 64))
+                            .collect();
+                        let want: Vec<u64> = info.iter().flat_map(|i| i.mm_objects.iter().map(|o| o.mm_hash)).collect();
+                        assert_eq!(markers, want, "block {i}'s image identity in extra_keys: {e}");
+                    }
+                }
+                WireEvent::BlockRemoved(r) => {
+                    assert_eq!(e["type"], "BlockRemoved");
+                    assert_eq!(e["medium"], json!(r.medium));
+                    assert_eq!(e["block_hashes"].as_array().unwrap().len(), r.block_hashes.len());
+                }
+                WireEvent::AllBlocksCleared => assert_eq!(e["type"], "AllBlocksCleared"),
+                WireEvent::Unknown { .. } => panic!("kvcore never publishes an unknown event"),
+            }
+        }
+    }
+    stored
+}
+
+/// An engine of block size `BLOCK` whose publisher (started through the
+/// engine, so it carries the engine's hash profile) encodes in `form`.
+fn engine_in_form(form: EventForm, replay: bool, buffer_steps: usize, heartbeat_ms: u32) -> Engine {
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device: 256, ..Default::default() }).unwrap();
+    e.vacant_publisher()
+        .unwrap()
+        .start(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: replay.then(|| "tcp://127.0.0.1:*".into()),
+            buffer_steps,
+            heartbeat_ms,
+            encode: EncodeOptions { form, token_ids: true },
+            ..Default::default()
+        })
+        .unwrap();
+    e
+}
+
+fn endpoints(e: &Engine) -> (String, Option<String>) {
+    let p = e.publisher().unwrap();
+    (p.endpoint().to_owned(), p.replay_endpoint().map(str::to_owned))
+}
+
+/// Dynamo's overlap in tokens per worker id, for `tokens` hashed by Dynamo
+/// with the given LoRA name, cache salt and image identity.
+fn scores(probe: &mut Probe, tokens: &[u32], lora: Option<&str>, salt: Option<&str>, mm: Option<Value>) -> Value {
+    let hashes = probe.call(json!({"op": "hash", "tokens": tokens, "block_size": BLOCK, "block_mm_infos": mm,
+                                   "lora_name": lora, "cache_namespace": salt}));
+    probe.call(json!({"op": "query", "block_hashes": hashes["hashes"]}))["scores"].clone()
+}
+
+fn serve_spec(e: &mut Engine, spec: &RequestSpec<'_>) {
+    let a = e.add_request(spec).unwrap();
+    e.commit(a.id, spec.tokens.len() as u64).unwrap();
+    e.finish(a.id).unwrap();
+    e.step();
+}
+
+/// Three engines hold the same text: one under a LoRA adapter (id and name),
+/// one under a cache salt, one as the base model, plus an image on the base
+/// engine. Dynamo must keep the scopes apart in both forms: each query scope
+/// matches its own engine only. An adapter id without a name is refused by
+/// the engine and never reaches the stream.
+#[test]
+fn dynamo_keeps_lora_and_salt_scopes_apart_in_both_forms() {
+    let Some(python) = python() else { return };
+    let vllm = vllm_python().expect("the vLLM decoder when Dynamo's venv is there");
+    let ctx = zmq::Context::new();
+    let mut captured = Vec::new();
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut engines: Vec<Engine> = (0..3).map(|_| engine_in_form(form, false, 100, 0)).collect();
+        let workers: Vec<String> =
+            engines.iter().enumerate().map(|(i, e)| format!("{}={}", i + 1, endpoints(e).0)).collect();
+        let mut captures: Vec<Capture> = engines.iter().map(|e| Capture::new(&ctx, &endpoints(e).0, form)).collect();
+        for (c, e) in captures.iter_mut().zip(&mut engines) {
+            c.join(e);
+        }
+        let mut probe = Probe::start(&python, &workers.join(","));
+        for e in &mut engines {
+            join(&mut probe, e);
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(20);
+        let text: Vec<u32> = (0..130).map(|_| rng.random_range(1000..60_000)).collect();
+        let prompt = image_prompt(&text[..32], &text[32..64]);
+        let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
+        let stored_before = probe.applied("stored");
+        let lora = RequestSpec { tokens: &text, lora_id: Some(5), lora_name: Some("adapter-a"), ..Default::default() };
+        serve_spec(&mut engines[0], &lora);
+        serve_spec(&mut engines[1], &RequestSpec { tokens: &text, cache_salt: Some("tenant-b"), ..Default::default() });
+        serve(&mut engines[2], &text, 130, None);
+        serve(&mut engines[2], &prompt, 130, Some(a));
+        // The engine refuses an adapter a router could not tell from the base model.
+        let unnamed = RequestSpec { tokens: &text, lora_id: Some(6), ..Default::default() };
+        assert!(matches!(engines[0].add_request(&unnamed), Err(kvcore::AdmitError::LoraNameRequired { lora_id: 6 })));
+        engines[0].step();
+        probe.wait_applied(stored_before + 4, 0);
+
+        let only = |w: &str, tokens: u64| {
+            let mut m = serde_json::Map::new();
+            m.insert(w.into(), json!(tokens));
+            Value::Object(m)
+        };
+        assert_eq!(scores(&mut probe, &text, Some("adapter-a"), None, None), only("1", 128), "{form:?} LoRA");
+        assert_eq!(scores(&mut probe, &text, None, Some("tenant-b"), None), only("2", 128), "{form:?} salt");
+        assert_eq!(scores(&mut probe, &text, None, None, None), only("3", 128), "{form:?} base model");
+        assert_eq!(scores(&mut probe, &text, Some("adapter-b"), None, None), json!({}), "{form:?} other adapter");
+        // Image identity: the base engine holds image A's whole prompt.
+        assert_eq!(scores(&mut probe, &prompt, None, None, Some(mm_infos(a.1))), only("3", 128), "{form:?} image");
+        assert_eq!(scores(&mut probe, &prompt, None, None, Some(mm_infos("other"))), only("3", 32), "{form:?}");
+        for c in &mut captures {
+            c.drain();
+            captured.extend(c.payloads.drain(..).map(|p| (c.form, p)));
+        }
+    }
+    assert!(check_with_vllm(&vllm, &captured) >= 8, "every store of both forms was checked");
+}
+
+/// An engine whose replay ring no longer holds its first batches when
+/// Dynamo registers: Dynamo asks a replay from 0 and, through the replay
+/// protocol unchanged, gets the snapshot; afterwards it holds exactly what
+/// the engine holds (the early prefixes included), and later live batches,
+/// removals included, apply on top without anything stale.
+#[test]
+fn dynamo_reaches_the_exact_state_after_the_ring_moved_on() {
+    let Some(python) = python() else { return };
+    let vllm = vllm_python().expect("the vLLM decoder when Dynamo's venv is there");
+    let ctx = zmq::Context::new();
+    let mut captured = Vec::new();
+    for (k, form) in [EventForm::Map, EventForm::Array].into_iter().enumerate() {
+        let mut e = engine_in_form(form, true, 2, 0);
+        let (endpoint, replay) = endpoints(&e);
+        let mut capture = Capture::new(&ctx, &endpoint, form);
+        capture.join(&mut e);
+        let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(40 + k as u64);
+        let prompts: Vec<Vec<u32>> =
+            (0..5).map(|_| (0..70).map(|_| rng.random_range(1000..60_000)).collect()).collect();
+        // Five batches nobody hears, and a ring of two: the first three are gone from it.
+        for p in &prompts {
+            serve(&mut e, p, 70, None);
+        }
+        let status = probe.post(
+            "/register",
+            &json!({"instance_id": 3, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
+                    "replay_endpoint": replay}),
+        );
+        assert_eq!(status, 201);
+        // Live batches until Dynamo holds the latest one (its subscription
+        // joins with a delay); the first it sees shows the gap from 0.
+        let holds = |probe: &mut Probe, tokens: &[u32]| scores(probe, tokens, None, None, None)["3"].as_u64();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut live = 0u32;
+        loop {
+            let p: Vec<u32> = (0..70).map(|i| 30_000 + live * 100 + i).collect();
+            serve(&mut e, &p, 70, None);
+            live += 1;
+            std::thread::sleep(Duration::from_millis(200));
+            if holds(&mut probe, &p[..64]).is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "Dynamo never received our stream");
+        }
+        for p in &prompts {
+            assert_eq!(holds(&mut probe, &p[..64]), Some(64), "{form:?}: an early prefix is back");
+        }
+        assert!(e.publisher().unwrap().stats().replays_answered_by_snapshot >= 1);
+        // Later live batches apply cleanly on top: evict everything, store one new prompt.
+        let removed_before = probe.applied("removed");
+        let stored_before = probe.applied("stored");
+        e.evict(10_000);
+        e.step();
+        let fresh: Vec<u32> = (0..70).map(|i| 50_000 + i).collect();
+        serve(&mut e, &fresh, 70, None);
+        probe.wait_applied(stored_before + 1, removed_before + 1);
+        for p in &prompts {
+            assert_eq!(holds(&mut probe, &p[..64]), None, "{form:?}: nothing stale");
+        }
+        assert_eq!(holds(&mut probe, &fresh[..64]), Some(64));
+        // The snapshot as a replay reply, decoded by vLLM too.
+        let dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_rcvtimeo(5000).unwrap();
+        dealer.connect(&replay.clone().unwrap()).unwrap();
+        dealer.send_multipart([&b""[..], &0u64.to_be_bytes()[..]], 0).unwrap();
+        let reply = dealer.recv_multipart(0).unwrap();
+        capture.drain();
+        captured.extend(capture.payloads.drain(..).map(|p| (form, p)));
+        captured.push((form, reply[3].clone()));
+    }
+    assert!(check_with_vllm(&vllm, &captured) > 0);
+}
+
+/// An engine that went idle before Dynamo registered it: with heartbeats
+/// Dynamo sees the stream's number within one heartbeat, replays the gap and
+/// holds what the engine holds, though the engine never steps again.
+#[test]
+fn dynamo_learns_an_idle_engine_from_its_heartbeats() {
+    let Some(python) = python() else { return };
+    let vllm = vllm_python().expect("the vLLM decoder when Dynamo's venv is there");
+    let ctx = zmq::Context::new();
+    let mut captured = Vec::new();
+    for (k, form) in [EventForm::Map, EventForm::Array].into_iter().enumerate() {
+        let mut e = engine_in_form(form, true, 100, 200);
+        let (endpoint, replay) = endpoints(&e);
+        let mut capture = Capture::new(&ctx, &endpoint, form);
+        capture.join(&mut e);
+        let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(60 + k as u64);
+        let prompts: Vec<Vec<u32>> =
+            (0..3).map(|_| (0..70).map(|_| rng.random_range(1000..60_000)).collect()).collect();
+        for p in &prompts {
+            serve(&mut e, p, 70, None);
+        }
+        // Idle from here on: no step, no request.
+        let status = probe.post(
+            "/register",
+            &json!({"instance_id": 4, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
+                    "replay_endpoint": replay}),
+        );
+        assert_eq!(status, 201);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let holds = |probe: &mut Probe, tokens: &[u32]| scores(probe, tokens, None, None, None)["4"].as_u64();
+        while holds(&mut probe, &prompts[2][..64]).is_none() {
+            assert!(Instant::now() < deadline, "{form:?}: Dynamo never learned the idle engine's state");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for p in &prompts {
+            assert_eq!(holds(&mut probe, &p[..64]), Some(64), "{form:?}");
+        }
+        let stats = e.publisher().unwrap().stats();
+        assert!(stats.heartbeats >= 1 && stats.replays_served >= 1, "{stats:?}");
+        capture.drain();
+        assert!(!capture.payloads.is_empty());
+        captured.extend(capture.payloads.drain(..).map(|p| (form, p)));
+    }
+    check_with_vllm(&vllm, &captured);
+}
+
+/// Dynamo's in-process `KvRouter` (tests/interop/dynamo_kvrouter.py: the
+/// wheel's own relay decodes our stream, its router indexes it), one engine
+/// per form: a LoRA scope, a salted scope, the base model and an image each
+/// match only the query of their own scope.
+#[test]
+fn dynamo_kvrouter_in_process_keeps_scopes_in_both_forms() {
+    let Some(python) = python() else { return };
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut e = engine_in_form(form, false, 100, 0);
+        let (endpoint, _) = endpoints(&e);
+        let mut child = Command::new(&python)
+            .arg(repo().join("tests/interop/dynamo_kvrouter.py"))
+            .args(["--block-size", &BLOCK.to_string(), "--endpoint", &endpoint])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning dynamo_kvrouter.py");
+        let mut stdin = BufWriter::new(child.stdin.take().unwrap());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        stdout.read_line(&mut ready).unwrap();
+        assert!(ready.contains("\"ready\": true"), "Dynamo's KvRouter did not start: {ready:?}");
+        let mut call = |cmd: Value| -> Value {
+            writeln!(stdin, "{cmd}").unwrap();
+            stdin.flush().unwrap();
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            assert!(v.get("error").is_none(), "{cmd}: {v}");
+            v
+        };
+        assert_eq!(call(json!({"op": "ping"}))["ok"], true);
+        let blocks = |call: &mut dyn FnMut(Value) -> Value,
+                      tokens: &[u32],
+                      lora: Option<&str>,
+                      salt: Option<&str>,
+                      mm: Option<Value>| {
+            call(json!({"op": "overlap", "tokens": tokens, "lora_name": lora, "cache_namespace": salt,
+                        "block_mm_infos": mm}))["device_blocks"]
+                .as_u64()
+                .unwrap()
+        };
+        // Join: serve probe prompts until the relay has one.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut n = 0u32;
+        loop {
+            let p: Vec<u32> = (0..33).map(|i| 40_000 + n * 64 + i).collect();
+            serve(&mut e, &p, 33, None);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(150));
+            if blocks(&mut call, &p, None, None, None) == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{form:?}: Dynamo's relay never received our stream");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(80);
+        let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+        let (t1, t2, t3) = (text(130), text(130), text(130));
+        let prompt = image_prompt(&t3[..32], &t3[32..64]);
+        let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
+        serve_spec(
+            &mut e,
+            &RequestSpec { tokens: &t1, lora_id: Some(5), lora_name: Some("adapter-a"), ..Default::default() },
+        );
+        serve_spec(&mut e, &RequestSpec { tokens: &t2, cache_salt: Some("tenant-b"), ..Default::default() });
+        serve(&mut e, &t3, 130, None);
+        serve(&mut e, &prompt, 130, Some(a));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))) < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(blocks(&mut call, &t1, Some("adapter-a"), None, None), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &t1, None, None, None), 0, "{form:?}: LoRA blocks are not base blocks");
+        assert_eq!(blocks(&mut call, &t2, None, Some("tenant-b"), None), 4, "{form:?}");
+        assert_eq!(
+            blocks(&mut call, &t2, None, None, None),
+            0,
+            "{form:?}: salted blocks do not match unsalted queries"
+        );
+        assert_eq!(blocks(&mut call, &t3, None, None, None), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &t3, None, Some("tenant-b"), None), 0, "{form:?}: nor the reverse");
+        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))), 4, "{form:?}");
+        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos("other"))), 1, "{form:?}");
+        call(json!({"op": "quit"}));
+        drop(stdin);
+        let _ = child.wait();
     }
 }

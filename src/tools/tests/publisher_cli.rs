@@ -166,6 +166,8 @@ fn snapshot_prints_the_advertised_state() {
         Publisher::bind(PublisherConfig {
             endpoint: "tcp://127.0.0.1:*".into(),
             replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            // The snapshot's tag is compared with `next_seq` below: no heartbeat in between.
+            heartbeat_ms: 0,
             ..Default::default()
         })
         .unwrap(),
