@@ -190,7 +190,8 @@ fn a_uuid_conflict_lasts_until_the_conflicting_copy_is_gone() {
     let (m, h) = matched(&sub);
     assert_eq!(h.keys.len(), 6);
     assert_eq!(m, vec![(ia, 6)], "the whole prompt matches on a, the holder of the UUID's pixels");
-    let d = decide(&ScoringConfig::default(), 6, h.keys.first().copied(), &sub.indexer().find_matches(&h.keys), &workers);
+    let d =
+        decide(&ScoringConfig::default(), 6, h.keys.first().copied(), &sub.indexer().find_matches(&h.keys), &workers);
     assert_eq!(d.worker, Some(ia.0));
     assert_eq!(sub.indexer().counters().uuid_conflicts_resolved, 1);
 

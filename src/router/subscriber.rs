@@ -148,6 +148,21 @@ pub struct Subscriber {
     indexer: Indexer,
     counters: SubscriberCounters,
     loss: Option<(u64, u32)>,
+    /// What was applied, in order, while [`Subscriber::record_applied`] is on.
+    applied: Option<Vec<Applied>>,
+}
+
+/// One step the subscriber applied to its indexer, as
+/// [`Subscriber::take_applied`] hands it out: a consumer that follows every
+/// worker's stream in applied order (the relay) sees exactly what the indexer
+/// saw, replays and snapshots included.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// The worker's view was cleared (before a snapshot, or at a restart
+    /// without a replay socket).
+    Cleared(WorkerId),
+    /// A batch of the worker was applied.
+    Batch(WorkerId, WireBatch),
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -166,6 +181,26 @@ impl Subscriber {
             conns: Vec::new(),
             counters: SubscriberCounters::default(),
             loss: None,
+            applied: None,
+        }
+    }
+
+    /// Starts (or stops) recording what is applied, for
+    /// [`Subscriber::take_applied`].
+    pub fn record_applied(&mut self, on: bool) {
+        self.applied = on.then(Vec::new);
+    }
+
+    /// What was applied since the last call, in order (empty unless
+    /// [`Subscriber::record_applied`] is on).
+    pub fn take_applied(&mut self) -> Vec<Applied> {
+        self.applied.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn clear_worker(&mut self, worker: WorkerId) {
+        self.indexer.clear_worker(worker);
+        if let Some(a) = &mut self.applied {
+            a.push(Applied::Cleared(worker));
         }
     }
 
@@ -361,7 +396,7 @@ impl Subscriber {
                 c.buffer.clear();
                 c.expected = seq + 1;
                 self.counters.batches_lost += seq;
-                self.indexer.clear_worker(id);
+                self.clear_worker(id);
                 self.apply_batch(id, &batch);
                 self.counters.batches_applied += 1;
                 return Ok(());
@@ -410,6 +445,9 @@ impl Subscriber {
 
     fn apply_batch(&mut self, worker: WorkerId, batch: &WireBatch) {
         self.indexer.apply_all(batch.events.iter().map(|e| (worker, e)));
+        if let Some(a) = &mut self.applied {
+            a.push(Applied::Batch(worker, batch.clone()));
+        }
     }
 
     fn start_recovery(&mut self, i: usize, kind: Recovery) -> Result<(), SubscribeError> {
@@ -474,7 +512,7 @@ impl Subscriber {
                 }
                 Some(Recovery::Snapshot) => {
                     c.expected = msg.seq;
-                    self.indexer.clear_worker(id);
+                    self.clear_worker(id);
                     self.apply_batch(id, &msg.batch);
                     self.counters.snapshots_applied += 1;
                 }
