@@ -539,7 +539,12 @@ fn relay_protects_dynamo(form: kvcore::wire::EventForm) {
     assert!(e2.evict(1000) > 0);
     e2.step();
     probe.await_overlap3(&f.prompt, by_uuid, [128, 0, 0], "the UUID matches again once the conflict is gone");
-    probe.await_overlap3(&f.prompt, by_a, [32, 0, 0], "pixels A are held under their UUID identity again, not by content");
+    probe.await_overlap3(
+        &f.prompt,
+        by_a,
+        [32, 0, 0],
+        "pixels A are held under their UUID identity again, not by content",
+    );
     // Text is relayed unchanged.
     let t = [&f.text[..], &[1, 2][..]].concat();
     probe.await_overlap3(&t, None, [0, 0, 96], "text blocks pass through");
