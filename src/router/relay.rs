@@ -496,8 +496,7 @@ impl Relay {
     /// Answers pending replay and snapshot requests on every replay socket.
     fn serve_replays(&mut self) -> Result<(), SubscribeError> {
         for i in 0..self.outs.len() {
-            loop {
-                let Some(sock) = &self.outs[i].replay else { break };
+            while let Some(sock) = &self.outs[i].replay {
                 let frames = match sock.recv_multipart(zmq::DONTWAIT) {
                     Ok(f) => f,
                     Err(zmq::Error::EAGAIN) => break,

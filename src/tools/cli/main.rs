@@ -54,6 +54,9 @@ enum Command {
     /// Prints one JSON line with the republished endpoints, then runs until
     /// killed.
     Relay(relay::RelayArgs),
+    /// Measures the relay: latency of engines' batches read directly and
+    /// through a relay, and the relay's CPU time per batch (JSON report).
+    RelayBench(relay::BenchArgs),
     /// Hash a request and print each worker's overlap and the routing decision.
     Route(route::RouteArgs),
     /// Benchmark the router's indexer, side by side with Dynamo's (`--dynamo`).
@@ -79,6 +82,12 @@ fn main() {
         Some(Command::Relay(args)) => {
             if let Err(e) = relay::run(args) {
                 eprintln!("kvcore relay: {e}");
+                std::process::exit(1);
+            }
+        }
+        Some(Command::RelayBench(args)) => {
+            if let Err(e) = relay::bench(args) {
+                eprintln!("kvcore relay-bench: {e}");
                 std::process::exit(1);
             }
         }

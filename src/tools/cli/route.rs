@@ -383,7 +383,7 @@ fn read_events_file(path: &Path) -> Result<Vec<(i64, Vec<u8>)>, Error> {
 /// (`/proc/thread-self/schedstat`, nanoseconds): unlike the wall clock it
 /// does not count time spent waiting for a core on a busy machine. `None`
 /// where the file does not exist.
-fn thread_cpu_s() -> Option<f64> {
+pub(crate) fn thread_cpu_s() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     text.split_whitespace().next()?.parse::<u64>().ok().map(|ns| ns as f64 / 1e9)
 }
