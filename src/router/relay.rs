@@ -150,6 +150,11 @@ pub struct Relay {
     outs: Vec<Out>,
     counters: RelayCounters,
     scratch: Vec<u8>,
+    /// Per UUID named by a republished block: whether its items went out
+    /// under the UUID's `mm_hash` (`true`) or their content's. Every
+    /// republished block naming the UUID agrees with it, so only a UUID whose
+    /// mode changes needs its blocks checked.
+    modes: HashMap<String, bool>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -205,7 +210,15 @@ impl Relay {
                 data_parallel_rank: None,
             });
         }
-        Ok(Self { config, subscriber, _ctx: ctx, outs, counters: RelayCounters::default(), scratch: Vec::new() })
+        Ok(Self {
+            config,
+            subscriber,
+            _ctx: ctx,
+            outs,
+            counters: RelayCounters::default(),
+            scratch: Vec::new(),
+            modes: HashMap::new(),
+        })
     }
 
     /// The `PUB` endpoint the relay republishes worker `i` on (in the order
@@ -253,14 +266,20 @@ impl Relay {
     /// change, and answers replay requests. Returns the batches republished.
     pub fn poll(&mut self, timeout: Duration) -> Result<usize, SubscribeError> {
         self.serve_replays()?;
+        let unsure_before = self.unsure_events();
         self.subscriber.poll(timeout)?;
         let applied = self.subscriber.take_applied();
+        // An eviction from the view, an unrecorded reference or a clear may
+        // change how UUIDs that no event of this poll named resolve (they
+        // share an unsure slot): then every UUID is checked.
+        let mut check_all = self.unsure_events() != unsure_before;
         let mut out_batches: Vec<Vec<WireBatch>> = vec![Vec::new(); self.outs.len()];
         let mut dirty: HashSet<String> = HashSet::new();
         let mut touched: Vec<HashMap<i64, Vec<u64>>> = vec![HashMap::new(); self.outs.len()];
         for a in applied {
             match a {
                 Applied::Cleared(id) => {
+                    check_all = true;
                     let i = id.0 as usize;
                     self.clear_out(i, &mut dirty);
                     out_batches[i].push(WireBatch {
@@ -285,6 +304,7 @@ impl Relay {
                                 events.push(WireEvent::BlockRemoved(r));
                             }
                             WireEvent::AllBlocksCleared => {
+                                check_all = true;
                                 self.clear_out(i, &mut dirty);
                                 events.push(WireEvent::AllBlocksCleared);
                             }
@@ -314,13 +334,31 @@ impl Relay {
                 self.note_published(i, b);
             }
         }
+        if check_all {
+            dirty.extend(self.modes.keys().cloned());
+        }
         // Older blocks whose identity changed: removed and stored again.
         let ix = self.subscriber.indexer();
+        let mut changed: Vec<&String> = Vec::new();
+        for u in &dirty {
+            let held = self.outs.iter().any(|o| o.by_uuid.contains_key(u));
+            let now = matches!(ix.resolve(u), UuidLookup::Digest(_));
+            match (held, self.modes.get(u)) {
+                (false, _) => {
+                    self.modes.remove(u);
+                }
+                (true, Some(&m)) if m == now => {}
+                (true, _) => {
+                    self.modes.insert(u.clone(), now);
+                    changed.push(u);
+                }
+            }
+        }
         for (i, batches) in out_batches.iter_mut().enumerate() {
             let out = &self.outs[i];
             let mut roots: HashSet<i64> = HashSet::new();
-            for u in &dirty {
-                for h in out.by_uuid.get(u).into_iter().flatten() {
+            for u in &changed {
+                for h in out.by_uuid.get(*u).into_iter().flatten() {
                     if let Some(b) = out.blocks.get(h)
                         && desired(ix, b) != b.published
                     {
@@ -358,6 +396,12 @@ impl Relay {
         }
         self.serve_replays()?;
         Ok(sent)
+    }
+
+    /// Events of the view that mark UUIDs unsure, so far.
+    fn unsure_events(&self) -> u64 {
+        let c = self.subscriber.indexer().counters();
+        c.uuids_forgotten + c.uuid_refs_unrecorded
     }
 
     /// Keeps the relay's mirror of worker `i` up to date with a stored event.
