@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use kvcore::wire::EventForm;
-use kvcore_router::{IndexerConfig, Relay, RelayConfig, RelayWorker, SubscriberConfig};
+use kvcore_router::{IndexerConfig, Relay, RelayConfig, RelayWorker, Subscriber, SubscriberConfig};
 use serde_json::json;
 
 /// Arguments of `kvcore relay`.
@@ -227,6 +227,27 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         }
         (relay, busy, polls)
     });
+    // The baseline: kvcore's subscriber and indexer alone on the same
+    // streams, timed the same way.
+    let s = stop_relay.clone();
+    let plain_upstream = upstream.clone();
+    let plain_thread = std::thread::spawn(move || -> Result<(f64, u64), String> {
+        let mut sub = Subscriber::new(SubscriberConfig {
+            indexer: IndexerConfig { block_size: 32, ..Default::default() },
+            ..Default::default()
+        });
+        for u in &plain_upstream {
+            sub.connect(u, u, None).map_err(|e| e.to_string())?;
+        }
+        let mut busy = 0.0f64;
+        while !s.load(Ordering::Relaxed) {
+            let cpu0 = crate::route::thread_cpu_s().unwrap_or(0.0);
+            if sub.poll(Duration::from_millis(2)).unwrap_or(0) > 0 {
+                busy += crate::route::thread_cpu_s().unwrap_or(0.0) - cpu0;
+            }
+        }
+        Ok((busy, sub.counters().batches_applied))
+    });
     let (s1, s2) = (stop_rx.clone(), stop_rx.clone());
     let direct = std::thread::spawn(move || receive(upstream, s1));
     let through = std::thread::spawn(move || receive(relayed, s2));
@@ -267,6 +288,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
     stop_relay.store(true, Ordering::Relaxed);
     let (mut d, mut t) = (direct.join().unwrap_or_default(), through.join().unwrap_or_default());
     let (relay, busy, polls) = relay_thread.join().map_err(|_| "relay thread panicked")?;
+    let (plain_busy, plain_batches) = plain_thread.join().map_err(|_| "subscriber thread panicked")??;
     let c = relay.counters();
     let report = json!({
         "engines": args.engines, "requests": args.requests, "uuids": args.uuids, "pace_us": args.pace_us,
@@ -274,6 +296,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         "relayed": {"batches": t.len(), "latency_p50_us": pct(&mut t, 0.5), "latency_p99_us": pct(&mut t, 0.99)},
         "relay_cpu_us_per_upstream_batch": if c.batches_in > 0 { busy * 1e6 / c.batches_in as f64 } else { f64::NAN },
         "relay_busy_polls": polls,
+        "subscriber_cpu_us_per_batch": if plain_batches > 0 { plain_busy * 1e6 / plain_batches as f64 } else { f64::NAN },
         "relay": c,
         "indexer": relay.subscriber().indexer().counters(),
     });
