@@ -547,7 +547,7 @@ fn relay_protects_dynamo(form: kvcore::wire::EventForm) {
     );
     // Text is relayed unchanged.
     let t = [&f.text[..], &[1, 2][..]].concat();
-    probe.await_overlap3(&t, None, [0, 0, 96], "text blocks pass through");
+    probe.await_overlap3(&t, None, [0, 0, 96], "text blocks are relayed unchanged");
 
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let relay = thread.join().expect("relay thread");

@@ -143,7 +143,7 @@ fn relay_serves_replay_and_snapshot_of_its_stream() {
     let run = TokenRun { start: 8, len: 8 };
     let (mut a, mut b) = (Worker::new(4, 128, 0, 1000), Worker::new(4, 128, 0, 1000));
     let ep = |w: &Worker| format!("{}@{}", w.publisher.endpoint(), w.publisher.replay_endpoint().unwrap());
-    /// Stops the relay when the test ends, passed or not.
+    /// Stops the relay when the test ends, whatever its outcome.
     struct Child(std::process::Child);
     impl Drop for Child {
         fn drop(&mut self) {
