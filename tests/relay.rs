@@ -19,7 +19,8 @@ const BS: u32 = 4;
 struct Downstream {
     _ctx: zmq::Context,
     socks: Vec<zmq::Socket>,
-    next_seq: Vec<u64>,
+    /// The next sequence number expected per worker (from the first seen).
+    next_seq: Vec<Option<u64>>,
     held: Vec<HashMap<i64, Vec<u64>>>,
 }
 
@@ -34,17 +35,18 @@ impl Downstream {
                 s
             })
             .collect();
-        Self { _ctx: ctx, socks, next_seq: vec![0; n], held: vec![HashMap::new(); n] }
+        Self { _ctx: ctx, socks, next_seq: vec![None; n], held: vec![HashMap::new(); n] }
     }
 
-    /// Reads what arrived; sequence numbers must be contiguous from 0.
+    /// Reads what arrived; sequence numbers must be contiguous from the
+    /// first one seen.
     fn read(&mut self) {
         for (i, s) in self.socks.iter().enumerate() {
             while let Ok(frames) = s.recv_multipart(zmq::DONTWAIT) {
                 let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
                 let m = decode_message(&refs).expect("the relay's messages decode");
-                assert_eq!(m.seq, self.next_seq[i], "worker {i}: contiguous sequence numbers");
-                self.next_seq[i] += 1;
+                assert_eq!(m.seq, self.next_seq[i].unwrap_or(m.seq), "worker {i}: contiguous sequence numbers");
+                self.next_seq[i] = Some(m.seq + 1);
                 for e in m.batch.events {
                     match e {
                         WireEvent::BlockStored(st) => {
@@ -131,8 +133,11 @@ fn a_bounded_view_republishes_what_it_cannot_vouch_for_by_content() {
     };
     let mut relay = Relay::new(config, &workers).unwrap();
     let mut down = Downstream::new(&relay, 2);
-    // Slow joiner: the consumer's subscriptions settle before anything is stored.
-    std::thread::sleep(Duration::from_millis(300));
+    // Slow joiners: the consumer's subscriptions are live (it has received a
+    // republished heartbeat of each worker) before anything is stored.
+    until(&mut relay, &mut down, &mut [&mut a, &mut b], "the consumer joins", |d| {
+        d.next_seq.iter().all(Option::is_some)
+    });
     let run = TokenRun { start: 4, len: 4 };
     let (pa, pb) = (b"pixels on a".as_slice(), b"pixels on b".as_slice());
     let uuid = mm_hash_of_identifier("u");

@@ -155,23 +155,40 @@ fn relay_serves_replay_and_snapshot_of_its_stream() {
         .args(["relay", "--block-size", "4", "--upstream"])
         .arg(format!("{},{}", ep(&a), ep(&b)))
         .args(["--bind", "tcp://127.0.0.1:*@tcp://127.0.0.1:*,tcp://127.0.0.1:*@tcp://127.0.0.1:*"])
+        .args(["--stats-ms", "50"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(relay.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let mut lines = std::io::BufReader::new(relay.stdout.take().unwrap()).lines();
     let _relay = Child(relay);
-    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     let relayed = |i: usize, k: &str| ready["workers"][i][k].as_str().unwrap().to_owned();
+    // The relay's counters, one JSON line every 50 ms, read on a thread.
+    let (tx, stats) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            if tx.send(serde_json::from_str(&l).unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
     a.run(&tokens, &[(b"pixels on a", Some("shared"), run)]).unwrap();
     b.run(&tokens, &[(b"pixels on b", Some("shared"), run)]).unwrap();
     // The relay recovers the engines' batches (its own late join) and
-    // republishes them before the consumer connects.
-    for _ in 0..10 {
+    // republishes them before the consumer connects: wait until it has
+    // taken in both stores.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
         for w in [&mut a, &mut b] {
             w.publisher.publish(Vec::new());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        let s = stats.recv_timeout(Duration::from_secs(5)).expect("the relay prints its counters");
+        if s["indexer"]["stored_events"].as_u64().unwrap_or(0) >= 2
+            && s["relay"]["batches_out"].as_u64().unwrap_or(0) >= 4
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the relay never took in both engines' stores: {s}");
     }
 
     let mut sub = Subscriber::new(SubscriberConfig {
