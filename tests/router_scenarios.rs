@@ -146,3 +146,63 @@ fn a_shared_text_prefix_routes_to_either_holder() {
     }
     assert_eq!(picked.len(), 2, "equal holders share the traffic");
 }
+
+/// Three engines over loopback ZMQ: a and b hold one UUID under different
+/// pixels, c holds text. A request naming the UUID matches the text before
+/// the image on a and b and no image block anywhere. Once b evicts its copy
+/// the UUID names a's pixels alone again, and the request routes to a with
+/// its whole prompt matched; when b stores its pixels again the conflict is
+/// back, and b's restart (a clear) ends it.
+#[test]
+fn a_uuid_conflict_lasts_until_the_conflicting_copy_is_gone() {
+    let (mut a, mut b, mut sub, ia, ib) = cluster();
+    let mut c = Worker::new(BS, 256, 0, 1000);
+    let ic = c.subscribe(&mut sub, "c");
+    let tokens: Vec<u32> = (100..124).collect();
+    let run = TokenRun { start: 8, len: 8 };
+    a.run(&tokens, &[(b"pixels on a", Some("shared-uuid"), run)]).unwrap();
+    b.run(&tokens, &[(b"pixels on b", Some("shared-uuid"), run)]).unwrap();
+    c.run(&(1000..1024).collect::<Vec<u32>>(), &[]).unwrap();
+    let all = |sub: &mut Subscriber, a: &mut Worker, b: &mut Worker, c: &mut Worker| {
+        assert!(sync(sub, &mut [(a, ia), (b, ib), (c, ic)], Duration::from_secs(20)), "subscriber caught up");
+    };
+    all(&mut sub, &mut a, &mut b, &mut c);
+    let req = TokenRequest {
+        tokens: tokens.clone(),
+        images: vec![kvcore_router::ImagePlacement { image: ImageRef::Uuid("shared-uuid".into()), runs: vec![(8, 8)] }],
+        ..Default::default()
+    };
+    let workers = [(ia, 0.0), (ib, 0.0), (ic, 0.0)];
+    let matched = |sub: &Subscriber| {
+        let h = hash_request(&req, BS, kvcore::QWEN_IMAGE_PAD_TOKEN, sub.indexer()).unwrap();
+        let m = sub.indexer().find_matches(&h.keys);
+        (m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), h)
+    };
+    let (m, h) = matched(&sub);
+    assert_eq!(m, vec![(ia, 2), (ib, 2)], "only the two text blocks before the image match");
+    assert_eq!(h.stop, Some(kvcore_router::KeysStop::AmbiguousUuid { image: 0 }));
+    assert_eq!(sub.indexer().memory().uuids_ambiguous, 1);
+
+    // b evicts its copy: the fleet holds the UUID under a's pixels alone.
+    assert!(b.engine.evict(1000) > 0);
+    b.step();
+    all(&mut sub, &mut a, &mut b, &mut c);
+    let (m, h) = matched(&sub);
+    assert_eq!(h.keys.len(), 6);
+    assert_eq!(m, vec![(ia, 6)], "the whole prompt matches on a, the holder of the UUID's pixels");
+    let d =
+        decide(&ScoringConfig::default(), 6, h.keys.first().copied(), &sub.indexer().find_matches(&h.keys), &workers);
+    assert_eq!(d.worker, Some(ia.0));
+    assert_eq!(sub.indexer().counters().uuid_conflicts_resolved, 1);
+
+    // b stores its pixels again, then restarts (its cache cleared).
+    b.run(&tokens, &[(b"pixels on b", Some("shared-uuid"), run)]).unwrap();
+    all(&mut sub, &mut a, &mut b, &mut c);
+    assert_eq!(matched(&sub).0, vec![(ia, 2), (ib, 2)]);
+    b.engine.clear();
+    b.step();
+    all(&mut sub, &mut a, &mut b, &mut c);
+    assert_eq!(matched(&sub).0, vec![(ia, 6)]);
+    let counters = sub.indexer().counters();
+    assert_eq!((counters.uuid_conflicts, counters.uuid_conflicts_resolved), (2, 2));
+}

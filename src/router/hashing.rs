@@ -20,10 +20,11 @@
 //!   router does not know yet can keep its 8-byte content hash and be keyed
 //!   later, when the parent arrives, without keeping its tokens.
 //! - **Images by content digest**: a UUID never enters a key. A request that
-//!   names an image only by UUID is resolved through a UUID-to-digest map the
-//!   router learns from events ([`UuidResolver`]); the same UUID on other
-//!   pixels therefore never matches by cache, and an image nobody advertised
-//!   never matches at all.
+//!   names an image only by UUID is resolved through a UUID-to-digest view the
+//!   router learns from events ([`UuidResolver`]), and only while the whole
+//!   fleet holds that UUID under one digest; the same UUID on other pixels
+//!   therefore never matches by cache, and an image nobody advertised never
+//!   matches at all.
 //! - **XXH3-64**, about 15 ns per 32-token block on one core: a 4096-token
 //!   request hashes in a few microseconds. It is not cryptographic; the
 //!   engine's own SHA-256 keys stay the cache identity, and a collision here
@@ -156,8 +157,14 @@ pub enum ImageRef {
 pub enum UuidLookup {
     /// Every event that named the UUID gave this digest.
     Digest(ImageDigest),
-    /// Events gave the UUID with two different digests: it identifies nothing.
+    /// Workers hold the UUID under two different digests now: it identifies
+    /// nothing until the conflicting copies are gone.
     Ambiguous,
+    /// The router's bounded view forgot, or could not record, some worker's
+    /// copy of the UUID (or of another UUID sharing its slot): it cannot
+    /// prove the fleet agrees on one digest, so the UUID identifies nothing
+    /// until those workers clear.
+    Unsure,
     /// No event named the UUID (or it was forgotten under the memory bound).
     Unknown,
 }
@@ -210,8 +217,14 @@ pub enum KeysStop {
         /// Index of the image in the request.
         image: usize,
     },
-    /// The image's UUID was paired with two different digests.
+    /// The image's UUID is held under two different digests.
     AmbiguousUuid {
+        /// Index of the image in the request.
+        image: usize,
+    },
+    /// The router's bounded UUID view cannot vouch for the image's UUID
+    /// ([`UuidLookup::Unsure`]).
+    UnsureUuid {
         /// Index of the image in the request.
         image: usize,
     },
@@ -319,6 +332,7 @@ pub fn hash_request(
             ImageRef::Uuid(u) => match uuids.resolve(u) {
                 UuidLookup::Digest(d) => (Some(d), None),
                 UuidLookup::Ambiguous => (None, Some(KeysStop::AmbiguousUuid { image })),
+                UuidLookup::Unsure => (None, Some(KeysStop::UnsureUuid { image })),
                 UuidLookup::Unknown => (None, Some(KeysStop::UnknownUuid { image })),
             },
         };

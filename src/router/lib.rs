@@ -13,13 +13,15 @@
 //! | text and images to token ids | [`ModelProfile`] renders [`Message`]s of [`Part`]s through a tokenizer |
 //! | which worker holds what | [`Indexer`]: events in, [`Overlap`]s per worker and [`Tier`] out |
 //! | the decision | [`decide`] weighs overlap against load ([`ScoringConfig`]) into a [`Decision`] |
-//! | the stream | [`Subscriber`]: ZMQ per worker, gap and restart detection, replay and snapshot recovery |
+//! | the stream | [`Subscriber`]: ZMQ per worker, gap and restart detection, replay and snapshot recovery ([`Applied`] steps for followers) |
+//! | Dynamo behind a fleet-wide view | [`Relay`] republishes each worker's stream with `mm_hash`es the whole fleet agrees on ([`RelayConfig`], [`RelayWorker`], [`RelayCounters`]) |
 //! | benches and tests | [`EventWorkload`]: synthetic stored events shaped like Dynamo's benchmark |
 //!
 //! Inside, the modules depend on each other in one direction only:
 //! `hashing` and `table` use nothing of the crate; `indexer` uses both;
 //! `profiles` uses `hashing`; `scoring` uses `hashing` and `indexer`;
-//! `subscriber` uses `indexer`; `workload` stands alone.
+//! `subscriber` uses `indexer`; `relay` uses `hashing`, `indexer` and
+//! `subscriber`; `workload` stands alone.
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
@@ -28,6 +30,7 @@
 mod hashing;
 mod indexer;
 mod profiles;
+mod relay;
 mod scoring;
 mod subscriber;
 mod table;
@@ -43,6 +46,7 @@ pub use profiles::{
     ChatTemplate, ImageInput, ImageTokens, Message, ModelProfile, Part, ProfileError, QWEN_VISION_END_TOKEN,
     QWEN_VISION_START_TOKEN,
 };
+pub use relay::{Relay, RelayConfig, RelayCounters, RelayWorker};
 pub use scoring::{Decision, ScoringConfig, WorkerScore, decide};
-pub use subscriber::{SubscribeError, Subscriber, SubscriberConfig, SubscriberCounters, WorkerSync};
+pub use subscriber::{Applied, SubscribeError, Subscriber, SubscriberConfig, SubscriberCounters, WorkerSync};
 pub use workload::{EventWorkload, EventWorkloadSpec};

@@ -174,6 +174,8 @@ struct WorkerConn {
     name: String,
     /// Set once the worker's profile was found to differ: nothing of it is applied.
     refused: bool,
+    /// The hash profile the worker last sent with a recovery reply.
+    profile: Option<HashProfile>,
     sub: zmq::Socket,
     replay_endpoint: Option<String>,
     /// The next batch number to apply.
@@ -204,6 +206,21 @@ pub struct Subscriber {
     indexer: Indexer,
     counters: SubscriberCounters,
     loss: Option<(u64, u32)>,
+    /// What was applied, in order, while [`Subscriber::record_applied`] is on.
+    applied: Option<Vec<Applied>>,
+}
+
+/// One step the subscriber applied to its indexer, as
+/// [`Subscriber::take_applied`] hands it out: a consumer that follows every
+/// worker's stream in applied order (the relay) sees exactly what the indexer
+/// saw, replays and snapshots included.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// The worker's view was cleared (before a snapshot, or at a restart
+    /// without a replay socket).
+    Cleared(WorkerId),
+    /// A batch of the worker was applied.
+    Batch(WorkerId, WireBatch),
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -222,6 +239,26 @@ impl Subscriber {
             conns: Vec::new(),
             counters: SubscriberCounters::default(),
             loss: None,
+            applied: None,
+        }
+    }
+
+    /// Starts (or stops) recording what is applied, for
+    /// [`Subscriber::take_applied`].
+    pub fn record_applied(&mut self, on: bool) {
+        self.applied = on.then(Vec::new);
+    }
+
+    /// What was applied since the last call, in order (empty unless
+    /// [`Subscriber::record_applied`] is on).
+    pub fn take_applied(&mut self) -> Vec<Applied> {
+        self.applied.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn clear_worker(&mut self, worker: WorkerId) {
+        self.indexer.clear_worker(worker);
+        if let Some(a) = &mut self.applied {
+            a.push(Applied::Cleared(worker));
         }
     }
 
@@ -243,6 +280,7 @@ impl Subscriber {
             id,
             name: name.to_owned(),
             refused: false,
+            profile: None,
             sub,
             replay_endpoint: replay_endpoint.map(str::to_owned),
             expected: 0,
@@ -270,6 +308,12 @@ impl Subscriber {
             recovering: c.pending.is_some(),
             buffered: c.buffer.len(),
         })
+    }
+
+    /// The hash profile `worker` sent with its last recovery reply, if any
+    /// (a relay republishes it to its own consumers).
+    pub fn worker_profile(&self, worker: WorkerId) -> Option<&HashProfile> {
+        self.conns.iter().find(|c| c.id == worker).and_then(|c| c.profile.as_ref())
     }
 
     /// Drops about one live batch in `one_in` before it is looked at, from a
@@ -423,7 +467,7 @@ impl Subscriber {
                 c.buffer.clear();
                 c.expected = seq + 1;
                 self.counters.batches_lost += seq;
-                self.indexer.clear_worker(id);
+                self.clear_worker(id);
                 self.apply_batch(id, &batch);
                 self.counters.batches_applied += 1;
                 return Ok(());
@@ -472,6 +516,9 @@ impl Subscriber {
 
     fn apply_batch(&mut self, worker: WorkerId, batch: &WireBatch) {
         self.indexer.apply_all(batch.events.iter().map(|e| (worker, e)));
+        if let Some(a) = &mut self.applied {
+            a.push(Applied::Batch(worker, batch.clone()));
+        }
     }
 
     fn start_recovery(&mut self, i: usize, kind: Recovery) -> Result<(), SubscribeError> {
@@ -557,7 +604,7 @@ impl Subscriber {
                 }
                 Some(Recovery::Snapshot) => {
                     c.expected = msg.seq;
-                    self.indexer.clear_worker(id);
+                    self.clear_worker(id);
                     self.apply_batch(id, &msg.batch);
                     self.counters.snapshots_applied += 1;
                 }
@@ -576,7 +623,9 @@ impl Subscriber {
         let ours = self.config.profile.clone().unwrap_or_else(|| {
             HashProfile::new(self.config.indexer.block_size, theirs.image_placeholder_token_ids.clone())
         });
-        let Some((field, ours, theirs)) = ours.first_difference(&theirs) else {
+        let difference = ours.first_difference(&theirs);
+        c.profile = Some(theirs);
+        let Some((field, ours, theirs)) = difference else {
             // A worker reconfigured to agree is taken back.
             c.refused = false;
             return Ok(());

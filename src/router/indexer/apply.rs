@@ -25,7 +25,7 @@ use kvcore::{ImageDigest, ImageRun, Tier};
 
 use super::holders::{HolderIndex, tier_bit};
 use super::worker::{Waiting, WorkerBlocks, unlink_child};
-use super::{Indexer, IndexerCounters, StoreScratch, WorkerId};
+use super::{Indexer, IndexerCounters, StoreScratch, ViewChange, WorkerId};
 use crate::hashing::{RouterKey, chain, content_hash, lora_identity, scope_seed};
 use crate::table::prefetch;
 
@@ -146,6 +146,9 @@ impl Indexer {
     /// large, and route-bench's removals ran some 8 % slower.
     #[inline(never)]
     fn apply_stored(&mut self, worker: WorkerId, s: &WireBlockStored) {
+        if s.image_routing.is_some() {
+            self.record_uuids(worker, s);
+        }
         let Some(staged) = self.stage_stored(worker, s) else { return };
         let (mut store, scratch) = self.store_for(staged);
         if !store.store_whole_event(&s.block_hashes, scratch) {
@@ -160,6 +163,9 @@ impl Indexer {
     pub(super) fn apply_block_by_block(&mut self, worker: WorkerId, event: &WireEvent) {
         match event {
             WireEvent::BlockStored(s) if self.is_live(worker) => {
+                if s.image_routing.is_some() {
+                    self.record_uuids(worker, s);
+                }
                 let Some(staged) = self.stage_stored(worker, s) else { return };
                 let (mut store, scratch) = self.store_for(staged);
                 store.store_block_by_block(s, scratch, staged.parent_key);
@@ -168,8 +174,7 @@ impl Indexer {
         }
     }
 
-    /// Everything of a stored event before its inserts: the checks, the
-    /// UUIDs it pairs with digests, its seed, then steps 1 and 2 into the
+    /// Everything of a stored event before its inserts: the checks, its seed, then steps 1 and 2 into the
     /// scratch buffers. `None`, counted, when the event stores nothing.
     fn stage_stored(&mut self, worker: WorkerId, s: &WireBlockStored) -> Option<Staged> {
         let w = worker.0 as usize;
@@ -178,7 +183,6 @@ impl Indexer {
         }
         let tokens = self.checked_tokens(s)?;
         self.counters.stored_events += 1;
-        self.learn_uuids(s);
         let seed = self.seed_for(s);
         let bit = tier_bit(Tier::from_medium(s.medium.as_deref()));
         // The parent's slot and the blocks' own slots in the worker's table
@@ -221,16 +225,42 @@ impl Indexer {
         Some(tokens)
     }
 
-    /// Learns the UUID-to-digest pairs of a stored event's image items.
-    fn learn_uuids(&mut self, s: &WireBlockStored) {
+    /// Records in the fleet-wide UUID view the `(UUID, digest)` pairs each
+    /// block of a stored event names, whether or not the indexer can key the
+    /// event (the worker holds the blocks either way). When the event's
+    /// block list does not place the items (empty or of the wrong length),
+    /// every block is taken to name every item: more references than the
+    /// truth, never fewer.
+    fn record_uuids(&mut self, worker: WorkerId, s: &WireBlockStored) {
         let Some(r) = &s.image_routing else { return };
-        for item in &r.items {
-            if let Some(u) = &item.uuid {
-                let learned = self.uuids.learn(u, ImageDigest(item.digest), self.config.uuids_max);
-                self.counters.uuid_conflicts += u64::from(learned.conflict);
-                self.counters.uuids_forgotten += learned.forgotten;
+        let bit = tier_bit(Tier::from_medium(s.medium.as_deref()));
+        let (uuids_max, blocks_max) = (self.config.uuids_max, self.config.blocks_per_worker_max);
+        let pair = |i: usize| r.items.get(i).and_then(|it| it.uuid.as_deref().map(|u| (u, ImageDigest(it.digest))));
+        let all: Vec<(&str, ImageDigest)> = (0..r.items.len()).filter_map(pair).collect();
+        if all.is_empty() {
+            return;
+        }
+        let placed = r.blocks.len() == s.block_hashes.len();
+        let mut items = Vec::new();
+        let mut change = ViewChange::default();
+        for (i, &hash) in s.block_hashes.iter().enumerate() {
+            items.clear();
+            if placed {
+                for x in &r.blocks[i] {
+                    if let Some(p) = pair(x.item as usize)
+                        && !items.contains(&p)
+                    {
+                        items.push(p);
+                    }
+                }
+            } else {
+                items.extend_from_slice(&all);
+            }
+            if !items.is_empty() {
+                change += self.uuids.store(worker.0 as usize, hash as u64, bit, &items, uuids_max, blocks_max);
             }
         }
+        self.count_view(change);
     }
 
     /// The tables of a staged event's worker, and the scratch buffers
@@ -259,6 +289,13 @@ impl Indexer {
         }
         self.counters.removed_events += 1;
         let bit = tier_bit(Tier::from_medium(r.medium.as_deref()));
+        if self.uuids.holds_any(w) {
+            let mut change = ViewChange::default();
+            for &hash in &r.block_hashes {
+                change += self.uuids.remove(w, hash as u64, bit);
+            }
+            self.count_view(change);
+        }
         if r.block_hashes.len() > 1 {
             // The blocks' slots were fetched ahead (`prefetch_event`); fetch
             // the holder slots of the keys found there, so that their misses

@@ -20,7 +20,14 @@ impl Indexer {
 
     /// Table sizes and a memory estimate.
     pub fn memory(&self) -> IndexerMemory {
-        let mut r = IndexerMemory { keys: self.index.len(), uuids: self.uuids.len(), ..Default::default() };
+        let mut r = IndexerMemory {
+            keys: self.index.len(),
+            uuids: self.uuids.len(),
+            uuids_ambiguous: self.uuids.ambiguous(),
+            uuid_blocks: self.uuids.blocks(),
+            uuid_unsure_slots: self.uuids.unsure_slots(),
+            ..Default::default()
+        };
         let mut bytes = self.index.bytes();
         for w in &self.workers {
             r.nodes += w.len();

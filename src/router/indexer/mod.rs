@@ -6,7 +6,7 @@
 //!   engine hash ──► router key ───────────────────────────► router key ──► holders: [worker|tiers]
 //!   engine hash ──► Waiting { content, parent, tiers }   (parent not keyed yet)
 //!   parent hash ──► waiting children
-//!   UUID ─────────► content digest (learned from image_routing items; ambiguous on conflict)
+//!   UUID ─────────► (digest, worker, blocks) references      fleet-wide (uuids.rs)
 //! ```
 //!
 //! Why this shape:
@@ -27,9 +27,14 @@
 //!   pixels) is skipped and counted, together with the rest of its event (their
 //!   keys chain through it). Removing a hash the worker never held is a no-op,
 //!   so later removals of those blocks are harmless.
-//! - Memory is bounded: at most `blocks_per_worker_max` nodes per worker and
-//!   `uuids_max` learned UUIDs; what does not fit is dropped and counted, and
-//!   [`Indexer::memory`] reports the sizes.
+//! - A UUID resolves to a digest only while every block of the fleet that
+//!   names it gives that digest; the references are counted per block, so a
+//!   conflict ends when the conflicting copies are removed, cleared or their
+//!   worker removed (`uuids.rs` says how forgetting under the bound stays
+//!   safe).
+//! - Memory is bounded: at most `blocks_per_worker_max` nodes per worker (and
+//!   as many blocks naming a UUID) and `uuids_max` UUIDs; what does not fit
+//!   is dropped and counted, and [`Indexer::memory`] reports the sizes.
 
 //!
 //! | file | what |
@@ -39,7 +44,7 @@
 //! | `memory.rs` | reservations and the memory report |
 //! | `holders.rs` | the shared map from router key to holders and tiers |
 //! | `worker.rs` | one worker's keyed and waiting blocks |
-//! | `uuids.rs` | UUIDs learned from events, bounded |
+//! | `uuids.rs` | the fleet-wide UUID view: digests per UUID by reference counts, bounded |
 
 mod apply;
 mod holders;
@@ -54,7 +59,7 @@ use kvcore::{ImageRun, Tier};
 
 use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
 use holders::{HolderIndex, MANY, TIER_BITS, tier_bit};
-use uuids::UuidMap;
+use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
 
 /// A worker's dense index in the indexer.
@@ -68,7 +73,9 @@ pub struct IndexerConfig {
     pub block_size: u32,
     /// Most blocks (held or pending) per worker.
     pub blocks_per_worker_max: usize,
-    /// Most UUIDs remembered (oldest forgotten first).
+    /// Most UUIDs in the fleet-wide view (the oldest learned is evicted
+    /// first; a UUID evicted while held stays unresolvable until its holders
+    /// clear, see [`UuidLookup::Unsure`]).
     pub uuids_max: usize,
 }
 
@@ -110,10 +117,21 @@ pub struct IndexerCounters {
     pub blocks_dropped_full: u64,
     /// Events of a type this decoder does not know (ignored).
     pub events_unknown: u64,
-    /// UUIDs seen with two different digests (they resolve to nothing).
+    /// Times a UUID became held under two different digests (it resolves to
+    /// nothing while it is).
     pub uuid_conflicts: u64,
-    /// UUIDs forgotten under `uuids_max`.
+    /// Times an ambiguous UUID became unambiguous again, its conflicting
+    /// copies gone.
+    pub uuid_conflicts_resolved: u64,
+    /// UUIDs evicted from the view under `uuids_max`.
     pub uuids_forgotten: u64,
+    /// UUID references of blocks not recorded because the worker had
+    /// `blocks_per_worker_max` blocks naming UUIDs (their UUIDs turn unsure).
+    pub uuid_refs_unrecorded: u64,
+    /// Lookups of a UUID answered ambiguous.
+    pub uuid_lookups_ambiguous: u64,
+    /// Lookups of a UUID answered unsure (see [`UuidLookup::Unsure`]).
+    pub uuid_lookups_unsure: u64,
 }
 
 /// Sizes of the indexer's tables, and an estimate of their memory
@@ -126,8 +144,15 @@ pub struct IndexerMemory {
     pub pending: usize,
     /// Distinct router keys held by some worker.
     pub keys: usize,
-    /// UUIDs remembered.
+    /// UUIDs in the fleet-wide view.
     pub uuids: usize,
+    /// Of those, held under two digests or more now.
+    pub uuids_ambiguous: usize,
+    /// Blocks recorded as naming a UUID, over all workers.
+    pub uuid_blocks: usize,
+    /// Unsure slots set, summed over workers (0 unless the view forgot or
+    /// could not record a reference).
+    pub uuid_unsure_slots: usize,
     /// Bytes allocated by the tables (capacity times entry size, an estimate).
     pub bytes: usize,
 }
@@ -188,7 +213,7 @@ pub struct Indexer {
     config: IndexerConfig,
     workers: Vec<WorkerBlocks>,
     index: HolderIndex,
-    uuids: UuidMap,
+    uuids: UuidView,
     counters: IndexerCounters,
     scratch: StoreScratch,
     /// The last scope seen, `(LoRA identity, cache salt, seed)`: consecutive
@@ -203,7 +228,7 @@ impl Indexer {
             config,
             workers: Vec::new(),
             index: HolderIndex::default(),
-            uuids: UuidMap::default(),
+            uuids: UuidView::default(),
             counters: IndexerCounters::default(),
             scratch: StoreScratch::new(),
             seed_cache: None,
@@ -218,6 +243,7 @@ impl Indexer {
     /// Adds a worker; its name is only for reports.
     pub fn add_worker(&mut self, name: &str) -> WorkerId {
         self.workers.push(WorkerBlocks { name: name.to_owned(), live: true, ..Default::default() });
+        self.uuids.add_worker(self.workers.len() - 1);
         WorkerId(self.workers.len() as u32 - 1)
     }
 
@@ -246,14 +272,28 @@ impl Indexer {
 
     /// The counters.
     pub fn counters(&self) -> IndexerCounters {
-        self.counters
+        let (ambiguous, unsure) = self.uuids.lookups();
+        IndexerCounters { uuid_lookups_ambiguous: ambiguous, uuid_lookups_unsure: unsure, ..self.counters }
+    }
+
+    /// Adds what the UUID view changed to the counters.
+    fn count_view(&mut self, c: ViewChange) {
+        self.counters.uuid_conflicts += c.conflicts;
+        self.counters.uuid_conflicts_resolved += c.conflicts_resolved;
+        self.counters.uuids_forgotten += c.forgotten;
+        self.counters.uuid_refs_unrecorded += c.unrecorded;
     }
 
     /// Forgets every block of one worker (its `AllBlocksCleared`, or a resync).
     /// The tables keep their capacity for what comes next.
     pub fn clear_worker(&mut self, worker: WorkerId) {
         let w = worker.0 as usize;
-        let Some(wb) = self.workers.get_mut(w) else { return };
+        if w >= self.workers.len() {
+            return;
+        }
+        let change = self.uuids.clear_worker(w);
+        self.count_view(change);
+        let wb = &mut self.workers[w];
         for (_, k) in wb.keyed.iter() {
             self.index.set(*k, w as u32, 0);
         }

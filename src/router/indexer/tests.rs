@@ -9,7 +9,7 @@ use kvcore::{ImageDigest, Tier};
 
 use super::{Indexer, IndexerConfig, WorkerId};
 use crate::hashing::{
-    ImagePlacement, ImageRef, NoUuids, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,
+    ImagePlacement, ImageRef, KeysStop, NoUuids, RouterKey, TokenRequest, UuidLookup, UuidResolver, hash_request,
 };
 use crate::workload::{EventWorkload, EventWorkloadSpec};
 
@@ -267,4 +267,267 @@ fn bounded_memory() {
     assert_eq!((m.nodes, m.keys), (2, 2));
     assert!(m.bytes > 0);
     ix.check_invariants();
+}
+
+/// The fleet-wide UUID view: conflicts counted per block, bounds that never
+/// turn forgetting into a false match.
+mod fleet_uuids {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A two-block event of block size 4 whose image (3 + 1 tokens) names
+    /// `uuid` with `digest`, in `medium`.
+    fn image_event(hashes: [i64; 2], uuid: &str, digest: ImageDigest, medium: &str) -> WireEvent {
+        WireEvent::BlockStored(WireBlockStored {
+            block_hashes: hashes.to_vec(),
+            token_ids: Some(vec![1, 9, 9, 9, 9, 2, 3, 4]),
+            block_size: 4,
+            medium: Some(medium.into()),
+            image_routing: Some(ImageRoutingV1 {
+                items: vec![WireImageItem { digest: digest.0, uuid: Some(uuid.into()) }],
+                blocks: vec![
+                    vec![WireImageRef { item: 0, item_offset: 0, block_offset: 1, len: 3 }],
+                    vec![WireImageRef { item: 0, item_offset: 3, block_offset: 0, len: 1 }],
+                ],
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// The request of `image_event` naming its image by UUID alone.
+    fn by_uuid(uuid: &str) -> TokenRequest {
+        TokenRequest {
+            tokens: vec![1, 9, 9, 9, 9, 2, 3, 4],
+            images: vec![ImagePlacement { image: ImageRef::Uuid(uuid.into()), runs: vec![(1, 4)] }],
+            ..Default::default()
+        }
+    }
+
+    /// Blocks of `uuid`'s request each worker matches, in worker order.
+    fn matched(ix: &Indexer, uuid: &str) -> Vec<(u32, u32)> {
+        let h = hash_request(&by_uuid(uuid), 4, 9, ix).unwrap();
+        ix.find_matches(&h.keys).iter().map(|o| (o.worker.0, o.any_tier_blocks)).collect()
+    }
+
+    /// Two workers hold one UUID under different pixels: the UUID resolves to
+    /// nothing, and a request naming it matches no image block anywhere.
+    /// The conflict lasts exactly as long as the second copy: a tier move
+    /// keeps it, the last removal ends it; a clear and a worker's removal
+    /// end it too. The digest stays the identity throughout: by bytes, each
+    /// image matches its own holder only.
+    #[test]
+    fn a_conflict_lasts_as_long_as_the_conflicting_copies() {
+        let mut ix = Indexer::new(config());
+        let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+        let (pa, pb) = (b"pixels of a".to_vec(), b"pixels of b".to_vec());
+        let (da, db) = (ImageDigest::of_content(&pa), ImageDigest::of_content(&pb));
+        ix.apply(a, &image_event([10, 11], "u", da, "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(da));
+        assert_eq!(matched(&ix, "u"), vec![(0, 2)]);
+        ix.apply(b, &image_event([20, 21], "u", db, "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous);
+        assert_eq!(matched(&ix, "u"), vec![], "no image block matches by an ambiguous UUID");
+        assert_eq!(hash_request(&by_uuid("u"), 4, 9, &ix).unwrap().keys.len(), 0);
+        let by_bytes = |p: &[u8]| TokenRequest {
+            images: vec![ImagePlacement { image: ImageRef::Bytes(p.to_vec()), runs: vec![(1, 4)] }],
+            ..by_uuid("u")
+        };
+        let m = ix.find_matches(&hash_request(&by_bytes(&pb), 4, 9, &ix).unwrap().keys);
+        assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(b, 2)]);
+        assert_eq!((ix.counters().uuid_conflicts, ix.memory().uuids_ambiguous), (1, 1));
+
+        // b offloads block 20 and drops it from the device: still held.
+        ix.apply(b, &image_event([20, 21], "u", db, "CPU"));
+        ix.apply(b, &removed(&[20, 21], "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous);
+        ix.apply(b, &removed(&[20], "CPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous, "block 21 still names the UUID with b's pixels");
+        ix.apply(b, &removed(&[21], "CPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(da));
+        assert_eq!(matched(&ix, "u"), vec![(0, 2)]);
+        assert_eq!((ix.counters().uuid_conflicts_resolved, ix.memory().uuids_ambiguous), (1, 0));
+
+        // A clear of the conflicting worker ends a conflict, and so does its removal.
+        ix.apply(b, &image_event([20, 21], "u", db, "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous);
+        ix.apply(b, &WireEvent::AllBlocksCleared);
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(da));
+        ix.apply(b, &image_event([20, 21], "u", db, "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous);
+        ix.remove_worker(b);
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(da));
+        assert_eq!((ix.counters().uuid_conflicts, ix.counters().uuid_conflicts_resolved), (3, 3));
+        // Nobody holds the UUID once a's copy goes: the view forgets it.
+        ix.apply(a, &removed(&[10, 11], "GPU"));
+        assert_eq!(ix.resolve("u"), UuidLookup::Unknown);
+        assert_eq!((ix.memory().uuids, ix.memory().uuid_blocks), (0, 0));
+        assert!(ix.counters().uuid_lookups_ambiguous >= 4);
+        ix.check_invariants();
+    }
+
+    /// A conflict is seen even where the indexer cannot key the conflicting
+    /// copy: an event without token ids still names the UUID with b's pixels.
+    #[test]
+    fn an_unkeyable_copy_still_counts() {
+        let mut ix = Indexer::new(config());
+        let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+        ix.apply(a, &image_event([10, 11], "u", ImageDigest([1; 32]), "GPU"));
+        let WireEvent::BlockStored(mut s) = image_event([20, 21], "u", ImageDigest([2; 32]), "GPU") else {
+            unreachable!()
+        };
+        s.token_ids = None;
+        ix.apply(b, &WireEvent::BlockStored(s));
+        assert_eq!(ix.counters().blocks_without_tokens, 2);
+        assert_eq!(ix.resolve("u"), UuidLookup::Ambiguous);
+        assert_eq!(matched(&ix, "u"), vec![]);
+    }
+
+    /// With room for one UUID, a UUID evicted while a holds it and then
+    /// learned again from b with other pixels must not resolve to b's
+    /// pixels: a may hold it under its own. It is unsure until a clears.
+    #[test]
+    fn an_evicted_uuid_never_resolves_wrongly() {
+        let mut ix = Indexer::new(IndexerConfig { uuids_max: 1, ..config() });
+        let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+        let (da, dx, db) = (ImageDigest([1; 32]), ImageDigest([2; 32]), ImageDigest([3; 32]));
+        ix.apply(a, &image_event([10, 11], "u", da, "GPU"));
+        ix.apply(a, &image_event([30, 31], "other", dx, "GPU"));
+        assert_eq!(ix.counters().uuids_forgotten, 1);
+        ix.apply(b, &image_event([20, 21], "u", db, "GPU"));
+        assert_eq!(ix.counters().uuids_forgotten, 2);
+        assert_eq!(ix.resolve("u"), UuidLookup::Unsure, "a may still hold u under other pixels");
+        assert_eq!(matched(&ix, "u"), vec![]);
+        assert_eq!(hash_request(&by_uuid("u"), 4, 9, &ix).unwrap().stop, Some(KeysStop::UnsureUuid { image: 0 }));
+        assert!(ix.memory().uuid_unsure_slots >= 1);
+        // Once a has cleared, only b holds u: it resolves to b's pixels.
+        ix.apply(a, &WireEvent::AllBlocksCleared);
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(db));
+        assert_eq!(matched(&ix, "u"), vec![(1, 2)]);
+        assert_eq!(ix.memory().uuid_unsure_slots, 0);
+        assert!(ix.counters().uuid_lookups_unsure >= 2);
+    }
+
+    /// A worker at its block bound cannot record another block naming a
+    /// UUID: that UUID is unsure, never resolved to another worker's pixels.
+    #[test]
+    fn an_unrecorded_reference_makes_the_uuid_unsure() {
+        let mut ix = Indexer::new(IndexerConfig { blocks_per_worker_max: 2, ..config() });
+        let (a, b) = (ix.add_worker("a"), ix.add_worker("b"));
+        ix.apply(a, &image_event([10, 11], "u", ImageDigest([1; 32]), "GPU"));
+        ix.apply(b, &image_event([20, 21], "v", ImageDigest([4; 32]), "GPU"));
+        ix.apply(b, &image_event([22, 23], "u", ImageDigest([2; 32]), "GPU"));
+        assert_eq!(ix.counters().uuid_refs_unrecorded, 2);
+        assert_eq!(ix.resolve("u"), UuidLookup::Unsure);
+        ix.apply(b, &WireEvent::AllBlocksCleared);
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(ImageDigest([1; 32])));
+    }
+
+    /// One event of a random stream over 3 workers, 6 block hashes, 3 UUIDs
+    /// and 3 digests.
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Store { worker: u32, hash: i64, uuid: u8, digest: u8, cpu: bool },
+        Remove { worker: u32, hash: i64, cpu: bool },
+        Clear { worker: u32 },
+        Drop { worker: u32 },
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            6 => (0..3u32, 0..6i64, 0..3u8, 0..3u8, any::<bool>())
+                .prop_map(|(worker, hash, uuid, digest, cpu)| Ev::Store { worker, hash, uuid, digest, cpu }),
+            4 => (0..3u32, 0..6i64, any::<bool>()).prop_map(|(worker, hash, cpu)| Ev::Remove { worker, hash, cpu }),
+            1 => (0..3u32).prop_map(|worker| Ev::Clear { worker }),
+            1 => (0..3u32).prop_map(|worker| Ev::Drop { worker }),
+        ]
+    }
+
+    /// The truth: per live worker, block hash to its tiers and its
+    /// `(uuid, digest)` pairs (a block stored again keeps what it named).
+    type Truth = Vec<Option<std::collections::BTreeMap<i64, (u8, std::collections::BTreeSet<(u8, u8)>)>>>;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Against the truth of what every worker holds: with room enough,
+        /// a UUID resolves to a digest exactly when the fleet holds it under
+        /// that digest alone, is ambiguous exactly when under several, and
+        /// unknown when nobody holds it. With the view's bounds reached, an
+        /// answer may only be more cautious, never another digest.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn the_view_follows_what_the_fleet_holds(
+            events in proptest::collection::vec(ev(), 1..120), uuids_max in 1..4usize, blocks_max in 1..7usize,
+        ) {
+            let roomy = IndexerConfig { uuids_max: 16, blocks_per_worker_max: 64, ..config() };
+            let tight = IndexerConfig { uuids_max, blocks_per_worker_max: blocks_max, ..config() };
+            let (mut exact, mut small) = (Indexer::new(roomy), Indexer::new(tight));
+            for ix in [&mut exact, &mut small] {
+                for w in 0..3 {
+                    ix.add_worker(&w.to_string());
+                }
+            }
+            let mut truth: Truth = vec![Some(Default::default()); 3];
+            let digest = |d: u8| ImageDigest([d + 1; 32]);
+            let name = |u: u8| format!("uuid-{u}");
+            let medium = |cpu: bool| if cpu { "CPU" } else { "GPU" };
+            for e in &events {
+                let (w, wire) = match *e {
+                    Ev::Store { worker, hash, uuid, digest: d, cpu } => {
+                        if let Some(t) = &mut truth[worker as usize] {
+                            let b = t.entry(hash * 2).or_default();
+                            b.0 |= 1 << cpu as u8;
+                            b.1.insert((uuid, d));
+                            let b = t.entry(hash * 2 + 1).or_default();
+                            b.0 |= 1 << cpu as u8;
+                            b.1.insert((uuid, d));
+                        }
+                        (worker, image_event([hash * 2, hash * 2 + 1], &name(uuid), digest(d), medium(cpu)))
+                    }
+                    Ev::Remove { worker, hash, cpu } => {
+                        if let Some(t) = &mut truth[worker as usize] {
+                            for h in [hash * 2, hash * 2 + 1] {
+                                if let Some(b) = t.get_mut(&h) {
+                                    b.0 &= !(1 << cpu as u8);
+                                    if b.0 == 0 {
+                                        t.remove(&h);
+                                    }
+                                }
+                            }
+                        }
+                        (worker, removed(&[hash * 2, hash * 2 + 1], medium(cpu)))
+                    }
+                    Ev::Clear { worker } => {
+                        if let Some(t) = &mut truth[worker as usize] {
+                            t.clear();
+                        }
+                        (worker, WireEvent::AllBlocksCleared)
+                    }
+                    Ev::Drop { worker } => {
+                        truth[worker as usize] = None;
+                        exact.remove_worker(WorkerId(worker));
+                        small.remove_worker(WorkerId(worker));
+                        continue;
+                    }
+                };
+                exact.apply(WorkerId(w), &wire);
+                small.apply(WorkerId(w), &wire);
+                for u in 0..3u8 {
+                    let held: std::collections::BTreeSet<u8> = truth.iter().flatten()
+                        .flat_map(|t| t.values().flat_map(|b| b.1.iter()))
+                        .filter(|(uu, _)| *uu == u).map(|(_, d)| *d).collect();
+                    let want = match held.len() {
+                        0 => UuidLookup::Unknown,
+                        1 => UuidLookup::Digest(digest(*held.first().unwrap())),
+                        _ => UuidLookup::Ambiguous,
+                    };
+                    prop_assert_eq!(exact.resolve(&name(u)), want);
+                    let got = small.resolve(&name(u));
+                    if let UuidLookup::Digest(d) = got {
+                        prop_assert_eq!(UuidLookup::Digest(d), want, "a bounded view resolves only what the fleet agrees on");
+                    }
+                }
+            }
+        }
+    }
 }

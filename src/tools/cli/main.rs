@@ -13,6 +13,7 @@ mod events;
     reason = "gpu-bench passes device ranges it allocated to unsafe digest calls; each block has a SAFETY comment"
 )]
 mod gpu_bench;
+mod relay;
 mod replay_calls;
 mod route;
 mod sim;
@@ -50,6 +51,16 @@ enum Command {
     /// BLAKE3 kernel and lab variant), device copies and the host-tier
     /// paths. `--only PART` runs one part alone.
     GpuBench(gpu_bench::GpuBenchArgs),
+    /// Republish N engines' event streams with image identities the whole
+    /// fleet agrees on: an image whose UUID two workers hold for different
+    /// pixels goes out under its content's `mm_hash`, so that a router
+    /// reading only `block_mm_infos` (Dynamo) never matches it by UUID.
+    /// Prints one JSON line with the republished endpoints, then runs until
+    /// killed.
+    Relay(relay::RelayArgs),
+    /// Measures the relay: latency of engines' batches read directly and
+    /// through a relay, and the relay's CPU time per batch (JSON report).
+    RelayBench(relay::BenchArgs),
     /// Hash a request and print each worker's overlap and the routing decision.
     Route(route::RouteArgs),
     /// Benchmark the router's indexer, side by side with Dynamo's (`--dynamo`).
@@ -76,6 +87,18 @@ fn main() {
             }
         }
         Some(Command::GpuBench(args)) => std::process::exit(gpu_bench::run_cli(&args)),
+        Some(Command::Relay(args)) => {
+            if let Err(e) = relay::run(args) {
+                eprintln!("kvcore relay: {e}");
+                std::process::exit(1);
+            }
+        }
+        Some(Command::RelayBench(args)) => {
+            if let Err(e) = relay::bench(args) {
+                eprintln!("kvcore relay-bench: {e}");
+                std::process::exit(1);
+            }
+        }
         Some(Command::Route(args)) => {
             if let Err(e) = route::run(args) {
                 eprintln!("kvcore route: {e}");

@@ -20,7 +20,7 @@ use kvcore::wire::decode_payload;
 use kvcore_router::{
     EventWorkload, EventWorkloadSpec, HashedRequest, ImageInput, ImagePlacement, ImageRef, Indexer, IndexerConfig,
     Message, ModelProfile, NoUuids, Part, RouterKey, ScoringConfig, Subscriber, SubscriberConfig, TokenRequest,
-    WorkerId, decide, hash_request,
+    UuidLookup, UuidResolver, WorkerId, decide, hash_request,
 };
 use serde_json::{Value, json};
 
@@ -93,6 +93,16 @@ pub fn run(args: RouteArgs) -> Result<(), Error> {
     }
 
     let hashed = hash_request(&tokens_req, block_size, placeholder, sub.indexer())?;
+    // How the fleet-wide view resolves each image named by UUID alone.
+    let images: Vec<Value> = tokens_req
+        .images
+        .iter()
+        .map(|im| match &im.image {
+            ImageRef::Uuid(u) => json!({"uuid": u, "resolved": uuid_lookup_str(sub.indexer().resolve(u))}),
+            ImageRef::Digest(d) => json!({"digest": d.to_hex()}),
+            ImageRef::Bytes(b) => json!({"digest": ImageDigest::of_content(b).to_hex()}),
+        })
+        .collect();
     let overlaps = sub.indexer().find_matches(&hashed.keys);
     let decision =
         decide(&ScoringConfig::default(), hashed.blocks_full as u32, hashed.keys.first().copied(), &overlaps, &workers);
@@ -109,14 +119,44 @@ pub fn run(args: RouteArgs) -> Result<(), Error> {
                 "worker": name(s.worker), "device_blocks": s.device_blocks, "any_tier_blocks": s.any_tier_blocks,
                 "load_blocks": s.load_blocks, "cost": s.cost })).collect::<Vec<_>>(),
             "decision": decision.worker.map(name),
+            "images": images,
             "subscriber": sub.counters(),
             "indexer": sub.indexer().counters(),
+            "memory": sub.indexer().memory(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_table(&hashed, &decision, &name, tokens_req.tokens.len(), &profile.name);
+        for im in &images {
+            if let (Some(u), Some(r)) = (im["uuid"].as_str(), im["resolved"].as_str()) {
+                println!("image uuid {u}: {r}");
+            }
+        }
+        let (c, m) = (sub.indexer().counters(), sub.indexer().memory());
+        println!(
+            "uuid view: {} uuids ({} ambiguous, {} unsure slots), {} blocks; conflicts {} (resolved {}), {} evicted, {} \
+             references unrecorded",
+            m.uuids,
+            m.uuids_ambiguous,
+            m.uuid_unsure_slots,
+            m.uuid_blocks,
+            c.uuid_conflicts,
+            c.uuid_conflicts_resolved,
+            c.uuids_forgotten,
+            c.uuid_refs_unrecorded
+        );
     }
     Ok(())
+}
+
+/// A UUID's resolution in words, for reports.
+fn uuid_lookup_str(l: UuidLookup) -> String {
+    match l {
+        UuidLookup::Digest(d) => format!("digest {}", d.to_hex()),
+        UuidLookup::Ambiguous => "ambiguous (the fleet holds it under two digests)".into(),
+        UuidLookup::Unsure => "unsure (the bounded view forgot a holder)".into(),
+        UuidLookup::Unknown => "unknown (no worker holds it)".into(),
+    }
 }
 
 fn print_table(
@@ -343,7 +383,7 @@ fn read_events_file(path: &Path) -> Result<Vec<(i64, Vec<u8>)>, Error> {
 /// (`/proc/thread-self/schedstat`, nanoseconds): unlike the wall clock it
 /// does not count time spent waiting for a core on a busy machine. `None`
 /// where the file does not exist.
-fn thread_cpu_s() -> Option<f64> {
+pub(crate) fn thread_cpu_s() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     text.split_whitespace().next()?.parse::<u64>().ok().map(|ns| ns as f64 / 1e9)
 }
