@@ -76,10 +76,13 @@ pub use gpu::{
 };
 pub use handle::kvc_engine;
 pub use lifecycle::{
-    kvc_config, kvc_config_default, kvc_engine_free, kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new,
-    kvc_kv_transfer_role,
+    KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT, KVC_CONFIG_BLOCKS_DEVICE_LIMIT, KVC_CONFIG_BLOCKS_HOST_LIMIT,
+    KVC_CONFIG_EVENT_BATCHES_LIMIT, KVC_CONFIG_MM_ITEMS_LIMIT, KVC_CONFIG_REQUESTS_LIMIT,
+    KVC_CONFIG_ROUTING_HINTS_LIMIT, KVC_CONFIG_TOKEN_SLOTS_LIMIT, kvc_config, kvc_config_default, kvc_engine_free,
+    kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new, kvc_kv_transfer_role,
 };
 pub use publisher::{
+    KVC_PUBLISHER_BUFFER_STEPS_LIMIT, KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT, KVC_PUBLISHER_SEND_HWM_LIMIT,
     kvc_engine_drain_events_wire, kvc_engine_publisher_endpoint, kvc_engine_publisher_start,
     kvc_engine_publisher_stats, kvc_engine_publisher_stop, kvc_publisher_config, kvc_publisher_config_default,
     kvc_publisher_stats,

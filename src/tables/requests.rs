@@ -58,9 +58,12 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// An empty table with room for `capacity` rows.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self { rows: SlotMap::with_capacity_and_key(capacity) }
+    /// An empty table with room for `capacity` rows, or `None` when that
+    /// memory cannot be allocated.
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let mut rows = SlotMap::with_key();
+        rows.try_reserve(capacity).ok()?;
+        Some(Self { rows })
     }
 
     /// Checks the table's own invariants; panics naming the one broken.
