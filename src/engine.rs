@@ -328,7 +328,7 @@ impl Engine {
             assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
         }
         self.cache.check_invariants();
-        self.requests.check_invariants(self.config.block_size_tokens);
+        self.requests.check_invariants(self.config.block_size_tokens, self.config.block_reuse);
         for (id, item) in &self.items.rows {
             let owner = self.requests.rows.get(item.request).expect("invariant 4: item owner is live");
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");

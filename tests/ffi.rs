@@ -281,8 +281,10 @@ fn compile(build: &Build, source: &Path) -> PathBuf {
         // shared library, copied under the name its soname gives.
         let lib = build.out_dir.join("lib");
         std::fs::create_dir_all(&lib).expect("create the shared library dir");
-        for name in ["libkvcore.so", "libkvcore.so.0"] {
-            std::fs::copy(build.lib_dir.join("libkvcore.so"), lib.join(name)).expect("copy libkvcore.so");
+        let (major, minor) = (env!("CARGO_PKG_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MINOR"));
+        let soname = if major == "0" { format!("libkvcore.so.0.{minor}") } else { format!("libkvcore.so.{major}") };
+        for name in ["libkvcore.so".to_owned(), soname] {
+            std::fs::copy(build.lib_dir.join("libkvcore.so"), lib.join(&name)).expect("copy libkvcore.so");
         }
         cmd.arg(format!("-L{}", lib.display())).arg("-lkvcore").arg(format!("-Wl,-rpath,{}", lib.display()));
     } else {

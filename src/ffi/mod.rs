@@ -21,6 +21,7 @@
 //! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`, `device_digests`) |
 //! | `publisher.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `request.rs` (`kvc_bytes`) |
 //! | `gpu.rs` | `boundary.rs`, `handle.rs`, `status.rs` |
+//! | `fuzz.rs` | every export file, `handle.rs` (to check the state behind it) |
 //!
 //! | file | holds |
 //! |---|---|
@@ -34,6 +35,7 @@
 //! | `gpu.rs` | GPU open, KV pool attach, block copies on the pool, digests of device-resident images |
 //! | `publisher.rs` | wire-encoded drain, ZMQ publisher start/stop/endpoint/stats |
 //! | `version.rs` | `KVCORE_VERSION_*`, `kvc_version` |
+//! | `fuzz.rs` | the `c_api` fuzz target's driver: random calls through the exports, checked after each |
 //!
 //! Every submodule is private; the C surface is the flat list re-exported
 //! below, named as in `include/kvcore.h`. cbindgen walks the submodules in
@@ -60,6 +62,7 @@
 #![allow(non_camel_case_types, reason = "C type names are written exactly as they appear in the header")]
 
 mod boundary;
+mod fuzz;
 mod gpu;
 mod handle;
 mod lifecycle;
@@ -70,6 +73,8 @@ mod status;
 mod step;
 mod version;
 
+#[doc(hidden)]
+pub use fuzz::{CallLog, c_api_calls};
 pub use gpu::{
     kvc_device_bytes, kvc_engine_attach_kv_pool, kvc_engine_copy_blocks, kvc_engine_digest_device, kvc_engine_gpu_open,
     kvc_kv_pool,

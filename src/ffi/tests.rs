@@ -719,3 +719,27 @@ fn screaming(name: &str) -> String {
     }
     out
 }
+
+/// With prefix reuse off, committed blocks get no keys, and the engine's
+/// invariants (checked at every step in debug builds) allow that: a commit of
+/// full blocks followed by a step is no panic. Found by the `c_api` fuzz
+/// target (seed `fuzz/seeds/c_api/crash-reuse-off-commit`).
+#[test]
+fn reuse_off_commit_then_step_keeps_invariants() {
+    let mut config = small_config();
+    config.block_reuse = false;
+    let e = engine_with(&config);
+    serve_one(e, 1);
+    let tokens: Vec<u32> = (1..=9).collect();
+    let mut adm = std::mem::MaybeUninit::<kvc_admission>::uninit();
+    let mut copies = 0usize;
+    // SAFETY: live engine; the request points to `tokens`; out params writable.
+    unsafe {
+        assert_eq!(kvc_engine_add_request(e, &text_request(&tokens), adm.as_mut_ptr()), kvc_status::Ok);
+        let id = adm.assume_init().request_id;
+        assert_eq!(kvc_engine_commit(e, id, 9), kvc_status::Ok);
+        assert_eq!(kvc_engine_step(e, &mut copies), kvc_status::Ok);
+        assert_eq!(kvc_engine_commit(e, id, 9), kvc_status::Ok);
+        kvc_engine_free(e);
+    }
+}
