@@ -358,8 +358,7 @@ pub unsafe extern "C" fn kvc_engine_free(engine: *mut kvc_engine) {
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`engine` or `n_out`);
 /// `KVC_STATUS_INVALID_ARGUMENT` (`engine`, `buf` or `n_out` misaligned, or
 /// `buf` NULL with `len` > 0); `KVC_STATUS_BUFFER_TOO_SMALL` (`buf` non-NULL
-/// with `len` 0); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_PANIC`. Never
-/// `KVC_STATUS_POISONED`.
+/// with `len` 0); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_PANIC`.
 ///
 /// # Safety
 ///
