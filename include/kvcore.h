@@ -916,7 +916,9 @@ typedef struct kvc_counters {
      */
     uint64_t requests_admitted;
     /**
-     * Requests the engine refused.
+     * Admissions refused: every `kvc_engine_add_request` that failed, except
+     * for a NULL or misaligned `engine`, `KVC_STATUS_ENGINE_BUSY` and
+     * `KVC_STATUS_POISONED` (those never reach the engine).
      */
     uint64_t requests_rejected;
     /**
@@ -972,7 +974,8 @@ typedef struct kvc_counters {
      */
     uint64_t events_emitted;
     /**
-     * Closed event batches dropped unread (`kvc_config.event_batches_max`).
+     * Closed event batches dropped unread, or only partly drained, because
+     * `kvc_config.event_batches_max` were waiting when a step closed another.
      */
     uint64_t event_batches_dropped;
     /**

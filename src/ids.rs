@@ -45,7 +45,7 @@ pub trait FfiId: Key {
     /// `KeyData::from_ffi` would make of it.
     fn from_ffi(value: u64) -> Self {
         let generation = value >> 32;
-        if generation % 2 == 0 {
+        if generation.is_multiple_of(2) {
             return Self::null();
         }
         KeyData::from_ffi(value).into()

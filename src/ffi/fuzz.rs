@@ -86,6 +86,10 @@ impl Bytes<'_> {
         self.pos += 1;
         b
     }
+    /// True for one byte value in `n`.
+    fn one_in(&mut self, n: u8) -> bool {
+        self.u8().is_multiple_of(n)
+    }
     fn bool(&mut self) -> bool {
         self.u8() & 1 == 1
     }
@@ -272,9 +276,9 @@ fn config(b: &mut Bytes<'_>) -> kvc_config {
             _ => *field = limit.saturating_add(1),
         }
     }
-    c.kv_transfer_role = if b.u8() % 16 == 0 { u32::from(b.u8()) } else { 0 };
-    c.block_reuse = b.u8() % 8 != 0;
-    c.kv_events = b.u8() % 8 != 0;
+    c.kv_transfer_role = if b.one_in(16) { u32::from(b.u8()) } else { 0 };
+    c.block_reuse = !b.one_in(8);
+    c.kv_events = !b.one_in(8);
     c.partial_reuse = b.bool();
     c.offload_first = b.bool();
     c.model_image_capable = b.bool();
@@ -343,7 +347,7 @@ fn request(b: &mut Bytes<'_>, parts: &mut RequestParts) -> kvc_request {
     // Few distinct tokens, so that prompts share prefixes.
     let alphabet = 1 + u32::from(b.u8() % 4);
     parts.tokens = (0..n).map(|_| u32::from(b.u8()) % alphabet).collect();
-    let items = if b.u8() % 4 == 0 { usize::from(b.u8() % 4) } else { 0 };
+    let items = if b.one_in(4) { usize::from(b.u8() % 4) } else { 0 };
     let mut kinds = Vec::new();
     for _ in 0..items {
         let runs: Vec<kvc_token_run> = (0..1 + b.u8() % 3)
@@ -353,7 +357,7 @@ fn request(b: &mut Bytes<'_>, parts: &mut RequestParts) -> kvc_request {
         // Bytes, digest, device (refused: no GPU is open), and unknown kinds.
         let kind = [0, 1, 0, 2, 9][usize::from(b.u8() % 5)];
         kinds.push(kind);
-        let content_len = if kind == 1 && b.u8() % 4 != 0 { 32 } else { usize::from(b.u8() % 40) };
+        let content_len = if kind == 1 && !b.one_in(4) { 32 } else { usize::from(b.u8() % 40) };
         parts.strings.push(b.bytes(content_len));
     }
     for (i, runs) in parts.runs.iter().enumerate() {
@@ -366,10 +370,10 @@ fn request(b: &mut Bytes<'_>, parts: &mut RequestParts) -> kvc_request {
             runs_len: runs.len(),
         });
     }
-    let with_uuids = b.u8() % 3 == 0;
+    let with_uuids = b.one_in(3);
     let mut extra = Vec::new();
     if with_uuids {
-        let count = if b.u8() % 8 == 0 { items + 1 } else { items };
+        let count = if b.one_in(8) { items + 1 } else { items };
         for _ in 0..count {
             let u = optional_bytes(b, &mut extra);
             parts.uuids.push(u);
@@ -378,13 +382,13 @@ fn request(b: &mut Bytes<'_>, parts: &mut RequestParts) -> kvc_request {
     let lora_name = optional_bytes(b, &mut extra);
     let cache_salt = optional_bytes(b, &mut extra);
     parts.strings.extend(extra);
-    let null_tokens = b.u8() % 16 == 0;
+    let null_tokens = b.one_in(16);
     kvc_request {
         tokens: if null_tokens || parts.tokens.is_empty() { ptr::null() } else { parts.tokens.as_ptr() },
         tokens_len: if null_tokens { b.size().max(1) } else { parts.tokens.len() },
         lora_id: u32::from(b.u8() % 3),
         has_lora_id: b.bool(),
-        dummy: b.u8() % 8 == 0,
+        dummy: b.one_in(8),
         lora_name,
         cache_salt,
         items: if parts.items.is_empty() { ptr::null() } else { parts.items.as_ptr() },
@@ -450,7 +454,7 @@ fn step(run: &mut Run, b: &mut Bytes<'_>) {
         4 => {
             let id = run.id(b);
             let tokens: Vec<u32> = (0..usize::from(b.u8() % 12)).map(|_| u32::from(b.u8() % 3)).collect();
-            let null = b.u8() % 8 == 0;
+            let null = b.one_in(8);
             let (p, len) = if null { (ptr::null(), b.size()) } else { (tokens.as_ptr(), tokens.len()) };
             // SAFETY: live engine; `p` is NULL or `tokens` with its length.
             let status = unsafe { kvc_engine_grow(e, id, p, len) };
@@ -568,7 +572,7 @@ fn step(run: &mut Run, b: &mut Bytes<'_>) {
             // SAFETY: live engine; `n` writable.
             let status = unsafe { kvc_engine_evict(e, count, &mut n) };
             run.check("kvc_engine_evict", status);
-            if b.u8() % 4 == 0 {
+            if b.one_in(4) {
                 // SAFETY: live engine.
                 let status = unsafe { kvc_engine_clear(e) };
                 run.check("kvc_engine_clear", status);
@@ -618,7 +622,7 @@ fn publisher(run: &mut Run, b: &mut Bytes<'_>) {
                 4 => c"".as_ptr(),
                 _ => c"tcp://\xff:1".as_ptr(),
             };
-            if b.u8() % 4 == 0 {
+            if b.one_in(4) {
                 pc.has_data_parallel_rank = true;
                 pc.data_parallel_rank = b.u32();
             }

@@ -14,6 +14,7 @@ use crate::engine::Engine;
 
 use super::boundary::{ffi_boundary, optional_str, try_out, try_ref, try_slice_out, with_engine, without_engine};
 use super::handle::kvc_engine;
+use super::publisher::check_endpoint;
 use super::status::{Failure, kvc_status};
 
 /// Largest `kvc_config.block_size_tokens`.
@@ -249,10 +250,17 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         event_batches_max,
     };
     config.validate()?;
+    let kv_events_endpoint = optional_str(kv_events_endpoint, "config.kv_events_endpoint")?;
+    // An endpoint no publisher could bind is refused now rather than
+    // advertised by model_info; empty means none, as for NULL.
+    if let Some(endpoint) = kv_events_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        check_endpoint(endpoint, "kv_events_endpoint", None)
+            .map_err(|f| Failure::new(kvc_status::InvalidConfig, f.message))?;
+    }
     let deployment = Deployment {
         model_type: optional_str(model_type, "config.model_type")?,
         model_image_capable,
-        kv_events_endpoint: optional_str(kv_events_endpoint, "config.kv_events_endpoint")?,
+        kv_events_endpoint,
         kv_transfer,
     };
     Ok((config, deployment))
@@ -292,7 +300,8 @@ pub unsafe extern "C" fn kvc_config_default(config_out: *mut kvc_config) -> kvc_
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`config` or
 /// `engine_out` NULL); `KVC_STATUS_INVALID_ARGUMENT` (`config` or
 /// `engine_out` misaligned); `KVC_STATUS_INVALID_CONFIG` (a field out of its
-/// range, see `kvc_config`, or an unknown `kv_transfer_role`);
+/// range, see `kvc_config`, an unknown `kv_transfer_role`, or a non-empty
+/// `kv_events_endpoint` that `kvc_engine_publisher_start` would refuse);
 /// `KVC_STATUS_OUT_OF_MEMORY` (valid, but its tables could not be
 /// allocated); `KVC_STATUS_INVALID_UTF8` (`model_type` or
 /// `kv_events_endpoint`); `KVC_STATUS_PANIC`. Every input gets one of these:

@@ -17,7 +17,7 @@
 //! | `status.rs`, `records.rs`, `version.rs` | nothing |
 //! | `handle.rs` | `records.rs` (the records it buffers) |
 //! | `boundary.rs` | `handle.rs`, `status.rs` |
-//! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `step.rs` also `records.rs` |
+//! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `lifecycle.rs` also `publisher.rs` (`check_endpoint`), `step.rs` also `records.rs` |
 //! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`, `device_digests`) |
 //! | `publisher.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `request.rs` (`kvc_bytes`) |
 //! | `gpu.rs` | `boundary.rs`, `handle.rs`, `status.rs` |

@@ -184,7 +184,7 @@ pub const KVC_PUBLISHER_SEND_HWM_LIMIT: u32 = 1 << 20;
 /// ZMQ itself takes a port past 65535 modulo 65536, binding another port
 /// than the one asked for; that is refused here with
 /// `KVC_STATUS_PUBLISHER_START_FAILED`.
-fn check_endpoint(endpoint: &str, name: &str, rank: Option<u32>) -> Result<(), Failure> {
+pub(crate) fn check_endpoint(endpoint: &str, name: &str, rank: Option<u32>) -> Result<(), Failure> {
     let refuse = |why: String| Failure::new(kvc_status::PublisherStartFailed, format!("config.{name}: {why}"));
     if endpoint.is_empty() {
         return Err(refuse("the endpoint is empty".into()));

@@ -20,7 +20,9 @@ use super::status::kvc_status;
 pub struct kvc_counters {
     /// Requests admitted (dummy ones included).
     pub requests_admitted: u64,
-    /// Requests the engine refused.
+    /// Admissions refused: every `kvc_engine_add_request` that failed, except
+    /// for a NULL or misaligned `engine`, `KVC_STATUS_ENGINE_BUSY` and
+    /// `KVC_STATUS_POISONED` (those never reach the engine).
     pub requests_rejected: u64,
     /// Prompt tokens matched in the prefix cache.
     pub tokens_cached: u64,
@@ -48,7 +50,8 @@ pub struct kvc_counters {
     pub hint_oversized: u64,
     /// Events produced.
     pub events_emitted: u64,
-    /// Closed event batches dropped unread (`kvc_config.event_batches_max`).
+    /// Closed event batches dropped unread, or only partly drained, because
+    /// `kvc_config.event_batches_max` were waiting when a step closed another.
     pub event_batches_dropped: u64,
     /// Gauge: requests alive now.
     pub requests_live: u64,

@@ -457,6 +457,11 @@ fn engine_new_answers_every_config_extreme() {
     let mut c = default;
     c.model_type = c"\xff\xfe".as_ptr();
     assert_eq!(try_new(&c), kvc_status::InvalidUtf8, "model_type not UTF-8");
+    let mut c = default;
+    c.kv_events_endpoint = c"tcp://127.0.0.1:70000".as_ptr();
+    assert_eq!(try_new(&c), kvc_status::InvalidConfig, "an endpoint ZMQ would wrap to another port");
+    c.kv_events_endpoint = c"".as_ptr();
+    assert_eq!(try_new(&c), kvc_status::Ok, "an empty endpoint is none");
 }
 
 /// A request id resolves only as issued: the same slot with any other
@@ -568,7 +573,8 @@ fn publisher_stop_forgets_and_start_validates() {
     assert!(!model_info(e).contains("image_routing_version"), "after stop: {}", model_info(e));
     assert_eq!(start(&|_| {}), kvc_status::InvalidArgument, "a restart with no endpoint anywhere");
     assert!(!running());
-    let refused: [(&str, &dyn Fn(&mut kvc_publisher_config)); 9] = [
+    type Change<'a> = &'a dyn Fn(&mut kvc_publisher_config);
+    let refused: [(&str, Change<'_>); 9] = [
         ("port 70000", &|pc| pc.endpoint = c"tcp://127.0.0.1:70000".as_ptr()),
         ("port 65536", &|pc| pc.endpoint = c"tcp://127.0.0.1:65536".as_ptr()),
         ("port 0", &|pc| pc.endpoint = c"tcp://127.0.0.1:0".as_ptr()),
