@@ -1134,7 +1134,8 @@ kvc_status kvc_config_default(struct kvc_config *config_out);
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`config` or
  * `engine_out` NULL); `KVC_STATUS_INVALID_ARGUMENT` (`config` or
  * `engine_out` misaligned); `KVC_STATUS_INVALID_CONFIG` (a field out of its
- * range, see `kvc_config`, or an unknown `kv_transfer_role`);
+ * range, see `kvc_config`, an unknown `kv_transfer_role`, or a non-empty
+ * `kv_events_endpoint` that `kvc_engine_publisher_start` would refuse);
  * `KVC_STATUS_OUT_OF_MEMORY` (valid, but its tables could not be
  * allocated); `KVC_STATUS_INVALID_UTF8` (`model_type` or
  * `kv_events_endpoint`); `KVC_STATUS_PANIC`. Every input gets one of these:
