@@ -14,6 +14,62 @@
 #include <stdint.h>
 
 /**
+ * Largest `kvc_config.block_size_tokens`.
+ */
+#define KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT 1024
+
+/**
+ * Largest `kvc_config.blocks_device` (2^22).
+ */
+#define KVC_CONFIG_BLOCKS_DEVICE_LIMIT 4194304
+
+/**
+ * Largest `kvc_config.blocks_host` (2^22).
+ */
+#define KVC_CONFIG_BLOCKS_HOST_LIMIT 4194304
+
+/**
+ * Largest `(blocks_device + blocks_host) * block_size_tokens` (2^30): the
+ * token ids of every page are kept, 4 bytes each.
+ */
+#define KVC_CONFIG_TOKEN_SLOTS_LIMIT 1073741824
+
+/**
+ * Largest `kvc_config.requests_max` (2^20).
+ */
+#define KVC_CONFIG_REQUESTS_LIMIT 1048576
+
+/**
+ * Largest `kvc_config.mm_items_max` (2^20).
+ */
+#define KVC_CONFIG_MM_ITEMS_LIMIT 1048576
+
+/**
+ * Largest `kvc_config.routing_hints_max` (2^20).
+ */
+#define KVC_CONFIG_ROUTING_HINTS_LIMIT 1048576
+
+/**
+ * Largest `kvc_config.event_batches_max` (2^16).
+ */
+#define KVC_CONFIG_EVENT_BATCHES_LIMIT 65536
+
+/**
+ * Most batches `kvc_publisher_config.buffer_steps` may keep for replay.
+ */
+#define KVC_PUBLISHER_BUFFER_STEPS_LIMIT (1 << 20)
+
+/**
+ * Most batches `kvc_publisher_config.queue_capacity` may let wait.
+ */
+#define KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT (1 << 20)
+
+/**
+ * Highest `kvc_publisher_config.send_hwm` (messages per subscriber).
+ */
+#define KVC_PUBLISHER_SEND_HWM_LIMIT (1 << 20)
+
+/**
  * `kvc_event.flags`: the record has a parent hash.
  */
 #define KVC_EVENT_FLAG_HAS_PARENT 1
@@ -134,6 +190,11 @@ enum kvc_status
      * The request has more than `mm_items_per_request_max` image items.
      */
     KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST = 204,
+    /**
+     * The configuration is valid, but the memory it reserves could not be
+     * allocated on this machine (`kvc_engine_new`); nothing was kept.
+     */
+    KVC_STATUS_OUT_OF_MEMORY = 205,
     /**
      * No GPU is open on the engine (`kvc_engine_gpu_open` was not called or
      * failed), or none could be opened: no CUDA driver, no such device, or
@@ -386,19 +447,25 @@ typedef struct kvc_device_bytes {
 
 /**
  * Engine configuration. Fill it with `kvc_config_default`, then change the
- * fields you need: new fields get safe defaults that way.
+ * fields you need: new fields get safe defaults that way. Each field's range
+ * is given below; `kvc_engine_new` refuses a value outside it with
+ * `KVC_STATUS_INVALID_CONFIG`, and a valid config whose tables this machine
+ * cannot allocate with `KVC_STATUS_OUT_OF_MEMORY`.
  */
 typedef struct kvc_config {
     /**
-     * Tokens per KV block, in `1..=1024`.
+     * Tokens per KV block, in `1..=KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT`.
      */
     uint32_t block_size_tokens;
     /**
-     * KV blocks on the device (GPU pages), at least 1.
+     * KV blocks on the device (GPU pages), in `1..=KVC_CONFIG_BLOCKS_DEVICE_LIMIT`;
+     * `(blocks_device + blocks_host) * block_size_tokens` is at most
+     * `KVC_CONFIG_TOKEN_SLOTS_LIMIT`.
      */
     uint32_t blocks_device;
     /**
-     * KV blocks in the pinned host tier; 0 turns the tier off.
+     * KV blocks in the pinned host tier, in `0..=KVC_CONFIG_BLOCKS_HOST_LIMIT`;
+     * 0 turns the tier off.
      */
     uint32_t blocks_host;
     /**
@@ -406,34 +473,38 @@ typedef struct kvc_config {
      */
     uint32_t image_placeholder_token_id;
     /**
-     * Most requests alive at once.
+     * Most requests alive at once, in `1..=KVC_CONFIG_REQUESTS_LIMIT`.
      */
     uint32_t requests_max;
     /**
-     * Most tokens in one request (prompt plus generated).
+     * Most tokens in one request (prompt plus generated), at least 1.
      */
     uint32_t tokens_per_request_max;
     /**
-     * Most image items alive at once, over all requests.
+     * Most image items alive at once, over all requests, in
+     * `0..=KVC_CONFIG_MM_ITEMS_LIMIT`.
      */
     uint32_t mm_items_max;
     /**
-     * Most image items in one request.
+     * Most image items in one request, at most `mm_items_max`.
      */
     uint32_t mm_items_per_request_max;
     /**
-     * Most placement runs per image item.
+     * Most placement runs per image item, at least 1.
      */
     uint32_t runs_per_item_max;
     /**
-     * Capacity of the digest-to-UUID routing-hint table.
+     * Capacity of the digest-to-UUID routing-hint table, in
+     * `0..=KVC_CONFIG_ROUTING_HINTS_LIMIT`.
      */
     uint32_t routing_hints_max;
     /**
-     * Most closed event batches kept for `kvc_step`'s callers to read; when
-     * a step closes with that many unread, the oldest is dropped and counted
-     * in `kvc_counters.event_batches_dropped`. With a publisher attached, 0
-     * keeps none and publishes each batch without a copy.
+     * Most closed event batches kept for the drains, in
+     * `0..=KVC_CONFIG_EVENT_BATCHES_LIMIT`; when a step closes with that many
+     * unread (a batch partly drained counts until its last record is taken),
+     * the oldest is dropped and counted in `kvc_counters.event_batches_dropped`.
+     * With a publisher attached, 0 keeps none and publishes each batch
+     * without a copy.
      */
     uint32_t event_batches_max;
     /**
@@ -881,7 +952,9 @@ typedef struct kvc_counters {
      */
     uint64_t requests_admitted;
     /**
-     * Requests the engine refused.
+     * Admissions refused: every `kvc_engine_add_request` that failed, except
+     * for a NULL or misaligned `engine`, `KVC_STATUS_ENGINE_BUSY` and
+     * `KVC_STATUS_POISONED` (those never reach the engine).
      */
     uint64_t requests_rejected;
     /**
@@ -937,7 +1010,8 @@ typedef struct kvc_counters {
      */
     uint64_t events_emitted;
     /**
-     * Closed event batches dropped unread (`kvc_config.event_batches_max`).
+     * Closed event batches dropped unread, or only partly drained, because
+     * `kvc_config.event_batches_max` were waiting when a step closed another.
      */
     uint64_t event_batches_dropped;
     /**
@@ -1132,9 +1206,15 @@ kvc_status kvc_config_default(struct kvc_config *config_out);
  * are independent and may be used concurrently.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`config` or
- * `engine_out` NULL); `KVC_STATUS_INVALID_CONFIG` (a field out of range or an
- * unknown `kv_transfer_role`); `KVC_STATUS_INVALID_UTF8` (`model_type` or
- * `kv_events_endpoint`). There is no engine yet to hold a detailed message.
+ * `engine_out` NULL); `KVC_STATUS_INVALID_ARGUMENT` (`config` or
+ * `engine_out` misaligned); `KVC_STATUS_INVALID_CONFIG` (a field out of its
+ * range, see `kvc_config`, an unknown `kv_transfer_role`, or a non-empty
+ * `kv_events_endpoint` that `kvc_engine_publisher_start` would refuse);
+ * `KVC_STATUS_OUT_OF_MEMORY` (valid, but its tables could not be
+ * allocated); `KVC_STATUS_INVALID_UTF8` (`model_type` or
+ * `kv_events_endpoint`); `KVC_STATUS_PANIC`. Every input gets one of these:
+ * the process never ends here. There is no engine yet to hold a detailed
+ * message.
  *
  * # Safety
  *
@@ -1167,12 +1247,17 @@ void kvc_engine_free(struct kvc_engine *engine);
  * written, without the NUL. With `buf` NULL and `len` 0 nothing is copied
  * and `*n_out` receives the full message length (allocate that plus one).
  *
+ * Unlike the other buffer calls, a short non-NULL buffer is not an error:
+ * the message is truncated to fit. Only a buffer of length 0 has no room
+ * for the NUL.
+ *
  * Works on a poisoned engine (it then says why the engine panicked). Does
- * not change the last error.
+ * not change the last error, whatever it returns.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`engine` or `n_out`);
- * `KVC_STATUS_INVALID_ARGUMENT` (`buf` NULL with `len` > 0);
- * `KVC_STATUS_ENGINE_BUSY`.
+ * `KVC_STATUS_INVALID_ARGUMENT` (`engine`, `buf` or `n_out` misaligned, or
+ * `buf` NULL with `len` > 0); `KVC_STATUS_BUFFER_TOO_SMALL` (`buf` non-NULL
+ * with `len` 0); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_PANIC`.
  *
  * # Safety
  *
@@ -1208,7 +1293,7 @@ kvc_status kvc_engine_model_info(struct kvc_engine *engine, char *buf, size_t le
 /**
  * Writes the default publisher configuration into `*config_out`: the
  * engine's endpoint, no replay, empty topic, no rank, token ids on, map
- * form, 10000 replay batches, a queue of 100000 batches, HWM 100000,
+ * form, 10000 replay batches, a queue of 1024 batches, HWM 100000,
  * heartbeat every 1000 ms.
  *
  * Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
@@ -1231,8 +1316,14 @@ kvc_status kvc_publisher_config_default(struct kvc_publisher_config *config_out)
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
  * `KVC_STATUS_INVALID_ARGUMENT` (no endpoint here nor in the engine config,
  * or a topic with a NULL pointer); `KVC_STATUS_INVALID_UTF8`;
+ * `KVC_STATUS_INVALID_ARGUMENT` also for `buffer_steps` over
+ * `KVC_PUBLISHER_BUFFER_STEPS_LIMIT`, `queue_capacity` 0 or over
+ * `KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT`, `send_hwm` not in
+ * `1..=KVC_PUBLISHER_SEND_HWM_LIMIT` (ZMQ reads 0 as no limit);
  * `KVC_STATUS_PUBLISHER_RUNNING`; `KVC_STATUS_PUBLISHER_START_FAILED` (bind
- * refused, bad endpoint, thread not started; the message says which);
+ * refused; an empty endpoint, a `tcp://` endpoint without a host or whose
+ * port (plus the rank) is not `*` or in 1..=65535; thread not started; the
+ * message says which);
  * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
  *
  * # Safety
@@ -1244,7 +1335,10 @@ kvc_status kvc_engine_publisher_start(struct kvc_engine *engine, const struct kv
 
 /**
  * Stops the publisher: batches already handed to it are sent (waiting up
- * to one second), then its sockets close and its threads end.
+ * to one second), then its sockets close and its threads end. The engine is
+ * then as if it had never published: `kvc_engine_model_info` and a later
+ * `kvc_engine_publisher_start` with a NULL endpoint see the engine
+ * config's `kv_events_endpoint` (or none), not the endpoint just closed.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
  * `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
@@ -1292,8 +1386,9 @@ kvc_status kvc_engine_publisher_stats(struct kvc_engine *engine, struct kvc_publ
  * nothing to drain. With `buf` NULL and `len` 0 nothing is taken and
  * `*n_out` receives the bytes all waiting payloads need.
  *
- * This and `kvc_engine_drain_events` take from the same closed batches: an
- * application uses one of the two.
+ * This and `kvc_engine_drain_events` take from the same closed batches (at
+ * most `kvc_config.event_batches_max` wait): an application uses one of the
+ * two. A batch whose records were partly drained goes out whole here.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_BUFFER_TOO_SMALL` (the oldest
  * payload alone does not fit; nothing taken); `KVC_STATUS_NULL_ARGUMENT`;
@@ -1330,9 +1425,10 @@ kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf,
  * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`; `KVC_STATUS_PANIC`.
  * An oversized UUID (over 256 bytes) is not an error: see `kvc_request.uuids`.
  * A refused request leaves the engine unchanged, except that
- * `kvc_counters.requests_rejected` counts the refusals that reached the
- * engine: all but NULL/INVALID_ARGUMENT and a non-UTF-8 LoRA name or cache
- * salt, which are refused while reading the C description.
+ * `kvc_counters.requests_rejected` counts it: every status but
+ * `KVC_STATUS_OK` counts once, except the three that never reach the engine
+ * (`KVC_STATUS_NULL_ARGUMENT` or `KVC_STATUS_INVALID_ARGUMENT` for the
+ * `engine` handle itself, `KVC_STATUS_ENGINE_BUSY`, `KVC_STATUS_POISONED`).
  *
  * # Safety
  *
@@ -1502,7 +1598,10 @@ kvc_status kvc_engine_block_copies(struct kvc_engine *engine, struct kvc_block_c
  * Moves up to `len` event records, oldest first, into `events`; `*n_out`
  * receives how many were written. Records not taken stay for the next call,
  * so a fixed buffer drained in a loop until `*n_out` is 0 sees every event
- * once. Only events of closed steps are drainable.
+ * once. Only events of closed steps are drainable. Records not taken stay in
+ * their batch, which counts against `kvc_config.event_batches_max` until
+ * its last record is taken: however the caller drains, the engine holds at
+ * most that many closed batches.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
  * `KVC_STATUS_INVALID_ARGUMENT` (`events` NULL with `len` > 0);
@@ -1516,7 +1615,8 @@ kvc_status kvc_engine_block_copies(struct kvc_engine *engine, struct kvc_block_c
 kvc_status kvc_engine_drain_events(struct kvc_engine *engine, struct kvc_event *events, size_t len, size_t *n_out);
 
 /**
- * `*n_out` receives the number of event records ready to drain.
+ * `*n_out` receives the number of event records ready to drain. Counting
+ * moves and copies nothing.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
  * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.

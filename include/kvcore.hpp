@@ -10,9 +10,20 @@
 // * Threading is the C API's: one thread at a time per engine; different
 //   engines are independent. A call racing another on the same engine throws
 //   kvc::Error with KVC_STATUS_ENGINE_BUSY.
+// * const means safe to share: every const member function only reads its
+//   object, so one const object may be used by any number of threads at once
+//   (a const kvc::Request admitted into several engines from several
+//   threads, say). Non-const member functions need the object to themselves,
+//   as with the standard library's types.
+// * kvc::Engine is not shareable, const or not: every call on it, its const
+//   last_error() included, takes the engine's lock, and a second thread gets
+//   KVC_STATUS_ENGINE_BUSY (last_error() then returns ""). Give each thread
+//   its own engine, or serialise the calls yourself.
 // * kvc::Request builds the C request description and owns its buffers, so
-//   a Request can be reused and outlives nothing it points to. It fills every
-//   field of the C structs by name (tests/ffi.rs checks that it does).
+//   a Request can be reused and outlives nothing it points to. c_request()
+//   builds the C description into a new kvc::CRequest each call and never
+//   writes the Request. It fills every field of the C structs by name
+//   (tests/ffi.rs checks that it does).
 // * kvc::status_name gives a status's name as the header spells it.
 #ifndef KVCORE_HPP
 #define KVCORE_HPP
@@ -90,6 +101,8 @@ inline const char *status_name(kvc_status status) noexcept {
             return "KVC_STATUS_REQUEST_TOO_LONG";
         case KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST:
             return "KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST";
+        case KVC_STATUS_OUT_OF_MEMORY:
+            return "KVC_STATUS_OUT_OF_MEMORY";
         case KVC_STATUS_GPU_UNAVAILABLE:
             return "KVC_STATUS_GPU_UNAVAILABLE";
         case KVC_STATUS_GPU_FAILED:
@@ -131,6 +144,30 @@ inline kvc_config default_config() {
 // The UUID list of a request: absent (std::nullopt) when it was given none;
 // otherwise one entry per image item, each absent or a UUID.
 using UuidList = std::optional<std::vector<std::optional<std::string>>>;
+
+// The C description of a kvc::Request: the kvc_request and the arrays it
+// points to, which it owns. Valid while the Request it was built from lives
+// and is not modified. Move-only (a copy would point into the original).
+class CRequest {
+public:
+    CRequest(const CRequest &) = delete;
+    CRequest &operator=(const CRequest &) = delete;
+    CRequest(CRequest &&) = default;
+    CRequest &operator=(CRequest &&) = default;
+
+    // The description to pass to kvc_engine_add_request.
+    const kvc_request *get() const noexcept { return &request_; }
+    const kvc_request &operator*() const noexcept { return request_; }
+    const kvc_request *operator->() const noexcept { return &request_; }
+
+private:
+    friend class Request;
+    CRequest() = default;
+
+    std::vector<kvc_image_item> items_;
+    std::vector<kvc_bytes> uuids_;
+    kvc_request request_{};
+};
 
 // A request to admit. Owns copies of everything the C description points to.
 class Request {
@@ -185,10 +222,13 @@ public:
         return *this;
     }
 
-    // The C description. Valid while this Request lives and is not modified.
-    kvc_request c_request() const {
-        c_items_.clear();
-        c_uuids_.clear();
+    // The C description, built anew into the returned object (this Request
+    // is only read, so threads may share a const Request). Valid while this
+    // Request lives and is not modified.
+    CRequest c_request() const {
+        CRequest c;
+        c.items_.reserve(images_.size());
+        c.uuids_.reserve(images_.size());
         for (const Image &im : images_) {
             const bool device = im.kind == KVC_IMAGE_CONTENT_DEVICE;
             const uint8_t *content =
@@ -201,10 +241,10 @@ public:
             item.content_len = device ? im.device_len : im.content.size();
             item.runs = im.runs.data();
             item.runs_len = im.runs.size();
-            c_items_.push_back(item);
-            c_uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : absent());
+            c.items_.push_back(item);
+            c.uuids_.push_back(im.uuid ? bytes_of(*im.uuid) : absent());
         }
-        kvc_request r{};
+        kvc_request &r = c.request_;
         r.tokens = tokens_.data();
         r.tokens_len = tokens_.size();
         r.has_lora_id = lora_id_.has_value();
@@ -212,11 +252,11 @@ public:
         r.dummy = dummy_;
         r.lora_name = lora_name_ ? bytes_of(*lora_name_) : absent();
         r.cache_salt = cache_salt_ ? bytes_of(*cache_salt_) : absent();
-        r.items = c_items_.data();
-        r.items_len = c_items_.size();
-        r.uuids = uuid_list_ ? c_uuids_.data() : nullptr;
-        r.uuids_len = uuid_list_ ? c_uuids_.size() : 0;
-        return r;
+        r.items = c.items_.data();
+        r.items_len = c.items_.size();
+        r.uuids = uuid_list_ ? c.uuids_.data() : nullptr;
+        r.uuids_len = uuid_list_ ? c.uuids_.size() : 0;
+        return c;
     }
 
 private:
@@ -259,11 +299,10 @@ private:
     std::vector<Image> images_;
     bool uuid_list_ = false;
     bool dummy_ = false;
-    mutable std::vector<kvc_image_item> c_items_;
-    mutable std::vector<kvc_bytes> c_uuids_;
 };
 
-// One engine. Move-only; the destructor frees it.
+// One engine. Move-only; the destructor frees it. Not shareable between
+// threads, even as const (see the top of this file).
 class Engine {
 public:
     explicit Engine(const kvc_config &config) {
@@ -302,9 +341,9 @@ public:
     }
 
     kvc_admission add(const Request &request) {
-        kvc_request r = request.c_request();
+        CRequest r = request.c_request();
         kvc_admission a{};
-        check(kvc_engine_add_request(engine_, &r, &a));
+        check(kvc_engine_add_request(engine_, r.get(), &a));
         return a;
     }
 

@@ -1,5 +1,10 @@
 //! Engine configuration. Every capacity is reserved when the engine is built,
 //! so a running engine never grows its tables (TigerStyle static allocation).
+//! Each field has an upper bound (the `*_LIMIT` constants, mirrored in the C
+//! header as `KVC_CONFIG_*_LIMIT`), so that no accepted value asks for more
+//! than a machine can be expected to reserve; the reservations themselves are
+//! fallible, so a valid config that this machine cannot hold is refused with
+//! an error instead of ending the process.
 
 use crate::error::ConfigError;
 
@@ -87,21 +92,68 @@ impl Default for EngineConfig {
 /// are ignored (and counted), as in the seed pull request.
 pub const UUID_HINT_BYTES_MAX: usize = 256;
 
+/// Largest `block_size_tokens`.
+pub const BLOCK_SIZE_TOKENS_LIMIT: u32 = 1024;
+/// Largest `blocks_device` (4 Mi pages: far more than any device holds at
+/// any block size, and a table of a few hundred MiB).
+pub const BLOCKS_DEVICE_LIMIT: u32 = 1 << 22;
+/// Largest `blocks_host`.
+pub const BLOCKS_HOST_LIMIT: u32 = 1 << 22;
+/// Largest `(blocks_device + blocks_host) * block_size_tokens`: the token
+/// ids of every page are kept (4 bytes each), so this bounds that table to
+/// 4 GiB of address space (allocated zeroed, so pages never written cost
+/// no memory).
+pub const TOKEN_SLOTS_LIMIT: u64 = 1 << 30;
+/// Largest `requests_max` (every request row is reserved up front).
+pub const REQUESTS_LIMIT: u32 = 1 << 20;
+/// Largest `mm_items_max` (every item row is reserved up front).
+pub const MM_ITEMS_LIMIT: u32 = 1 << 20;
+/// Largest `routing_hints_max` (the hint table is reserved up front).
+pub const ROUTING_HINTS_LIMIT: u32 = 1 << 20;
+/// Largest `event_batches_max`.
+pub const EVENT_BATCHES_LIMIT: u32 = 1 << 16;
+
 impl EngineConfig {
-    /// Checks every field; the engine refuses to start on an invalid config.
+    /// Checks every field against its range (the `*_LIMIT` constants of this
+    /// module); the engine refuses to start on an invalid config. A valid
+    /// config can still be refused by [`crate::Engine::new`] with
+    /// [`ConfigError::OutOfMemory`] when the machine cannot reserve it.
+    ///
+    /// | field | range |
+    /// |---|---|
+    /// | `block_size_tokens` | `1..=1024` |
+    /// | `blocks_device` | `1..=2^22` |
+    /// | `blocks_host` | `0..=2^22` |
+    /// | `(blocks_device + blocks_host) * block_size_tokens` | at most `2^30` |
+    /// | `requests_max` | `1..=2^20` |
+    /// | `tokens_per_request_max` | `1..=2^32-1` |
+    /// | `mm_items_max` | `0..=2^20` |
+    /// | `mm_items_per_request_max` | `0..=mm_items_max` |
+    /// | `runs_per_item_max` | `1..=2^32-1` |
+    /// | `routing_hints_max` | `0..=2^20` |
+    /// | `event_batches_max` | `0..=2^16` |
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let check = |ok: bool, what: &'static str| if ok { Ok(()) } else { Err(ConfigError(what)) };
-        check((1..=1024).contains(&self.block_size_tokens), "block_size_tokens must be in 1..=1024")?;
+        let check = |ok: bool, what: &'static str| if ok { Ok(()) } else { Err(ConfigError::Invalid(what)) };
+        check(
+            (1..=BLOCK_SIZE_TOKENS_LIMIT).contains(&self.block_size_tokens),
+            "block_size_tokens must be in 1..=1024",
+        )?;
         check(self.blocks_device >= 1, "blocks_device must be at least 1")?;
-        check(self.blocks_device <= 1 << 24, "blocks_device must be at most 2^24")?;
-        check(self.blocks_host <= 1 << 24, "blocks_host must be at most 2^24")?;
+        check(self.blocks_device <= BLOCKS_DEVICE_LIMIT, "blocks_device must be at most 2^22")?;
+        check(self.blocks_host <= BLOCKS_HOST_LIMIT, "blocks_host must be at most 2^22")?;
+        let slots = (u64::from(self.blocks_device) + u64::from(self.blocks_host)) * u64::from(self.block_size_tokens);
+        check(slots <= TOKEN_SLOTS_LIMIT, "(blocks_device + blocks_host) * block_size_tokens must be at most 2^30")?;
         check(self.requests_max >= 1, "requests_max must be at least 1")?;
+        check(self.requests_max <= REQUESTS_LIMIT, "requests_max must be at most 2^20")?;
         check(self.tokens_per_request_max >= 1, "tokens_per_request_max must be at least 1")?;
+        check(self.mm_items_max <= MM_ITEMS_LIMIT, "mm_items_max must be at most 2^20")?;
         check(
             self.mm_items_per_request_max <= self.mm_items_max,
             "mm_items_per_request_max must not exceed mm_items_max",
         )?;
         check(self.runs_per_item_max >= 1, "runs_per_item_max must be at least 1")?;
+        check(self.routing_hints_max <= ROUTING_HINTS_LIMIT, "routing_hints_max must be at most 2^20")?;
+        check(self.event_batches_max <= EVENT_BATCHES_LIMIT, "event_batches_max must be at most 2^16")?;
         Ok(())
     }
 }

@@ -87,14 +87,19 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds an engine, reserving every table's capacity now.
+    /// Builds an engine, reserving every table's capacity now: an invalid
+    /// config is [`ConfigError::Invalid`], one whose tables this machine
+    /// cannot allocate is [`ConfigError::OutOfMemory`] (the process goes on).
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        let oom = ConfigError::OutOfMemory;
         Ok(Self {
-            requests: Requests::with_capacity(config.requests_max as usize),
-            items: MmItems::with_capacity(config.mm_items_max as usize),
-            cache: KvCache::new(config.block_size_tokens, config.blocks_device, config.blocks_host),
-            hints: RoutingHints::with_capacity(config.routing_hints_max as usize),
+            requests: Requests::try_with_capacity(config.requests_max as usize).ok_or(oom("request table"))?,
+            items: MmItems::try_with_capacity(config.mm_items_max as usize).ok_or(oom("image item table"))?,
+            cache: KvCache::try_new(config.block_size_tokens, config.blocks_device, config.blocks_host)
+                .ok_or(oom("block tables"))?,
+            hints: RoutingHints::try_with_capacity(config.routing_hints_max as usize)
+                .ok_or(oom("routing-hint table"))?,
             events: EventQueue::new(config.kv_events && config.block_reuse, config.event_batches_max as usize),
             counters: Counters::default(),
             step_index: 0,
@@ -150,6 +155,14 @@ impl Engine {
         )?;
         admit::record_routing_hints(&self.requests, &self.items, admission.id, &mut self.hints, &mut self.counters);
         Ok(admission)
+    }
+
+    /// Counts a request that its caller could not describe (a malformed C
+    /// description, device images that could not be hashed) and that so
+    /// never reached [`Engine::add_request`]: `requests_rejected` then counts
+    /// every refused admission.
+    pub fn count_rejected(&mut self) {
+        self.counters.requests_rejected += 1;
     }
 
     /// Appends generated tokens and allocates the blocks they need.
@@ -493,7 +506,7 @@ impl Engine {
             assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
         }
         self.cache.check_invariants();
-        self.requests.check_invariants(self.config.block_size_tokens);
+        self.requests.check_invariants(self.config.block_size_tokens, self.config.block_reuse);
         for (id, item) in &self.items.rows {
             let owner = self.requests.rows.get(item.request).expect("invariant 4: item owner is live");
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");

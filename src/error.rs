@@ -3,10 +3,17 @@
 
 use thiserror::Error;
 
-/// An invalid [`crate::EngineConfig`].
+/// Why an engine could not be built from a [`crate::EngineConfig`].
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("invalid engine config: {0}")]
-pub struct ConfigError(pub &'static str);
+pub enum ConfigError {
+    /// A field is out of its documented range (the text names it and the range).
+    #[error("invalid engine config: {0}")]
+    Invalid(&'static str),
+    /// The config is valid, but the memory it asks to reserve could not be
+    /// allocated; nothing was kept.
+    #[error("the engine's {0} could not be reserved: not enough memory for this config")]
+    OutOfMemory(&'static str),
+}
 
 /// Why a request was not admitted. A rejected request leaves the engine
 /// exactly as it was before the call.

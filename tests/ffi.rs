@@ -5,7 +5,9 @@
 //! The programs are built with the system `cc` and `c++`. With
 //! `KVC_FFI_SANITIZE=address,undefined` (what .ci/run sets) they are built with
 //! those sanitizers, and the test checks with `nm` that the sanitizer runtime
-//! really linked. With `KVC_FFI_VALGRIND=1` they run under valgrind instead.
+//! really linked; `.ci/run` also builds the C++ programs with
+//! `KVC_FFI_SANITIZE=thread` (ThreadSanitizer: the wrapper's threads share
+//! const objects). With `KVC_FFI_VALGRIND=1` they run under valgrind instead.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -240,8 +242,8 @@ fn build() -> Build {
     );
     let sanitize = std::env::var("KVC_FFI_SANITIZE").ok().filter(|s| !s.is_empty());
     let out_dir = target_dir.join(match &sanitize {
-        Some(_) => "ffi-tests-sanitized",
-        None => "ffi-tests",
+        Some(s) => format!("ffi-tests-{}", s.replace(',', "-")),
+        None => "ffi-tests".to_owned(),
     });
     std::fs::create_dir_all(&out_dir).expect("create ffi-tests output dir");
     Build { lib_dir: deps_dir, out_dir, sanitize }
@@ -268,7 +270,26 @@ fn compile(build: &Build, source: &Path) -> PathBuf {
     if let Some(s) = &build.sanitize {
         cmd.arg(format!("-fsanitize={s}")).args(["-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]);
     }
-    cmd.arg(source).arg("-o").arg(&exe).arg(build.lib_dir.join("libkvcore.a"));
+    cmd.arg(source).arg("-o").arg(&exe);
+    if build.sanitize.as_deref().is_some_and(|s| s.contains("thread")) {
+        // ThreadSanitizer checks the programs and the wrapper, not the
+        // library: its Rust code is not instrumented and its synchronisation
+        // (futexes, atomics) is invisible to TSan, which would report its
+        // allocations handed between its own threads as races.
+        // ffi-tests/tsan.supp ignores what TSan's interceptors see called
+        // from libkvcore.so (`called_from_lib`), so those programs link the
+        // shared library, copied under the name its soname gives.
+        let lib = build.out_dir.join("lib");
+        std::fs::create_dir_all(&lib).expect("create the shared library dir");
+        let (major, minor) = (env!("CARGO_PKG_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MINOR"));
+        let soname = if major == "0" { format!("libkvcore.so.0.{minor}") } else { format!("libkvcore.so.{major}") };
+        for name in ["libkvcore.so".to_owned(), soname] {
+            std::fs::copy(build.lib_dir.join("libkvcore.so"), lib.join(&name)).expect("copy libkvcore.so");
+        }
+        cmd.arg(format!("-L{}", lib.display())).arg("-lkvcore").arg(format!("-Wl,-rpath,{}", lib.display()));
+    } else {
+        cmd.arg(build.lib_dir.join("libkvcore.a"));
+    }
     // What a Rust static library needs from the system on Linux; the C++
     // runtime comes with `c++` and is needed once libzmq is linked in.
     cmd.args(["-lpthread", "-ldl", "-lm", "-lrt"]);
@@ -283,6 +304,9 @@ fn compile(build: &Build, source: &Path) -> PathBuf {
         }
         if s.contains("undefined") {
             assert!(symbols.contains("__ubsan_handle"), "{} was not linked with UBSan", exe.display());
+        }
+        if s.contains("thread") {
+            assert!(symbols.contains("__tsan_init"), "{} was not linked with ThreadSanitizer", exe.display());
         }
     }
     exe
@@ -315,7 +339,10 @@ fn build_and_run(dir: &str, ext: &str) {
             Command::new(&exe)
         };
         if build.sanitize.is_some() {
-            cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0").env("UBSAN_OPTIONS", "print_stacktrace=1");
+            cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+                .env("UBSAN_OPTIONS", "print_stacktrace=1")
+                // Any race report fails the program (exit 66), not only at exit.
+                .env("TSAN_OPTIONS", format!("halt_on_error=1:exitcode=66:suppressions={ROOT}/ffi-tests/tsan.supp"));
         }
         let out = run(&mut cmd, &format!("running {}", exe.display()));
         assert!(out.contains("all checks passed"), "{} said:\n{out}", exe.display());

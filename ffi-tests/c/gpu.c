@@ -52,7 +52,8 @@ int main(void) {
     EXPECT_STATUS(kvc_engine_add_request(e, &r, &a), KVC_STATUS_GPU_UNAVAILABLE);
     kvc_counters k;
     EXPECT_OK(kvc_engine_counters(e, &k));
-    CHECK(k.requests_live == 0 && k.requests_rejected == 0);
+    /* Refused and counted, like every refused admission. */
+    CHECK(k.requests_live == 0 && k.requests_rejected == 1);
 
     /* The same image from host memory is admitted. */
     uint8_t pixels[64];

@@ -137,7 +137,8 @@ static void null_out_params(kvc_engine *e) {
     EXPECT_STATUS(kvc_engine_evict(e, 1, NULL), KVC_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(kvc_engine_model_info(e, NULL, 0, NULL), KVC_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(kvc_engine_request_uuids(e, 1, NULL, 0, NULL, 0, NULL), KVC_STATUS_NULL_ARGUMENT);
-    /* None of that admitted, rejected or stepped anything. */
+    /* None of that admitted or stepped anything; the two refused admissions are counted. */
+    before.requests_rejected += 2;
     CHECK(same_counters(before, counters(e)));
 }
 
@@ -150,41 +151,41 @@ static void malformed_requests(kvc_engine *e) {
 
     /* Mismatched lengths: NULL pointers with non-zero lengths. */
     r = text_request(NULL, 8);
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     r = text_request(PROMPT, 8);
     r.items_len = 1;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     r = text_request(PROMPT, 8);
     r.uuids_len = 2;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     r = text_request(PROMPT, 8);
     r.lora_name.len = 4;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     kvc_image_item bad_item = item;
     bad_item.runs = NULL;
     r = text_request(PROMPT, 8);
     r.items = &bad_item;
     r.items_len = 1;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     kvc_bytes bad_uuid = {NULL, 3};
     r.items = &item;
     r.uuids = &bad_uuid;
     r.uuids_len = 1;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     /* A misaligned token pointer. */
     uint32_t aligned[9];
     memcpy(aligned, PROMPT, sizeof PROMPT);
     r = text_request((const uint32_t *)((const char *)aligned + 1), 8);
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
     /* An unknown content kind. */
     kvc_image_item kind_item = item;
     kind_item.content_kind = 7;
     r = text_request(PROMPT, 8);
     r.items = &kind_item;
     r.items_len = 1;
-    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_ARGUMENT, 1, __LINE__);
 
-    /* Content the engine refuses (counted in requests_rejected). */
+    /* Content the engine refuses (counted in requests_rejected, as every refused admission is). */
     r = text_request(PROMPT, 0);
     expect_refused(e, &r, KVC_STATUS_EMPTY_PROMPT, 1, __LINE__);
     /* Invalid UTF-8 in a UUID. */
@@ -195,11 +196,11 @@ static void malformed_requests(kvc_engine *e) {
     r.uuids = &utf8_bad;
     r.uuids_len = 1;
     expect_refused_msg(e, &r, KVC_STATUS_INVALID_UTF8, 1, "UUID", __LINE__);
-    /* Invalid UTF-8 in the LoRA name or salt (refused while reading the C description). */
+    /* Invalid UTF-8 in the LoRA name or salt (refused while reading the C description, counted too). */
     r = text_request(PROMPT, 8);
     r.cache_salt.ptr = (const uint8_t *)"\xfe";
     r.cache_salt.len = 1;
-    expect_refused(e, &r, KVC_STATUS_INVALID_UTF8, 0, __LINE__);
+    expect_refused(e, &r, KVC_STATUS_INVALID_UTF8, 1, __LINE__);
     /* UUID list length differs from the number of items. */
     kvc_bytes two[2] = {uuid, uuid};
     r = text_request(PROMPT, 8);
@@ -313,6 +314,20 @@ static void stale_ids(kvc_engine *e) {
     EXPECT_STATUS(kvc_engine_cancel(e, a.request_id), KVC_STATUS_UNKNOWN_ID);
     EXPECT_OK(kvc_engine_request_info(e, b.request_id, &info));
     CHECK(info.prompt_len == 8);
+    const uint32_t computed = info.tokens_computed;
+    /* The live id's slot with every other generation, even ones included
+     * (issued generations are odd: the even one just below the live one
+     * must not resolve to it), is unknown and leaves the request alone. */
+    for (uint64_t gen = 0; gen < 16; gen++) {
+        uint64_t forged = (gen << 32) | (b.request_id & 0xffffffffull);
+        if (forged == b.request_id) {
+            continue;
+        }
+        EXPECT_STATUS(kvc_engine_commit(e, forged, 8), KVC_STATUS_UNKNOWN_ID);
+        EXPECT_STATUS(kvc_engine_finish(e, forged), KVC_STATUS_UNKNOWN_ID);
+    }
+    EXPECT_OK(kvc_engine_request_info(e, b.request_id, &info));
+    CHECK(info.prompt_len == 8 && info.tokens_computed == computed);
     /* Commit counts may not go backwards or past the tokens. */
     EXPECT_OK(kvc_engine_commit(e, b.request_id, 6));
     EXPECT_STATUS(kvc_engine_commit(e, b.request_id, 5), KVC_STATUS_BAD_COMPUTED_COUNT);

@@ -2,11 +2,16 @@
 // as kvc::Error with the right status and a message, UUID lists as
 // optionals, move-only ownership (ASan would flag a double free), several
 // engines held in one container, the publisher and wire drain, the call
-// log, and status names for every status the library describes.
+// log, status names for every status the library describes, and one const
+// Request shared by several threads, each with its own engine (.ci/run also
+// runs this program under ThreadSanitizer, which reports any write to the
+// shared one).
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvcore.hpp"
@@ -246,7 +251,61 @@ static void status_names() {
     CHECK(kvc::status_name(static_cast<kvc_status>(12345)) == nullptr);
 }
 
+// const is safe to share: four threads admit the same const Request, with
+// three images and a UUID list, into engines of their own, over and over.
+// Each admission must carry exactly the request's tokens and UUIDs, and
+// the second and later ones must find its prefix cached. (Request::c_request
+// used to rebuild buffers inside the const object: the threads overwrote
+// each other's C descriptions mid-call.)
+static void shared_const_request() {
+    std::vector<uint32_t> prompt(64);
+    for (uint32_t i = 0; i < prompt.size(); i++) {
+        prompt[i] = 1000 + i;
+    }
+    kvc::Request built(prompt);
+    built.image_bytes({'a', 'b', 'c'}, {{4, 4}}, std::string("sku-a"))
+        .image_bytes({'d', 'e'}, {{16, 8}}, std::string("sku-b"))
+        .image_digest(std::array<uint8_t, 32>{7}, {{40, 4}, {48, 4}});
+    const kvc::Request &shared = built;
+    const kvc::UuidList want = std::vector<std::optional<std::string>>{
+        std::string("sku-a"), std::string("sku-b"), std::nullopt};
+    std::atomic<int> thread_failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; t++) {
+        threads.emplace_back([&shared, &want, &thread_failures, &prompt] {
+            kvc_config c = kvc::default_config();
+            c.block_size_tokens = 4;
+            c.blocks_device = 64;
+            kvc::Engine engine(c);
+            for (int i = 0; i < 300; i++) {
+                kvc_admission a = engine.add(shared);
+                const kvc_request_info info = engine.info(a.request_id);
+                const bool ok = info.tokens == prompt.size() && engine.uuids(a.request_id) == want &&
+                                (i == 0 || a.tokens_cached == prompt.size() - 4);
+                if (!ok) {
+                    thread_failures++;
+                }
+                engine.commit(a.request_id, prompt.size());
+                engine.finish(a.request_id);
+                engine.step();
+            }
+        });
+    }
+    for (std::thread &t : threads) {
+        t.join();
+    }
+    CHECK(thread_failures.load() == 0);
+    // A CRequest owns its arrays: two built from one Request are equal and
+    // stay valid after a move.
+    kvc::CRequest first = shared.c_request();
+    kvc::CRequest moved = shared.c_request();
+    kvc::CRequest second = std::move(moved);
+    CHECK(first->items_len == 3 && second->items_len == 3 && first->items != second->items);
+    CHECK(second->items[1].content_len == 2 && second->uuids[0].len == 5);
+}
+
 int main() {
+    shared_const_request();
     serving_loop();
     status_names();
     gpu();

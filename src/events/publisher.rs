@@ -88,7 +88,13 @@ pub struct PublisherConfig {
     pub data_parallel_rank: Option<u32>,
     /// Published batches retained for replay.
     pub buffer_steps: usize,
-    /// Batches that may wait for the publisher thread before new ones are dropped.
+    /// Batches that may wait for the publisher thread before new ones are
+    /// dropped (default 1024). The thread only encodes a batch and hands it to
+    /// a socket that never blocks, so it keeps up with any step rate; a queue
+    /// only builds while it is starved of CPU, and 1024 steps of backlog (tens
+    /// of seconds of serving) is more than such a stall lasts. Past it a
+    /// subscriber sees a sequence gap and recovers by replay, instead of the
+    /// queue holding an unbounded share of memory.
     pub queue_capacity: usize,
     /// The `PUB` socket's send high-water mark, in messages.
     pub send_hwm: i32,
@@ -111,7 +117,7 @@ impl Default for PublisherConfig {
             topic: Vec::new(),
             data_parallel_rank: None,
             buffer_steps: 10_000,
-            queue_capacity: 100_000,
+            queue_capacity: 1024,
             send_hwm: 100_000,
             encode: EncodeOptions::default(),
             heartbeat_ms: HEARTBEAT_MS_DEFAULT,

@@ -9,12 +9,43 @@
 use std::ffi::c_char;
 
 use crate::capabilities::{self, Deployment, KvTransfer};
-use crate::config::EngineConfig;
+use crate::config::{self, EngineConfig};
 use crate::engine::Engine;
 
 use super::boundary::{ffi_boundary, optional_str, try_out, try_ref, try_slice_out, with_engine, without_engine};
 use super::handle::kvc_engine;
+use super::publisher::check_endpoint;
 use super::status::{Failure, kvc_status};
+
+/// Largest `kvc_config.block_size_tokens`.
+pub const KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT: u32 = 1024;
+/// Largest `kvc_config.blocks_device` (2^22).
+pub const KVC_CONFIG_BLOCKS_DEVICE_LIMIT: u32 = 4_194_304;
+/// Largest `kvc_config.blocks_host` (2^22).
+pub const KVC_CONFIG_BLOCKS_HOST_LIMIT: u32 = 4_194_304;
+/// Largest `(blocks_device + blocks_host) * block_size_tokens` (2^30): the
+/// token ids of every page are kept, 4 bytes each.
+pub const KVC_CONFIG_TOKEN_SLOTS_LIMIT: u64 = 1_073_741_824;
+/// Largest `kvc_config.requests_max` (2^20).
+pub const KVC_CONFIG_REQUESTS_LIMIT: u32 = 1_048_576;
+/// Largest `kvc_config.mm_items_max` (2^20).
+pub const KVC_CONFIG_MM_ITEMS_LIMIT: u32 = 1_048_576;
+/// Largest `kvc_config.routing_hints_max` (2^20).
+pub const KVC_CONFIG_ROUTING_HINTS_LIMIT: u32 = 1_048_576;
+/// Largest `kvc_config.event_batches_max` (2^16).
+pub const KVC_CONFIG_EVENT_BATCHES_LIMIT: u32 = 65_536;
+
+// The header's limits are the validator's.
+const _: () = {
+    assert!(KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT == config::BLOCK_SIZE_TOKENS_LIMIT);
+    assert!(KVC_CONFIG_BLOCKS_DEVICE_LIMIT == config::BLOCKS_DEVICE_LIMIT);
+    assert!(KVC_CONFIG_BLOCKS_HOST_LIMIT == config::BLOCKS_HOST_LIMIT);
+    assert!(KVC_CONFIG_TOKEN_SLOTS_LIMIT == config::TOKEN_SLOTS_LIMIT);
+    assert!(KVC_CONFIG_REQUESTS_LIMIT == config::REQUESTS_LIMIT);
+    assert!(KVC_CONFIG_MM_ITEMS_LIMIT == config::MM_ITEMS_LIMIT);
+    assert!(KVC_CONFIG_ROUTING_HINTS_LIMIT == config::ROUTING_HINTS_LIMIT);
+    assert!(KVC_CONFIG_EVENT_BATCHES_LIMIT == config::EVENT_BATCHES_LIMIT);
+};
 
 /// How KV data moves between workers (`kvc_config.kv_transfer_role`). Anything
 /// but `KVC_KV_TRANSFER_ROLE_NONE` is disaggregated serving, which turns image
@@ -33,34 +64,44 @@ pub enum kvc_kv_transfer_role {
 }
 
 /// Engine configuration. Fill it with `kvc_config_default`, then change the
-/// fields you need: new fields get safe defaults that way.
+/// fields you need: new fields get safe defaults that way. Each field's range
+/// is given below; `kvc_engine_new` refuses a value outside it with
+/// `KVC_STATUS_INVALID_CONFIG`, and a valid config whose tables this machine
+/// cannot allocate with `KVC_STATUS_OUT_OF_MEMORY`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvc_config {
-    /// Tokens per KV block, in `1..=1024`.
+    /// Tokens per KV block, in `1..=KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT`.
     pub block_size_tokens: u32,
-    /// KV blocks on the device (GPU pages), at least 1.
+    /// KV blocks on the device (GPU pages), in `1..=KVC_CONFIG_BLOCKS_DEVICE_LIMIT`;
+    /// `(blocks_device + blocks_host) * block_size_tokens` is at most
+    /// `KVC_CONFIG_TOKEN_SLOTS_LIMIT`.
     pub blocks_device: u32,
-    /// KV blocks in the pinned host tier; 0 turns the tier off.
+    /// KV blocks in the pinned host tier, in `0..=KVC_CONFIG_BLOCKS_HOST_LIMIT`;
+    /// 0 turns the tier off.
     pub blocks_host: u32,
     /// The model's image placeholder token id (151655 for Qwen3-VL).
     pub image_placeholder_token_id: u32,
-    /// Most requests alive at once.
+    /// Most requests alive at once, in `1..=KVC_CONFIG_REQUESTS_LIMIT`.
     pub requests_max: u32,
-    /// Most tokens in one request (prompt plus generated).
+    /// Most tokens in one request (prompt plus generated), at least 1.
     pub tokens_per_request_max: u32,
-    /// Most image items alive at once, over all requests.
+    /// Most image items alive at once, over all requests, in
+    /// `0..=KVC_CONFIG_MM_ITEMS_LIMIT`.
     pub mm_items_max: u32,
-    /// Most image items in one request.
+    /// Most image items in one request, at most `mm_items_max`.
     pub mm_items_per_request_max: u32,
-    /// Most placement runs per image item.
+    /// Most placement runs per image item, at least 1.
     pub runs_per_item_max: u32,
-    /// Capacity of the digest-to-UUID routing-hint table.
+    /// Capacity of the digest-to-UUID routing-hint table, in
+    /// `0..=KVC_CONFIG_ROUTING_HINTS_LIMIT`.
     pub routing_hints_max: u32,
-    /// Most closed event batches kept for `kvc_step`'s callers to read; when
-    /// a step closes with that many unread, the oldest is dropped and counted
-    /// in `kvc_counters.event_batches_dropped`. With a publisher attached, 0
-    /// keeps none and publishes each batch without a copy.
+    /// Most closed event batches kept for the drains, in
+    /// `0..=KVC_CONFIG_EVENT_BATCHES_LIMIT`; when a step closes with that many
+    /// unread (a batch partly drained counts until its last record is taken),
+    /// the oldest is dropped and counted in `kvc_counters.event_batches_dropped`.
+    /// With a publisher attached, 0 keeps none and publishes each batch
+    /// without a copy.
     pub event_batches_max: u32,
     /// A `kvc_kv_transfer_role` value.
     pub kv_transfer_role: u32,
@@ -209,10 +250,17 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         event_batches_max,
     };
     config.validate()?;
+    let kv_events_endpoint = optional_str(kv_events_endpoint, "config.kv_events_endpoint")?;
+    // An endpoint no publisher could bind is refused now rather than
+    // advertised by model_info; empty means none, as for NULL.
+    if let Some(endpoint) = kv_events_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        check_endpoint(endpoint, "kv_events_endpoint", None)
+            .map_err(|f| Failure::new(kvc_status::InvalidConfig, f.message))?;
+    }
     let deployment = Deployment {
         model_type: optional_str(model_type, "config.model_type")?,
         model_image_capable,
-        kv_events_endpoint: optional_str(kv_events_endpoint, "config.kv_events_endpoint")?,
+        kv_events_endpoint,
         kv_transfer,
     };
     Ok((config, deployment))
@@ -250,9 +298,15 @@ pub unsafe extern "C" fn kvc_config_default(config_out: *mut kvc_config) -> kvc_
 /// are independent and may be used concurrently.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`config` or
-/// `engine_out` NULL); `KVC_STATUS_INVALID_CONFIG` (a field out of range or an
-/// unknown `kv_transfer_role`); `KVC_STATUS_INVALID_UTF8` (`model_type` or
-/// `kv_events_endpoint`). There is no engine yet to hold a detailed message.
+/// `engine_out` NULL); `KVC_STATUS_INVALID_ARGUMENT` (`config` or
+/// `engine_out` misaligned); `KVC_STATUS_INVALID_CONFIG` (a field out of its
+/// range, see `kvc_config`, an unknown `kv_transfer_role`, or a non-empty
+/// `kv_events_endpoint` that `kvc_engine_publisher_start` would refuse);
+/// `KVC_STATUS_OUT_OF_MEMORY` (valid, but its tables could not be
+/// allocated); `KVC_STATUS_INVALID_UTF8` (`model_type` or
+/// `kv_events_endpoint`); `KVC_STATUS_PANIC`. Every input gets one of these:
+/// the process never ends here. There is no engine yet to hold a detailed
+/// message.
 ///
 /// # Safety
 ///
@@ -303,12 +357,17 @@ pub unsafe extern "C" fn kvc_engine_free(engine: *mut kvc_engine) {
 /// written, without the NUL. With `buf` NULL and `len` 0 nothing is copied
 /// and `*n_out` receives the full message length (allocate that plus one).
 ///
+/// Unlike the other buffer calls, a short non-NULL buffer is not an error:
+/// the message is truncated to fit. Only a buffer of length 0 has no room
+/// for the NUL.
+///
 /// Works on a poisoned engine (it then says why the engine panicked). Does
-/// not change the last error.
+/// not change the last error, whatever it returns.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT` (`engine` or `n_out`);
-/// `KVC_STATUS_INVALID_ARGUMENT` (`buf` NULL with `len` > 0);
-/// `KVC_STATUS_ENGINE_BUSY`.
+/// `KVC_STATUS_INVALID_ARGUMENT` (`engine`, `buf` or `n_out` misaligned, or
+/// `buf` NULL with `len` > 0); `KVC_STATUS_BUFFER_TOO_SMALL` (`buf` non-NULL
+/// with `len` 0); `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_PANIC`.
 ///
 /// # Safety
 ///
@@ -325,7 +384,10 @@ pub unsafe extern "C" fn kvc_engine_last_error(
         if engine.is_null() {
             return kvc_status::NullArgument;
         }
-        // SAFETY: non-null; the caller guarantees a live engine from
+        if !engine.is_aligned() {
+            return kvc_status::InvalidArgument;
+        }
+        // SAFETY: non-null and aligned (checked above); the caller guarantees a live engine from
         // `kvc_engine_new` (see `# Safety`). Only a shared reference is formed.
         let handle = unsafe { &*engine };
         // Read even when poisoned: the poison flag is not checked here, and a

@@ -17,10 +17,11 @@
 //! | `status.rs`, `records.rs`, `version.rs` | nothing |
 //! | `handle.rs` | `records.rs` (the records it buffers) |
 //! | `boundary.rs` | `handle.rs`, `status.rs` |
-//! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `step.rs` also `records.rs` |
+//! | `lifecycle.rs`, `step.rs` | `boundary.rs`, `handle.rs`, `status.rs`; `lifecycle.rs` also `publisher.rs` (`check_endpoint`), `step.rs` also `records.rs` |
 //! | `request.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `gpu.rs` (`kvc_device_bytes`, `device_digests`) |
 //! | `publisher.rs` | `boundary.rs`, `handle.rs`, `status.rs`, `request.rs` (`kvc_bytes`) |
 //! | `gpu.rs`, `calllog.rs` | `boundary.rs`, `handle.rs`, `status.rs` |
+//! | `fuzz.rs` | every export file, `handle.rs` (to check the state behind it) |
 //!
 //! | file | holds |
 //! |---|---|
@@ -35,6 +36,7 @@
 //! | `publisher.rs` | wire-encoded drain, ZMQ publisher start/stop/endpoint/stats |
 //! | `calllog.rs` | the call log switch: open (record every call into a file), close |
 //! | `version.rs` | `KVCORE_VERSION_*`, `kvc_version` |
+//! | `fuzz.rs` | the `c_api` fuzz target's driver: random calls through the exports, checked after each |
 //!
 //! Every submodule is private; the C surface is the flat list re-exported
 //! below, named as in `include/kvcore.h`. cbindgen walks the submodules in
@@ -62,6 +64,7 @@
 
 mod boundary;
 mod calllog;
+mod fuzz;
 mod gpu;
 mod handle;
 mod lifecycle;
@@ -73,16 +76,21 @@ mod step;
 mod version;
 
 pub use calllog::{kvc_engine_call_log_close, kvc_engine_call_log_open};
+#[doc(hidden)]
+pub use fuzz::{CallTally, c_api_calls};
 pub use gpu::{
     kvc_device_bytes, kvc_engine_attach_kv_pool, kvc_engine_copy_blocks, kvc_engine_digest_device, kvc_engine_gpu_open,
     kvc_kv_pool,
 };
 pub use handle::kvc_engine;
 pub use lifecycle::{
-    kvc_config, kvc_config_default, kvc_engine_free, kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new,
-    kvc_kv_transfer_role,
+    KVC_CONFIG_BLOCK_SIZE_TOKENS_LIMIT, KVC_CONFIG_BLOCKS_DEVICE_LIMIT, KVC_CONFIG_BLOCKS_HOST_LIMIT,
+    KVC_CONFIG_EVENT_BATCHES_LIMIT, KVC_CONFIG_MM_ITEMS_LIMIT, KVC_CONFIG_REQUESTS_LIMIT,
+    KVC_CONFIG_ROUTING_HINTS_LIMIT, KVC_CONFIG_TOKEN_SLOTS_LIMIT, kvc_config, kvc_config_default, kvc_engine_free,
+    kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new, kvc_kv_transfer_role,
 };
 pub use publisher::{
+    KVC_PUBLISHER_BUFFER_STEPS_LIMIT, KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT, KVC_PUBLISHER_SEND_HWM_LIMIT,
     kvc_engine_drain_events_wire, kvc_engine_publisher_endpoint, kvc_engine_publisher_start,
     kvc_engine_publisher_stats, kvc_engine_publisher_stop, kvc_publisher_config, kvc_publisher_config_default,
     kvc_publisher_stats,

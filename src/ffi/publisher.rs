@@ -14,17 +14,17 @@
 //! to compile until it is mirrored on the other.
 
 use std::ffi::c_char;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::capabilities::Deployment;
-use crate::events::codec::{EncodeOptions, EventForm};
+use crate::events::codec::{EncodeOptions, EventForm, encode_events};
 use crate::events::publisher::{PublisherConfig, PublisherStats};
 use crate::outbound::PublisherError;
 
 use super::boundary::{
     ffi_boundary, optional_str, try_out, try_ref, try_slice, try_slice_out, with_engine, without_engine,
 };
-use super::handle::kvc_engine;
+use super::handle::{HeldBatch, kvc_engine};
 use super::request::kvc_bytes;
 use super::status::{Failure, kvc_status};
 
@@ -147,6 +147,25 @@ impl kvc_publisher_config {
                 "no endpoint: set config.endpoint or the engine's kv_events_endpoint",
             )
         })?;
+        let rank = has_data_parallel_rank.then_some(data_parallel_rank);
+        check_endpoint(&endpoint, "endpoint", rank)?;
+        let replay_endpoint = optional_str(replay_endpoint, "config.replay_endpoint")?;
+        if let Some(replay) = &replay_endpoint {
+            check_endpoint(replay, "replay_endpoint", rank)?;
+        }
+        let bounded = |value: u64, min: u64, max: u64, name: &str| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(Failure::new(kvc_status::InvalidArgument, format!("config.{name} {value} is not in {min}..={max}")))
+            }
+        };
+        bounded(u64::from(buffer_steps), 0, u64::from(KVC_PUBLISHER_BUFFER_STEPS_LIMIT), "buffer_steps")?;
+        bounded(u64::from(queue_capacity), 1, u64::from(KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT), "queue_capacity")?;
+        // ZMQ reads a high-water mark of 0 as "no limit": a stalled
+        // subscriber would then make the socket hold every message.
+        let hwm = u64::try_from(send_hwm).unwrap_or(0);
+        bounded(hwm, 1, u64::from(KVC_PUBLISHER_SEND_HWM_LIMIT), "send_hwm")?;
         let topic: &[u8] = if topic.ptr.is_null() && topic.len != 0 {
             return Err(Failure::new(kvc_status::InvalidArgument, "`config.topic.ptr` is NULL with a length"));
         } else {
@@ -154,9 +173,9 @@ impl kvc_publisher_config {
         };
         Ok(PublisherConfig {
             endpoint,
-            replay_endpoint: optional_str(replay_endpoint, "config.replay_endpoint")?,
+            replay_endpoint,
             topic: topic.to_vec(),
-            data_parallel_rank: has_data_parallel_rank.then_some(data_parallel_rank),
+            data_parallel_rank: rank,
             buffer_steps: buffer_steps as usize,
             queue_capacity: queue_capacity as usize,
             send_hwm,
@@ -165,6 +184,46 @@ impl kvc_publisher_config {
             profile: None,
         })
     }
+}
+
+/// Most batches `kvc_publisher_config.buffer_steps` may keep for replay.
+pub const KVC_PUBLISHER_BUFFER_STEPS_LIMIT: u32 = 1 << 20;
+/// Most batches `kvc_publisher_config.queue_capacity` may let wait.
+pub const KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT: u32 = 1 << 20;
+/// Highest `kvc_publisher_config.send_hwm` (messages per subscriber).
+pub const KVC_PUBLISHER_SEND_HWM_LIMIT: u32 = 1 << 20;
+
+/// Checks an endpoint before ZMQ sees it (`name` as the config field):
+/// not empty, and a `tcp://` endpoint ends in `:*` or in a port in
+/// `1..=65535` that stays there after the data-parallel `rank` is added.
+/// ZMQ itself takes a port past 65535 modulo 65536, binding another port
+/// than the one asked for; that is refused here with
+/// `KVC_STATUS_PUBLISHER_START_FAILED`.
+pub(crate) fn check_endpoint(endpoint: &str, name: &str, rank: Option<u32>) -> Result<(), Failure> {
+    let refuse = |why: String| Failure::new(kvc_status::PublisherStartFailed, format!("config.{name}: {why}"));
+    if endpoint.is_empty() {
+        return Err(refuse("the endpoint is empty".into()));
+    }
+    let Some(address) = endpoint.strip_prefix("tcp://") else { return Ok(()) };
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err(refuse(format!("{endpoint:?} has no port")));
+    };
+    if host.is_empty() {
+        return Err(refuse(format!("{endpoint:?} has no host (use `*` for every interface)")));
+    }
+    if port == "*" {
+        return Ok(());
+    }
+    let port: u32 = match port.parse() {
+        Ok(p) if port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => return Err(refuse(format!("{endpoint:?}: the port {port:?} is neither `*` nor a number"))),
+    };
+    let last = port.checked_add(rank.unwrap_or(0));
+    if port == 0 || last.is_none_or(|p| p > 65_535) {
+        let with_rank = rank.map_or(String::new(), |r| format!(" plus the data-parallel rank {r}"));
+        return Err(refuse(format!("{endpoint:?}: the port{with_rank} is not in 1..=65535 (`*` picks a free one)")));
+    }
+    Ok(())
 }
 
 impl From<PublisherStats> for kvc_publisher_stats {
@@ -196,7 +255,7 @@ impl From<PublisherStats> for kvc_publisher_stats {
 
 /// Writes the default publisher configuration into `*config_out`: the
 /// engine's endpoint, no replay, empty topic, no rank, token ids on, map
-/// form, 10000 replay batches, a queue of 100000 batches, HWM 100000,
+/// form, 10000 replay batches, a queue of 1024 batches, HWM 100000,
 /// heartbeat every 1000 ms.
 ///
 /// Returns `KVC_STATUS_OK` or `KVC_STATUS_NULL_ARGUMENT`. Threading: any thread.
@@ -226,8 +285,14 @@ pub unsafe extern "C" fn kvc_publisher_config_default(config_out: *mut kvc_publi
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
 /// `KVC_STATUS_INVALID_ARGUMENT` (no endpoint here nor in the engine config,
 /// or a topic with a NULL pointer); `KVC_STATUS_INVALID_UTF8`;
+/// `KVC_STATUS_INVALID_ARGUMENT` also for `buffer_steps` over
+/// `KVC_PUBLISHER_BUFFER_STEPS_LIMIT`, `queue_capacity` 0 or over
+/// `KVC_PUBLISHER_QUEUE_CAPACITY_LIMIT`, `send_hwm` not in
+/// `1..=KVC_PUBLISHER_SEND_HWM_LIMIT` (ZMQ reads 0 as no limit);
 /// `KVC_STATUS_PUBLISHER_RUNNING`; `KVC_STATUS_PUBLISHER_START_FAILED` (bind
-/// refused, bad endpoint, thread not started; the message says which);
+/// refused; an empty endpoint, a `tcp://` endpoint without a host or whose
+/// port (plus the rank) is not `*` or in 1..=65535; thread not started; the
+/// message says which);
 /// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
 ///
 /// # Safety
@@ -252,7 +317,10 @@ pub unsafe extern "C" fn kvc_engine_publisher_start(
 }
 
 /// Stops the publisher: batches already handed to it are sent (waiting up
-/// to one second), then its sockets close and its threads end.
+/// to one second), then its sockets close and its threads end. The engine is
+/// then as if it had never published: `kvc_engine_model_info` and a later
+/// `kvc_engine_publisher_start` with a NULL endpoint see the engine
+/// config's `kv_events_endpoint` (or none), not the endpoint just closed.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_PUBLISHER_NOT_RUNNING`;
 /// `KVC_STATUS_NULL_ARGUMENT`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
@@ -265,6 +333,11 @@ pub unsafe extern "C" fn kvc_engine_publisher_stop(engine: *mut kvc_engine) -> k
     ffi_boundary!({
         with_engine(engine, |st| {
             st.engine.stop_publisher(STOP_FLUSH)?;
+            // Back to the state of never having published: `model_info`
+            // advertises the configured endpoint again (or none), and a later
+            // start without an endpoint falls back to that, not to the one
+            // the stopped publisher bound.
+            st.deployment.kv_events_endpoint = st.configured_endpoint.clone();
             Ok(())
         })
     })
@@ -344,8 +417,9 @@ pub unsafe extern "C" fn kvc_engine_publisher_stats(
 /// nothing to drain. With `buf` NULL and `len` 0 nothing is taken and
 /// `*n_out` receives the bytes all waiting payloads need.
 ///
-/// This and `kvc_engine_drain_events` take from the same closed batches: an
-/// application uses one of the two.
+/// This and `kvc_engine_drain_events` take from the same closed batches (at
+/// most `kvc_config.event_batches_max` wait): an application uses one of the
+/// two. A batch whose records were partly drained goes out whole here.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_BUFFER_TOO_SMALL` (the oldest
 /// payload alone does not fit; nothing taken); `KVC_STATUS_NULL_ARGUMENT`;
@@ -366,34 +440,41 @@ pub unsafe extern "C" fn kvc_engine_drain_events_wire(
         with_engine(engine, |st| {
             let out = try_out!(n_out);
             let dst = try_slice_out!(buf, len);
-            // Newly closed batches are encoded once, so that a size query and
-            // the copy that follows see the same bytes.
-            let payloads = st.engine.drain_payloads();
-            st.wire.extend(payloads);
-            let framed = |p: &Vec<u8>| 4 + p.len();
+            st.held.absorb(&mut st.engine);
+            // A batch is encoded once, when a wire call first reaches it, so
+            // that a size query and the copy that follows see the same bytes.
+            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let payload = |h: &mut HeldBatch| -> usize {
+                let p = h.payload.get_or_insert_with(|| {
+                    let mut p = Vec::new();
+                    encode_events(&h.batch.events, ts, None, &EncodeOptions::default(), &mut p);
+                    p
+                });
+                4 + p.len()
+            };
             if buf.is_null() {
-                out.write(st.wire.iter().map(framed).sum());
+                out.write(st.held.batches.iter_mut().map(payload).sum());
                 return Ok(());
             }
             let mut written = 0;
-            while let Some(p) = st.wire.front() {
-                if written + framed(p) > dst.len() {
+            while let Some(h) = st.held.batches.front_mut() {
+                let framed = payload(h);
+                if written + framed > dst.len() {
+                    if written == 0 {
+                        return Err(Failure::new(
+                            kvc_status::BufferTooSmall,
+                            format!("the oldest payload needs {framed} bytes, the buffer has {}", dst.len()),
+                        ));
+                    }
                     break;
                 }
+                let p = h.payload.as_deref().unwrap_or_default();
                 let len_le = (p.len() as u32).to_le_bytes();
                 for (d, s) in dst[written..].iter_mut().zip(len_le.iter().chain(p.iter())) {
                     d.write(*s);
                 }
-                written += framed(p);
-                st.wire.pop_front();
-            }
-            if written == 0
-                && let Some(p) = st.wire.front()
-            {
-                return Err(Failure::new(
-                    kvc_status::BufferTooSmall,
-                    format!("the oldest payload needs {} bytes, the buffer has {}", framed(p), dst.len()),
-                ));
+                written += framed;
+                st.held.batches.pop_front();
             }
             out.write(written);
             Ok(())

@@ -139,51 +139,65 @@ pub(crate) fn block_copy_records(copies: &[BlockCopy]) -> impl Iterator<Item = k
     })
 }
 
-/// Flattens closed batches into records, appended to `out`.
-pub(crate) fn flatten_batches(batches: Vec<EventBatch>, out: &mut impl Extend<kvc_event>) {
-    for batch in batches {
-        for event in batch.events {
-            let base = kvc_event { event_seq: event.event_seq(), step_index: batch.step_index, ..Zeroable::zeroed() };
-            match event {
-                KvEvent::BlockStored(e) => {
-                    let lora = e.lora_id.map_or((0, 0), |id| (KVC_EVENT_FLAG_HAS_LORA_ID, id));
-                    let count = e.keys.len() as u32;
-                    out.extend(e.keys.iter().enumerate().map(|(i, key)| {
-                        let parent: Option<BlockKey> = if i == 0 { e.parent } else { Some(e.keys[i - 1]) };
-                        kvc_event {
-                            kind: kvc_event_kind::BlockStored as u32,
-                            medium: kvc_medium::from(e.medium) as u32,
-                            block_hash: key.wire_hash().0,
-                            parent_hash: parent.map_or(0, |p| p.wire_hash().0),
-                            block_index: i as u32,
-                            block_count: count,
-                            token_count: e.block_size,
-                            image_run_count: e.block_images.get(i).map_or(0, |r| r.len() as u32),
-                            image_count: e.images.len() as u32,
-                            flags: lora.0 | if parent.is_some() { KVC_EVENT_FLAG_HAS_PARENT } else { 0 },
-                            lora_id: lora.1,
-                            block_key: key.0,
-                            parent_key: parent.map_or([0; 32], |p| p.0),
-                            ..base
-                        }
-                    }));
-                }
-                KvEvent::BlockRemoved(e) => {
-                    let count = e.keys.len() as u32;
-                    out.extend(e.keys.iter().enumerate().map(|(i, key)| kvc_event {
-                        kind: kvc_event_kind::BlockRemoved as u32,
+/// How many records [`flatten_batch`] makes of a batch: one per block of a
+/// stored or removed event, one per cache reset.
+pub(crate) fn record_count(batch: &EventBatch) -> usize {
+    batch
+        .events
+        .iter()
+        .map(|event| match event {
+            KvEvent::BlockStored(e) => e.keys.len(),
+            KvEvent::BlockRemoved(e) => e.keys.len(),
+            KvEvent::AllBlocksCleared(_) => 1,
+        })
+        .sum()
+}
+
+/// Flattens one closed batch into its records.
+pub(crate) fn flatten_batch(batch: &EventBatch) -> Vec<kvc_event> {
+    let mut out = Vec::with_capacity(record_count(batch));
+    for event in &batch.events {
+        let base = kvc_event { event_seq: event.event_seq(), step_index: batch.step_index, ..Zeroable::zeroed() };
+        match event {
+            KvEvent::BlockStored(e) => {
+                let lora = e.lora_id.map_or((0, 0), |id| (KVC_EVENT_FLAG_HAS_LORA_ID, id));
+                let count = e.keys.len() as u32;
+                out.extend(e.keys.iter().enumerate().map(|(i, key)| {
+                    let parent: Option<BlockKey> = if i == 0 { e.parent } else { Some(e.keys[i - 1]) };
+                    kvc_event {
+                        kind: kvc_event_kind::BlockStored as u32,
                         medium: kvc_medium::from(e.medium) as u32,
                         block_hash: key.wire_hash().0,
+                        parent_hash: parent.map_or(0, |p| p.wire_hash().0),
                         block_index: i as u32,
                         block_count: count,
+                        token_count: e.block_size,
+                        image_run_count: e.block_images.get(i).map_or(0, |r| r.len() as u32),
+                        image_count: e.images.len() as u32,
+                        flags: lora.0 | if parent.is_some() { KVC_EVENT_FLAG_HAS_PARENT } else { 0 },
+                        lora_id: lora.1,
                         block_key: key.0,
+                        parent_key: parent.map_or([0; 32], |p| p.0),
                         ..base
-                    }));
-                }
-                KvEvent::AllBlocksCleared(_) => {
-                    out.extend([kvc_event { kind: kvc_event_kind::AllBlocksCleared as u32, block_count: 1, ..base }])
-                }
+                    }
+                }));
+            }
+            KvEvent::BlockRemoved(e) => {
+                let count = e.keys.len() as u32;
+                out.extend(e.keys.iter().enumerate().map(|(i, key)| kvc_event {
+                    kind: kvc_event_kind::BlockRemoved as u32,
+                    medium: kvc_medium::from(e.medium) as u32,
+                    block_hash: key.wire_hash().0,
+                    block_index: i as u32,
+                    block_count: count,
+                    block_key: key.0,
+                    ..base
+                }));
+            }
+            KvEvent::AllBlocksCleared(_) => {
+                out.extend([kvc_event { kind: kvc_event_kind::AllBlocksCleared as u32, block_count: 1, ..base }])
             }
         }
     }
+    out
 }

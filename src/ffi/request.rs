@@ -315,9 +315,10 @@ fn request_spec<'a>(r: &kvc_request, device_digests: &'a [[u8; 32]]) -> Result<R
 /// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`; `KVC_STATUS_PANIC`.
 /// An oversized UUID (over 256 bytes) is not an error: see `kvc_request.uuids`.
 /// A refused request leaves the engine unchanged, except that
-/// `kvc_counters.requests_rejected` counts the refusals that reached the
-/// engine: all but NULL/INVALID_ARGUMENT and a non-UTF-8 LoRA name or cache
-/// salt, which are refused while reading the C description.
+/// `kvc_counters.requests_rejected` counts it: every status but
+/// `KVC_STATUS_OK` counts once, except the three that never reach the engine
+/// (`KVC_STATUS_NULL_ARGUMENT` or `KVC_STATUS_INVALID_ARGUMENT` for the
+/// `engine` handle itself, `KVC_STATUS_ENGINE_BUSY`, `KVC_STATUS_POISONED`).
 ///
 /// # Safety
 ///
@@ -333,13 +334,18 @@ pub unsafe extern "C" fn kvc_engine_add_request(
 ) -> kvc_status {
     ffi_boundary!({
         with_engine(engine, |st| {
-            let r = try_ref!(request);
-            let out = try_out!(admission_out);
-            // A malformed C description never reaches the engine, so it is not
-            // counted in `requests_rejected` (which counts the engine's refusals).
-            // Device-resident images are hashed first, all in one batch.
-            let device_digests = device_digests(&st.gpu, &device_items(r)?)?;
-            let spec = request_spec(r, &device_digests)?;
+            // The engine counts the refusals it makes; one refused here,
+            // before the request reaches it, is counted here, so that every
+            // refused admission is counted once.
+            let described = (|| -> Result<_, Failure> {
+                let r = try_ref!(request);
+                let out = try_out!(admission_out);
+                // Device-resident images are hashed first, all in one batch.
+                let device_digests = device_digests(&st.gpu, &device_items(r)?)?;
+                Ok((out, r, device_digests))
+            })();
+            let (out, r, device_digests) = described.inspect_err(|_| st.engine.count_rejected())?;
+            let spec = request_spec(r, &device_digests).inspect_err(|_| st.engine.count_rejected())?;
             let admission = st.engine.add_request(&spec)?;
             out.write(kvc_admission::from(admission));
             Ok(())

@@ -75,6 +75,9 @@ pub enum kvc_status {
     RequestTooLong = 203,
     /// The request has more than `mm_items_per_request_max` image items.
     TooManyItemsPerRequest = 204,
+    /// The configuration is valid, but the memory it reserves could not be
+    /// allocated on this machine (`kvc_engine_new`); nothing was kept.
+    OutOfMemory = 205,
     /// No GPU is open on the engine (`kvc_engine_gpu_open` was not called or
     /// failed), or none could be opened: no CUDA driver, no such device, or
     /// kvcore built without CUDA. The message says which.
@@ -152,6 +155,7 @@ status_table! {
     TooManyItems => c"the image item table is full",
     RequestTooLong => c"the request is longer than tokens_per_request_max",
     TooManyItemsPerRequest => c"the request has too many image items",
+    OutOfMemory => c"the configuration's memory could not be allocated",
     GpuUnavailable => c"no GPU is available or open",
     GpuFailed => c"a CUDA call failed",
     KvPoolNotAttached => c"no KV pool is attached",
@@ -249,7 +253,11 @@ impl From<RequestError> for Failure {
 
 impl From<ConfigError> for Failure {
     fn from(e: ConfigError) -> Self {
-        Self::new(kvc_status::InvalidConfig, e.to_string())
+        let status = match e {
+            ConfigError::Invalid(_) => kvc_status::InvalidConfig,
+            ConfigError::OutOfMemory(_) => kvc_status::OutOfMemory,
+        };
+        Self::new(status, e.to_string())
     }
 }
 

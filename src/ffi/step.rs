@@ -11,7 +11,7 @@ use crate::resources::Counters;
 
 use super::boundary::{ffi_boundary, fill_or_query, try_out, try_slice_out, with_engine};
 use super::handle::kvc_engine;
-use super::records::{block_copy_records, flatten_batches, kvc_block_copy, kvc_event};
+use super::records::{block_copy_records, flatten_batch, kvc_block_copy, kvc_event};
 use super::status::kvc_status;
 
 /// Engine counters and gauges. Counters are monotonic since creation.
@@ -20,7 +20,9 @@ use super::status::kvc_status;
 pub struct kvc_counters {
     /// Requests admitted (dummy ones included).
     pub requests_admitted: u64,
-    /// Requests the engine refused.
+    /// Admissions refused: every `kvc_engine_add_request` that failed, except
+    /// for a NULL or misaligned `engine`, `KVC_STATUS_ENGINE_BUSY` and
+    /// `KVC_STATUS_POISONED` (those never reach the engine).
     pub requests_rejected: u64,
     /// Prompt tokens matched in the prefix cache.
     pub tokens_cached: u64,
@@ -48,7 +50,8 @@ pub struct kvc_counters {
     pub hint_oversized: u64,
     /// Events produced.
     pub events_emitted: u64,
-    /// Closed event batches dropped unread (`kvc_config.event_batches_max`).
+    /// Closed event batches dropped unread, or only partly drained, because
+    /// `kvc_config.event_batches_max` were waiting when a step closed another.
     pub event_batches_dropped: u64,
     /// Gauge: requests alive now.
     pub requests_live: u64,
@@ -62,10 +65,11 @@ pub struct kvc_counters {
     pub step_index: u64,
 }
 
-/// The engine's counters and gauges as the C record. Both sides are spelled
-/// out without `..`: a counter added to [`Counters`] or a field added to
-/// `kvc_counters` fails to compile here until the other side has it.
-fn counters_record(engine: &Engine) -> kvc_counters {
+/// The engine's counters and gauges as the C record; `held_dropped` counts
+/// the batches the handle dropped (see `HeldBatches`). Both sides are
+/// spelled out without `..`: a counter added to [`Counters`] or a field added
+/// to `kvc_counters` fails to compile here until the other side has it.
+fn counters_record(engine: &Engine, held_dropped: u64) -> kvc_counters {
     let Counters {
         requests_admitted,
         requests_rejected,
@@ -101,7 +105,7 @@ fn counters_record(engine: &Engine) -> kvc_counters {
         hint_conflicts,
         hint_oversized,
         events_emitted,
-        event_batches_dropped,
+        event_batches_dropped: event_batches_dropped + held_dropped,
         requests_live: engine.requests_live() as u64,
         blocks_free_device: engine.blocks_free_device() as u64,
         blocks_cached_device: cached_device as u64,
@@ -127,6 +131,7 @@ pub unsafe extern "C" fn kvc_engine_step(engine: *mut kvc_engine, copies_out: *m
         with_engine(engine, |st| {
             let out = try_out!(copies_out);
             let copies = st.engine.step();
+            st.held.absorb(&mut st.engine);
             st.gpu.set_pending(&copies);
             st.copies.clear();
             st.copies.extend(block_copy_records(&copies));
@@ -171,7 +176,10 @@ pub unsafe extern "C" fn kvc_engine_block_copies(
 /// Moves up to `len` event records, oldest first, into `events`; `*n_out`
 /// receives how many were written. Records not taken stay for the next call,
 /// so a fixed buffer drained in a loop until `*n_out` is 0 sees every event
-/// once. Only events of closed steps are drainable.
+/// once. Only events of closed steps are drainable. Records not taken stay in
+/// their batch, which counts against `kvc_config.event_batches_max` until
+/// its last record is taken: however the caller drains, the engine holds at
+/// most that many closed batches.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
 /// `KVC_STATUS_INVALID_ARGUMENT` (`events` NULL with `len` > 0);
@@ -192,11 +200,21 @@ pub unsafe extern "C" fn kvc_engine_drain_events(
         with_engine(engine, |st| {
             let out = try_out!(n_out);
             let dst = try_slice_out!(events, len);
-            let batches = st.engine.drain_batches();
-            flatten_batches(batches, &mut st.events);
-            let n = dst.len().min(st.events.len());
-            for (d, e) in dst.iter_mut().zip(st.events.drain(..n)) {
-                d.write(e);
+            st.held.absorb(&mut st.engine);
+            let mut n = 0;
+            while n < dst.len() {
+                let Some(front) = st.held.batches.front_mut() else { break };
+                let records = front.records.get_or_insert_with(|| flatten_batch(&front.batch));
+                let rest = &records[front.records_taken..];
+                let take = rest.len().min(dst.len() - n);
+                for (d, e) in dst[n..n + take].iter_mut().zip(rest) {
+                    d.write(*e);
+                }
+                n += take;
+                front.records_taken += take;
+                if front.records_taken == records.len() {
+                    st.held.batches.pop_front();
+                }
             }
             out.write(n);
             Ok(())
@@ -204,7 +222,8 @@ pub unsafe extern "C" fn kvc_engine_drain_events(
     })
 }
 
-/// `*n_out` receives the number of event records ready to drain.
+/// `*n_out` receives the number of event records ready to drain. Counting
+/// moves and copies nothing.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
 /// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
@@ -217,9 +236,8 @@ pub unsafe extern "C" fn kvc_engine_events_pending(engine: *mut kvc_engine, n_ou
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(n_out);
-            let batches = st.engine.drain_batches();
-            flatten_batches(batches, &mut st.events);
-            out.write(st.events.len());
+            st.held.absorb(&mut st.engine);
+            out.write(st.held.records_pending());
             Ok(())
         })
     })
@@ -277,7 +295,7 @@ pub unsafe extern "C" fn kvc_engine_counters(engine: *mut kvc_engine, counters_o
     ffi_boundary!({
         with_engine(engine, |st| {
             let out = try_out!(counters_out);
-            out.write(counters_record(&st.engine));
+            out.write(counters_record(&st.engine, st.held.dropped));
             Ok(())
         })
     })

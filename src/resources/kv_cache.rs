@@ -100,20 +100,25 @@ pub struct CommittedBlock<'a> {
 /// Reads: ids given here must be live (held by a request, or in the index),
 /// as every caller's are; a stale one is a broken invariant and panics.
 impl KvCache {
-    /// A cache with every page free, all capacity reserved now.
-    pub fn new(block_size: u32, pages_device: u32, pages_host: u32) -> Self {
+    /// A cache with every page free, all capacity reserved now, or `None`
+    /// when that memory cannot be allocated.
+    pub fn try_new(block_size: u32, pages_device: u32, pages_host: u32) -> Option<Self> {
         let total = (pages_device + pages_host) as usize;
         let mut index = AHashMap::default();
-        index.reserve(total);
-        Self {
-            blocks: KvBlocks::new(block_size, pages_device, pages_host),
+        index.try_reserve(total).ok()?;
+        Some(Self {
+            blocks: KvBlocks::try_new(block_size, pages_device, pages_host)?,
             pool: BlockPool::new(pages_device, pages_host),
             index,
             copies: Vec::with_capacity(total.min(1 << 16)),
             block_size,
             scopes: Scopes::default(),
-            cleared: Vec::with_capacity(total),
-        }
+            cleared: {
+                let mut cleared = Vec::new();
+                cleared.try_reserve(total).ok()?;
+                cleared
+            },
+        })
     }
 
     /// A live block's row.

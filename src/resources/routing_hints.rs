@@ -53,14 +53,24 @@ pub struct RoutingHints {
 
 impl RoutingHints {
     /// A table holding at most `capacity` pairs, allocated now.
+    #[cfg(test)]
     pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            capacity,
-            entries: SlotMap::with_capacity_and_key(capacity),
-            by_digest: AHashMap::with_capacity(capacity),
-            by_uuid: AHashMap::with_capacity(capacity),
-            lru: Lru::with_capacity(capacity),
-        }
+        Self::try_with_capacity(capacity).expect("the routing-hint table's memory can be allocated")
+    }
+
+    /// As [`RoutingHints::with_capacity`], or `None` when that memory cannot
+    /// be allocated.
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let mut entries = SlotMap::with_key();
+        entries.try_reserve(capacity).ok()?;
+        let mut by_digest = AHashMap::default();
+        by_digest.try_reserve(capacity).ok()?;
+        let mut by_uuid = AHashMap::default();
+        by_uuid.try_reserve(capacity).ok()?;
+        // The LRU's links (a few words per entry) are the one reservation
+        // slotmap offers no fallible form of; the limit on `capacity` keeps
+        // them within tens of MiB.
+        Some(Self { capacity, entries, by_digest, by_uuid, lru: Lru::with_capacity(capacity) })
     }
 
     /// Records that `digest` arrived with `uuid`.

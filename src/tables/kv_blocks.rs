@@ -141,16 +141,18 @@ pub struct KvBlocks {
 }
 
 impl KvBlocks {
-    /// A table for `pages_device + pages_host` pages of `block_size` tokens.
-    pub fn new(block_size: u32, pages_device: u32, pages_host: u32) -> Self {
+    /// A table for `pages_device + pages_host` pages of `block_size` tokens,
+    /// or `None` when that memory cannot be allocated. The token column is
+    /// allocated zeroed, so its pages cost memory only once written.
+    pub fn try_new(block_size: u32, pages_device: u32, pages_host: u32) -> Option<Self> {
         let pages = pages_device as usize + pages_host as usize;
-        Self {
-            rows: SlotMap::with_capacity_and_key(pages),
-            content: vec![BlockContent::default(); pages],
-            tokens: vec![0; pages * block_size as usize],
-            block_size: block_size as usize,
-            pages_device: pages_device as usize,
-        }
+        let mut rows = SlotMap::with_key();
+        rows.try_reserve(pages).ok()?;
+        let mut content = Vec::new();
+        content.try_reserve_exact(pages).ok()?;
+        content.resize(pages, BlockContent::default());
+        let tokens = bytemuck::allocation::try_zeroed_vec(pages.checked_mul(block_size as usize)?).ok()?;
+        Some(Self { rows, content, tokens, block_size: block_size as usize, pages_device: pages_device as usize })
     }
 
     fn slot(&self, medium: Tier, page: u32) -> usize {

@@ -35,8 +35,11 @@ pub struct MmItems {
 }
 
 impl MmItems {
-    /// An empty table with room for `capacity` rows.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self { rows: SlotMap::with_capacity_and_key(capacity) }
+    /// An empty table with room for `capacity` rows, or `None` when that
+    /// memory cannot be allocated.
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let mut rows = SlotMap::with_key();
+        rows.try_reserve(capacity).ok()?;
+        Some(Self { rows })
     }
 }

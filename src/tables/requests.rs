@@ -58,20 +58,25 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// An empty table with room for `capacity` rows.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self { rows: SlotMap::with_capacity_and_key(capacity) }
+    /// An empty table with room for `capacity` rows, or `None` when that
+    /// memory cannot be allocated.
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let mut rows = SlotMap::with_key();
+        rows.try_reserve(capacity).ok()?;
+        Some(Self { rows })
     }
 
     /// Checks the table's own invariants; panics naming the one broken.
+    /// `keyed` says whether commits key blocks (prefix reuse on).
     ///
-    /// 1. `blocks_committed` full blocks are covered by `keys` unless dummy.
+    /// 1. `blocks_committed` full blocks are covered by `keys`, unless the
+    ///    request is a dummy or blocks are not keyed at all.
     /// 2. Computed tokens never pass the request's tokens.
     /// 3. `tokens_cached <= tokens_computed`.
     /// 4. A request holds exactly the blocks its tokens need.
-    pub fn check_invariants(&self, block_size: u32) {
+    pub fn check_invariants(&self, block_size: u32, keyed: bool) {
         for (id, r) in &self.rows {
-            if !r.dummy {
+            if keyed && !r.dummy {
                 assert!(
                     r.keys.len() >= r.blocks_committed as usize,
                     "invariant 1: keys cover committed blocks of {id:?}"
