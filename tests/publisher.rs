@@ -480,7 +480,10 @@ fn replies_carry_the_hash_profile_when_asked() {
 #[test]
 fn a_stalled_subscriber_sees_a_gap_that_replay_heals() {
     let ctx = zmq::Context::new();
-    let mut publisher = Publisher::bind(PublisherConfig { send_hwm: 8, buffer_steps: 10_000, ..config() }).unwrap();
+    // The queue to the publisher thread holds every batch, so that only the
+    // socket's high-water mark can lose any.
+    let config = PublisherConfig { send_hwm: 8, buffer_steps: 10_000, queue_capacity: 4096, ..config() };
+    let mut publisher = Publisher::bind(config).unwrap();
     let stalled = ctx.socket(zmq::SUB).unwrap();
     stalled.set_rcvhwm(8).unwrap();
     stalled.set_subscribe(b"").unwrap();

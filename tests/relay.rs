@@ -200,6 +200,9 @@ fn a_late_consumer_of_the_relay_recovers_past_its_ring() {
         ..Default::default()
     };
     let mut relay = Relay::new(config, &workers).unwrap();
+    // As `kvcore relay --resync`: the engine's snapshot reply brings its
+    // hash profile, which the relay forwards.
+    relay.resync_all().unwrap();
     let mut down = Downstream::new(&relay, 1);
     until(&mut relay, &mut down, &mut [&mut a], "the relay forwards", |d| d.next_seq[0].is_some());
     // Ten stores, each its own batch: the relay's ring of two moves on.

@@ -304,7 +304,8 @@ fn request_spec<'a>(r: &kvc_request, device_digests: &'a [[u8; 32]]) -> Result<R
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
 /// `KVC_STATUS_INVALID_ARGUMENT` (NULL pointer with a non-zero length,
 /// misaligned pointer, unknown `content_kind`); `KVC_STATUS_INVALID_UTF8`
-/// (LoRA name, cache salt or a UUID); `KVC_STATUS_EMPTY_PROMPT`;
+/// (LoRA name, cache salt or a UUID); `KVC_STATUS_LORA_NAME_REQUIRED` (a
+/// LoRA adapter id without its name); `KVC_STATUS_EMPTY_PROMPT`;
 /// `KVC_STATUS_INVALID_IMAGE_RUNS`; `KVC_STATUS_BAD_DIGEST_LENGTH`;
 /// `KVC_STATUS_UUID_COUNT_MISMATCH`; `KVC_STATUS_REQUEST_TOO_LONG`;
 /// `KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST`; `KVC_STATUS_TOO_MANY_REQUESTS`;
