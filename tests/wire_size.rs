@@ -51,7 +51,7 @@ fn size(events: &[KvEvent], opts: EncodeOptions) -> Vec<u8> {
     out
 }
 
-/// One 4-block event with one image and its UUID must fit the budget in
+/// One 4-block event with one image and its UUID must fit the wire budget (docs/wire-format.md) in
 /// every form, and the exact sizes are pinned so that any change is deliberate.
 #[test]
 fn reference_case_sizes_are_pinned() {
@@ -64,7 +64,7 @@ fn reference_case_sizes_are_pinned() {
     let full = size(&events, EncodeOptions::default());
     let lean = size(&events, EncodeOptions { token_ids: false, ..Default::default() });
     let array = size(&events, EncodeOptions { form: EventForm::Array, token_ids: true });
-    // Within the budget: at most 950 bytes with everything a router
+    // Within the wire budget: at most 950 bytes with everything a router
     // needs, at most 300 bytes without token ids.
     assert!(full.len() <= 950 && lean.len() <= 300, "full {} lean {}", full.len(), lean.len());
     // Exact, so that a change is deliberate (docs/wire-format.md explains every byte).
