@@ -352,6 +352,11 @@ impl Engine {
         self.cache.copies_queued()
     }
 
+    /// Closed batches waiting for a drain: at most `event_batches_max`.
+    pub fn batches_waiting(&self) -> usize {
+        self.events.closed_len()
+    }
+
     /// Takes the closed batches of events, oldest first.
     pub fn drain_batches(&mut self) -> Vec<EventBatch> {
         let batches = self.events.drain();

@@ -156,6 +156,11 @@ impl EventQueue {
         dropped
     }
 
+    /// Closed batches waiting for a drain.
+    pub fn closed_len(&self) -> usize {
+        self.closed.len()
+    }
+
     /// Takes every closed batch, oldest first.
     pub fn drain(&mut self) -> Vec<EventBatch> {
         self.closed.drain(..).collect()
