@@ -62,7 +62,8 @@ pub struct EngineConfig {
     /// (`Counters::event_batches_dropped`), so a caller that never drains
     /// (one that only publishes) holds bounded memory. With a publisher
     /// attached, 0 keeps nothing and hands each batch to the publisher
-    /// without a copy.
+    /// without a copy. The same bound applies to the batches closed early
+    /// by [`EngineConfig::events_per_step_max`].
     pub event_batches_max: u32,
 }
 

@@ -5,7 +5,9 @@
 //! `Stored`) in the same call. What closing a step needs from the resources
 //! (a UUID for each image digest) comes in as a function, and what the
 //! queue counts (events emitted, batches dropped) goes back as return
-//! values for the caller's counters.
+//! values for the caller's counters. The open step counts its block entries
+//! so that the engine can close it early at its bound
+//! ([`crate::EngineConfig::events_per_step_max`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -108,7 +110,8 @@ impl EventQueue {
         self.open.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq }));
     }
 
-    /// Closes the open step: gives each image item of its events the UUID
+    /// Closes the open step (or, at its bound, the events it holds so far:
+    /// the engine closes early with the same `step_index`): gives each image item of its events the UUID
     /// that `uuid_of` finds for its digest (the routing-hint lookup), in event
     /// order, and returns its events as a batch (the caller counts them,
     /// publishes the batch and/or keeps it with [`EventQueue::retain`]), or

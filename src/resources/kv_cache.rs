@@ -22,6 +22,7 @@
 //! | [`KvCache::drop_block`] | index entry, LRU, content, scope reference, siblings, row and page go together; `Removed` queued |
 //! | [`KvCache::queue_prefix_copy`] | a partial-reuse copy between two live blocks' pages, its pages marked |
 //! | [`KvCache::clear`] | every index entry dropped; unreferenced blocks freed, referenced ones kept as private copies; `AllBlocksCleared` queued |
+//! | [`KvCache::reserve_copies`] | room set aside in the step's bounded copy list for an admission's onboards and partial-reuse copy, before its evictions may offload |
 //! | [`KvCache::close_step`] | the step's copies handed out as the free pages settle |
 //! | [`KvCache::acquire_scope`], [`KvCache::release_scope`] | a request's reference on its interned scope |
 //!
