@@ -126,8 +126,9 @@ impl EngineConfig {
     /// more, the engine closes them into a batch of their own at once, with
     /// the open step's index, as a step closes its batch (counted, published,
     /// kept for the drains); the step then closes what follows. One call adds
-    /// at most a bounded amount on top (its evictions and moves, at most two
-    /// entries per page, and one commit's blocks).
+    /// at most a bounded amount on top: three entries per block it evicts or
+    /// moves (a host block dropped for an offload, the removal, the store in
+    /// the other tier) and one commit's blocks.
     pub fn events_per_step_max(&self) -> usize {
         EVENTS_PER_STEP_MIN.max(2 * (self.blocks_device as usize + self.blocks_host as usize))
     }
