@@ -504,7 +504,11 @@ typedef struct kvc_config {
      * unread (a batch partly drained counts until its last record is taken),
      * the oldest is dropped and counted in `kvc_counters.event_batches_dropped`.
      * With a publisher attached, 0 keeps none and publishes each batch
-     * without a copy.
+     * without a copy. The open step's events are bounded too: a call that
+     * leaves `max(4096, 2 * (blocks_device + blocks_host))` block entries
+     * or more closes them into a batch of their own, with the same
+     * `step_index` (docs/c-api.md, "Memory a caller can make the engine
+     * hold").
      */
     uint32_t event_batches_max;
     /**
@@ -1420,6 +1424,7 @@ kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf,
  * `KVC_STATUS_UUID_COUNT_MISMATCH`; `KVC_STATUS_REQUEST_TOO_LONG`;
  * `KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST`; `KVC_STATUS_TOO_MANY_REQUESTS`;
  * `KVC_STATUS_TOO_MANY_ITEMS`; `KVC_STATUS_OUT_OF_BLOCKS`;
+ * `KVC_STATUS_LORA_NAME_REQUIRED` (a LoRA id without its name);
  * for `KVC_IMAGE_CONTENT_DEVICE` items also `KVC_STATUS_GPU_UNAVAILABLE`
  * (no GPU open), `KVC_STATUS_GPU_FAILED`, and
  * `KVC_STATUS_INVALID_ARGUMENT` for a range outside CUDA's allocations;

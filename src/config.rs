@@ -62,7 +62,8 @@ pub struct EngineConfig {
     /// (`Counters::event_batches_dropped`), so a caller that never drains
     /// (one that only publishes) holds bounded memory. With a publisher
     /// attached, 0 keeps nothing and hands each batch to the publisher
-    /// without a copy.
+    /// without a copy. The same bound applies to the batches closed early
+    /// by [`EngineConfig::events_per_step_max`].
     pub event_batches_max: u32,
 }
 
@@ -112,6 +113,36 @@ pub const MM_ITEMS_LIMIT: u32 = 1 << 20;
 pub const ROUTING_HINTS_LIMIT: u32 = 1 << 20;
 /// Largest `event_batches_max`.
 pub const EVENT_BATCHES_LIMIT: u32 = 1 << 16;
+/// Fewest block entries the open step's events may hold before the engine
+/// closes them early ([`EngineConfig::events_per_step_max`]).
+pub const EVENTS_PER_STEP_MIN: usize = 4096;
+
+/// Bounds derived from the configuration rather than set in it.
+impl EngineConfig {
+    /// Most block entries (a key stored or removed counts one, a clear one)
+    /// that the open step's events hold after any call:
+    /// `max(4096, 2 * (blocks_device + blocks_host))`, twice what a step
+    /// that moves every page once produces. When a call leaves this many or
+    /// more, the engine closes them into a batch of their own at once, with
+    /// the open step's index, as a step closes its batch (counted, published,
+    /// kept for the drains); the step then closes what follows. One call adds
+    /// at most a bounded amount on top: three entries per block it evicts or
+    /// moves (a host block dropped for an offload, the removal, the store in
+    /// the other tier) and one commit's blocks.
+    pub fn events_per_step_max(&self) -> usize {
+        EVENTS_PER_STEP_MIN.max(2 * (self.blocks_device as usize + self.blocks_host as usize))
+    }
+
+    /// Most block copies queued between two steps: `blocks_device +
+    /// blocks_host`. At the bound an eviction drops the block instead of
+    /// offloading it, and an admission matches no host block it has no room
+    /// to onboard and takes no partial reuse it has no room to copy (the
+    /// tokens are computed instead); nothing that the events advertise is
+    /// lost.
+    pub fn copies_per_step_max(&self) -> usize {
+        self.blocks_device as usize + self.blocks_host as usize
+    }
+}
 
 impl EngineConfig {
     /// Checks every field against its range (the `*_LIMIT` constants of this

@@ -96,11 +96,20 @@ impl Engine {
         Ok(Self {
             requests: Requests::try_with_capacity(config.requests_max as usize).ok_or(oom("request table"))?,
             items: MmItems::try_with_capacity(config.mm_items_max as usize).ok_or(oom("image item table"))?,
-            cache: KvCache::try_new(config.block_size_tokens, config.blocks_device, config.blocks_host)
-                .ok_or(oom("block tables"))?,
+            cache: KvCache::try_new(
+                config.block_size_tokens,
+                config.blocks_device,
+                config.blocks_host,
+                config.copies_per_step_max(),
+            )
+            .ok_or(oom("block tables"))?,
             hints: RoutingHints::try_with_capacity(config.routing_hints_max as usize)
                 .ok_or(oom("routing-hint table"))?,
-            events: EventQueue::new(config.kv_events && config.block_reuse, config.event_batches_max as usize),
+            events: EventQueue::new(
+                config.kv_events && config.block_reuse,
+                config.event_batches_max as usize,
+                config.events_per_step_max(),
+            ),
             counters: Counters::default(),
             step_index: 0,
             publisher: None,
@@ -254,19 +263,7 @@ impl Engine {
             }
         }
         if let Some(batch) = batch {
-            // Publishing never blocks: the publisher queues and drops
-            // (counting a gap) when full. The batch is copied only when it is
-            // also kept for draining.
-            match &mut self.publisher {
-                Some(publisher) if self.events.retain_max() == 0 => {
-                    publisher.publish(batch.events);
-                }
-                Some(publisher) => {
-                    publisher.publish(batch.events.clone());
-                    self.counters.event_batches_dropped += self.events.retain(batch);
-                }
-                None => self.counters.event_batches_dropped += self.events.retain(batch),
-            }
+            self.deliver(batch);
         }
         self.step_index += 1;
         self.calls_taken += 1;
@@ -278,6 +275,39 @@ impl Engine {
         #[cfg(any(debug_assertions, kvc_paranoid))]
         self.check_invariants();
         copies
+    }
+
+    /// Hands a closed batch on: to the publisher when one is attached, and
+    /// to the drains (kept, within `event_batches_max`).
+    fn deliver(&mut self, batch: EventBatch) {
+        // Publishing never blocks: the publisher queues and drops (counting
+        // a gap) when full. The batch is copied only when it is also kept
+        // for draining.
+        match &mut self.publisher {
+            Some(publisher) if self.events.retain_max() == 0 => {
+                publisher.publish(batch.events);
+            }
+            Some(publisher) => {
+                publisher.publish(batch.events.clone());
+                self.counters.event_batches_dropped += self.events.retain(batch);
+            }
+            None => self.counters.event_batches_dropped += self.events.retain(batch),
+        }
+    }
+
+    /// Closes the open step's events early when they reached
+    /// [`EngineConfig::events_per_step_max`]: a batch of their own, with the
+    /// open step's index, delivered as a step delivers its batch. A caller
+    /// that makes many calls between two steps then holds bounded events; a
+    /// router sees one more batch boundary and nothing else.
+    fn close_events_if_full(&mut self) {
+        if !self.events.open_full() {
+            return;
+        }
+        let batch = systems::close_events(self.step_index, &mut self.hints, &mut self.events, &mut self.counters);
+        if let Some(batch) = batch {
+            self.deliver(batch);
+        }
     }
 
     /// Attaches a publisher: from now on each closed batch is also published
@@ -307,6 +337,24 @@ impl Engine {
     /// The index of the next step to close.
     pub fn step_index(&self) -> u64 {
         self.step_index
+    }
+
+    /// Block entries in the open step's events (a key stored or removed
+    /// counts one, a clear one): below [`EngineConfig::events_per_step_max`]
+    /// after every call.
+    pub fn open_event_entries(&self) -> usize {
+        self.events.open_entries()
+    }
+
+    /// Block copies queued for the next step: at most
+    /// [`EngineConfig::copies_per_step_max`].
+    pub fn copies_queued(&self) -> usize {
+        self.cache.copies_queued()
+    }
+
+    /// Closed batches waiting for a drain: at most `event_batches_max`.
+    pub fn batches_waiting(&self) -> usize {
+        self.events.closed_len()
     }
 
     /// Takes the closed batches of events, oldest first.
@@ -386,6 +434,7 @@ impl Engine {
     /// writes its arguments and output digests; the counters follow.
     fn log_call(&mut self, kind: CallKind, f: impl FnOnce(&mut CallLog, &Engine)) {
         self.calls_taken += 1;
+        self.close_events_if_full();
         let Some(mut log) = self.call_log.take() else { return };
         log.begin(kind);
         f(&mut log, self);
@@ -495,6 +544,7 @@ impl Engine {
     /// 5. The routing-hint table's invariants.
     /// 6. Each scope's reference count equals the requests and advertised
     ///    blocks that name it, and no scope outlives its last reference.
+    /// 7. The open step's events are below their bound.
     pub fn check_invariants(&self) {
         let mut refs: ahash::AHashMap<BlockId, u32> = ahash::AHashMap::new();
         for r in self.requests.rows.values() {
@@ -527,5 +577,10 @@ impl Engine {
             );
         }
         assert_eq!(self.cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
+        assert!(
+            self.events.open_entries() < self.config.events_per_step_max(),
+            "invariant 7: {} entries in the open step",
+            self.events.open_entries()
+        );
     }
 }

@@ -5,7 +5,9 @@
 //! `Stored`) in the same call. What closing a step needs from the resources
 //! (a UUID for each image digest) comes in as a function, and what the
 //! queue counts (events emitted, batches dropped) goes back as return
-//! values for the caller's counters.
+//! values for the caller's counters. The open step counts its block entries
+//! so that the engine can close it early at its bound
+//! ([`crate::EngineConfig::events_per_step_max`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,15 +30,36 @@ pub struct EventQueue {
     enabled: bool,
     next_event_seq: u64,
     open: Vec<KvEvent>,
+    /// Block entries in `open`: a stored or removed key counts one, a
+    /// clear counts one.
+    open_entries: usize,
+    /// The bound on `open_entries` the engine closes the open batch at.
+    open_max: usize,
     closed: VecDeque<EventBatch>,
     retain_max: usize,
 }
 
 impl EventQueue {
     /// A queue; when `enabled` is false every push is a no-op. At most
-    /// `retain_max` closed batches are kept for draining (see [`EventQueue::retain`]).
-    pub fn new(enabled: bool, retain_max: usize) -> Self {
-        Self { enabled, retain_max, ..Default::default() }
+    /// `retain_max` closed batches are kept for draining (see
+    /// [`EventQueue::retain`]); once the open step holds `open_max` block
+    /// entries, [`EventQueue::open_full`] says so and the caller closes it
+    /// early.
+    pub fn new(enabled: bool, retain_max: usize, open_max: usize) -> Self {
+        Self { enabled, retain_max, open_max, ..Default::default() }
+    }
+
+    /// Block entries in the open step's events: each key a `BlockStored` or
+    /// `BlockRemoved` names counts one, an `AllBlocksCleared` one.
+    pub fn open_entries(&self) -> usize {
+        self.open_entries
+    }
+
+    /// Whether the open step holds `open_max` block entries or more: the
+    /// engine then closes it into a batch of its own without waiting for
+    /// the step, so that the open step's events stay bounded.
+    pub fn open_full(&self) -> bool {
+        self.open_entries >= self.open_max
     }
 
     /// Whether events are produced at all.
@@ -56,6 +79,7 @@ impl EventQueue {
             return;
         }
         e.event_seq = self.next_seq();
+        self.open_entries += e.keys.len();
         self.open.push(KvEvent::BlockStored(e));
     }
 
@@ -65,6 +89,7 @@ impl EventQueue {
         if !self.enabled {
             return;
         }
+        self.open_entries += 1;
         if let Some(KvEvent::BlockRemoved(last)) = self.open.last_mut()
             && last.medium == medium
         {
@@ -81,10 +106,12 @@ impl EventQueue {
             return;
         }
         let event_seq = self.next_seq();
+        self.open_entries += 1;
         self.open.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq }));
     }
 
-    /// Closes the open step: gives each image item of its events the UUID
+    /// Closes the open step (or, at its bound, the events it holds so far:
+    /// the engine closes early with the same `step_index`): gives each image item of its events the UUID
     /// that `uuid_of` finds for its digest (the routing-hint lookup), in event
     /// order, and returns its events as a batch (the caller counts them,
     /// publishes the batch and/or keeps it with [`EventQueue::retain`]), or
@@ -98,6 +125,7 @@ impl EventQueue {
             return None;
         }
         let mut events = std::mem::take(&mut self.open);
+        self.open_entries = 0;
         for e in &mut events {
             if let KvEvent::BlockStored(s) = e {
                 for image in &mut s.images {
@@ -129,6 +157,11 @@ impl EventQueue {
         }
         self.closed.push_back(batch);
         dropped
+    }
+
+    /// Closed batches waiting for a drain.
+    pub fn closed_len(&self) -> usize {
+        self.closed.len()
     }
 
     /// Takes every closed batch, oldest first.

@@ -18,9 +18,11 @@
 //! 2. an `_out` value is unchanged when the call failed;
 //! 3. the engine's invariants hold (`Engine::check_invariants`);
 //! 4. what the handle holds stays within the configured bounds: at most
-//!    `event_batches_max` closed batches, at most `requests_max` live
-//!    requests, drains within the caller's buffer, and every wire payload
-//!    handed out decodes.
+//!    `event_batches_max` closed batches on the handle and as many in the
+//!    engine, the open step's events below `events_per_step_max` block
+//!    entries and its copies at most `copies_per_step_max`, at most
+//!    `requests_max` live requests, drains within the caller's buffer, and
+//!    every wire payload handed out decodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CStr, c_char};
@@ -211,6 +213,12 @@ impl Run {
         state.engine.check_invariants();
         let max = self.config.event_batches_max as usize;
         assert!(state.held.batches.len() <= max, "{} batches held, max {max}", state.held.batches.len());
+        let engine = &state.engine;
+        assert!(engine.batches_waiting() <= max, "{} batches in the engine, max {max}", engine.batches_waiting());
+        let (entries, entries_max) = (engine.open_event_entries(), engine.config().events_per_step_max());
+        assert!(entries < entries_max, "{entries} entries in the open step, max {entries_max}");
+        let (copies, copies_max) = (engine.copies_queued(), engine.config().copies_per_step_max());
+        assert!(copies <= copies_max, "{copies} copies queued, max {copies_max}");
         assert!(state.engine.requests_live() <= self.config.requests_max as usize, "live requests past requests_max");
         assert!(!state.poisoned, "the engine is poisoned");
     }

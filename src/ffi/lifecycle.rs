@@ -101,7 +101,11 @@ pub struct kvc_config {
     /// unread (a batch partly drained counts until its last record is taken),
     /// the oldest is dropped and counted in `kvc_counters.event_batches_dropped`.
     /// With a publisher attached, 0 keeps none and publishes each batch
-    /// without a copy.
+    /// without a copy. The open step's events are bounded too: a call that
+    /// leaves `max(4096, 2 * (blocks_device + blocks_host))` block entries
+    /// or more closes them into a batch of their own, with the same
+    /// `step_index` (docs/c-api.md, "Memory a caller can make the engine
+    /// hold").
     pub event_batches_max: u32,
     /// A `kvc_kv_transfer_role` value.
     pub kv_transfer_role: u32,

@@ -749,3 +749,77 @@ fn reuse_off_commit_then_step_keeps_invariants() {
         kvc_engine_free(e);
     }
 }
+
+/// Calls made through the C API without a step keep the open step bounded:
+/// after each of 24 000 calls (admissions, commits, finishes, clears and
+/// evictions, over a host tier so that blocks move) the open step's events
+/// stay below `events_per_step_max` entries, its copies within
+/// `copies_per_step_max`, and the engine's early batches within
+/// `event_batches_max`. The step then hands out at most that many copies,
+/// the drops are counted, and the records drained start after a gap in
+/// `event_seq` and follow on without one.
+#[test]
+fn calls_without_a_step_keep_the_open_step_bounded() {
+    const CALLS: usize = 24_000;
+    const KEPT: u32 = 4;
+    let mut config = small_config();
+    config.blocks_device = 16;
+    config.blocks_host = 16;
+    config.event_batches_max = KEPT;
+    let e = engine_with(&config);
+    let bounds = |e: *mut kvc_engine, call: usize| {
+        // SAFETY: live engine from `kvc_engine_new`; no call is running on it.
+        let state = unsafe { &*e }.state.lock().unwrap();
+        let engine = &state.engine;
+        let c = engine.config();
+        assert!(engine.open_event_entries() < c.events_per_step_max(), "call {call}: open events");
+        assert!(engine.copies_queued() <= c.copies_per_step_max(), "call {call}: copies");
+        assert!(engine.batches_waiting() <= KEPT as usize, "call {call}: early batches");
+    };
+    let mut calls = 0;
+    let mut n = 0u32;
+    while calls < CALLS {
+        // Six prompts of four blocks over 16 device pages: offloads and onboards.
+        let tokens: Vec<u32> = (0..17).map(|i| (n % 6) * 1000 + i).collect();
+        let mut adm = std::mem::MaybeUninit::<kvc_admission>::uninit();
+        let mut evicted = 0usize;
+        // SAFETY: live engine; the request points to `tokens`, alive for the call; out params writable.
+        unsafe {
+            assert_eq!(kvc_engine_add_request(e, &text_request(&tokens), adm.as_mut_ptr()), kvc_status::Ok);
+            bounds(e, calls);
+            let id = adm.assume_init().request_id;
+            assert_eq!(kvc_engine_commit(e, id, 17), kvc_status::Ok);
+            bounds(e, calls + 1);
+            assert_eq!(kvc_engine_finish(e, id), kvc_status::Ok);
+            bounds(e, calls + 2);
+            if n % 7 == 6 {
+                assert_eq!(kvc_engine_clear(e), kvc_status::Ok);
+            } else {
+                assert_eq!(kvc_engine_evict(e, (n % 3) as usize, &mut evicted), kvc_status::Ok);
+            }
+            bounds(e, calls + 3);
+        }
+        calls += 4;
+        n += 1;
+    }
+    let mut copies = 0usize;
+    // SAFETY: live engine; `copies` writable.
+    assert_eq!(unsafe { kvc_engine_step(e, &mut copies) }, kvc_status::Ok);
+    assert!(copies <= 32, "{copies} copies handed out");
+    let c = counters(e);
+    assert!(c.event_batches_dropped > 0, "early batches past the bound are counted");
+    assert!(c.blocks_onboarded > 0 && c.blocks_offloaded > 0);
+    let mut records = vec![bytemuck::Zeroable::zeroed(); 1 << 16];
+    let mut got = 0usize;
+    // SAFETY: live engine; buffer of `records.len()` records; `got` writable.
+    assert_eq!(unsafe { kvc_engine_drain_events(e, records.as_mut_ptr(), records.len(), &mut got) }, kvc_status::Ok);
+    let records: &[kvc_event] = &records[..got];
+    assert!(!records.is_empty() && records[0].event_seq > 0, "the drain starts after a gap");
+    assert!(records.iter().all(|r| r.step_index == 0), "every batch belongs to step 0");
+    for w in records.windows(2) {
+        let (a, b) = (w[0].event_seq, w[1].event_seq);
+        assert!(b == a || b == a + 1, "kept batches follow on: {a} then {b}");
+    }
+    // SAFETY: from kvc_engine_new, freed once.
+    unsafe { kvc_engine_free(e) };
+}

@@ -37,11 +37,13 @@ impl KvCache {
     /// offload, unless that block was itself offloaded this step (its copy
     /// is queued): then the evicted device block is dropped instead, which
     /// keeps as many blocks and saves a copy that would be overwritten in the
-    /// same step.
+    /// same step. So does a step whose copies reached their bound
+    /// ([`KvCache::copy_room`]): the block is dropped, never offloaded
+    /// without its copy.
     pub fn evict_device_block(&mut self, events: &mut EventQueue, counters: &mut Counters) -> bool {
         let Some(id) = self.lru_front(Tier::Device) else { return false };
         counters.blocks_evicted_device += 1;
-        if self.has_host_tier() {
+        if self.has_host_tier() && self.copy_room() > 0 {
             if self.free_pages(Tier::Host) == 0 {
                 let oldest =
                     self.lru_front(Tier::Host).map(|h| PageRef { medium: Tier::Host, page: self.block(h).page });

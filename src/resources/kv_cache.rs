@@ -22,6 +22,7 @@
 //! | [`KvCache::drop_block`] | index entry, LRU, content, scope reference, siblings, row and page go together; `Removed` queued |
 //! | [`KvCache::queue_prefix_copy`] | a partial-reuse copy between two live blocks' pages, its pages marked |
 //! | [`KvCache::clear`] | every index entry dropped; unreferenced blocks freed, referenced ones kept as private copies; `AllBlocksCleared` queued |
+//! | [`KvCache::reserve_copies`] | room set aside in the step's bounded copy list for an admission's onboards and partial-reuse copy, before its evictions may offload |
 //! | [`KvCache::close_step`] | the step's copies handed out as the free pages settle |
 //! | [`KvCache::acquire_scope`], [`KvCache::release_scope`] | a request's reference on its interned scope |
 //!
@@ -64,8 +65,13 @@ pub struct KvCache {
     /// Key to the one indexed (advertised, matchable) block that holds it.
     /// ahash: in-memory only, never on the wire.
     index: AHashMap<BlockKey, BlockId>,
-    /// Copies queued this step.
+    /// Copies queued this step, at most `copies_max`.
     copies: Vec<BlockCopy>,
+    /// The bound on `copies` (`EngineConfig::copies_per_step_max`).
+    copies_max: usize,
+    /// Copies an admission has room set aside for (its onboards and its
+    /// partial-reuse copy), which its evictions may not take; 0 between calls.
+    copies_reserved: usize,
     /// Tokens per block.
     block_size: u32,
     /// Scopes of requests and advertised blocks.
@@ -101,8 +107,9 @@ pub struct CommittedBlock<'a> {
 /// as every caller's are; a stale one is a broken invariant and panics.
 impl KvCache {
     /// A cache with every page free, all capacity reserved now, or `None`
-    /// when that memory cannot be allocated.
-    pub fn try_new(block_size: u32, pages_device: u32, pages_host: u32) -> Option<Self> {
+    /// when that memory cannot be allocated. At most `copies_max` copies are
+    /// queued between two steps (see [`KvCache::copy_room`]).
+    pub fn try_new(block_size: u32, pages_device: u32, pages_host: u32, copies_max: usize) -> Option<Self> {
         let total = (pages_device + pages_host) as usize;
         let mut index = AHashMap::default();
         index.try_reserve(total).ok()?;
@@ -110,7 +117,9 @@ impl KvCache {
             blocks: KvBlocks::try_new(block_size, pages_device, pages_host)?,
             pool: BlockPool::new(pages_device, pages_host),
             index,
-            copies: Vec::with_capacity(total.min(1 << 16)),
+            copies: Vec::with_capacity(copies_max.min(1 << 16)),
+            copies_max,
+            copies_reserved: 0,
             block_size,
             scopes: Scopes::default(),
             cleared: {
@@ -189,6 +198,18 @@ impl KvCache {
     /// The least recently used block of a tier's LRU (the next to evict).
     pub fn lru_front(&self, medium: Tier) -> Option<BlockId> {
         self.pool.lru_ref(medium).front()
+    }
+
+    /// Copies queued this step.
+    pub fn copies_queued(&self) -> usize {
+        self.copies.len()
+    }
+
+    /// Copies that may still be queued this step beyond those set aside
+    /// ([`KvCache::reserve_copies`]): what an offload or a new reservation
+    /// may take.
+    pub fn copy_room(&self) -> usize {
+        self.copies_max - self.copies.len() - self.copies_reserved
     }
 
     /// Whether a copy queued this step reads or writes `page`.
@@ -311,6 +332,15 @@ impl KvCache {
         true
     }
 
+    /// Sets room aside for `n` copies that an admission is about to queue
+    /// (its onboards and its partial-reuse copy), so that the evictions it
+    /// makes room with offload only into what is left. Each onboard and
+    /// partial-reuse copy takes one back; the admission queues all of them.
+    pub fn reserve_copies(&mut self, n: usize) {
+        assert!(n <= self.copy_room(), "admission checked the copy room");
+        self.copies_reserved += n;
+    }
+
     /// Moves an indexed block to a free page of the other tier (an offload
     /// or an onboard): its tokens and content move with it, it leaves its old
     /// tier's LRU and, unless referenced, joins the new tier's at the back,
@@ -331,7 +361,9 @@ impl KvCache {
         row.page = page;
         self.pool.lru(from.medium).remove(&mut self.blocks.rows, id);
         self.blocks.move_page((from.medium, from.page), (dst.medium, dst.page));
-        self.queue_copy(BlockCopy { src: from, dst, tokens: self.block_size });
+        // An onboard's copy was set aside by its admission; an offload's
+        // was checked against the room by its eviction.
+        self.queue_copy(BlockCopy { src: from, dst, tokens: self.block_size }, to == Tier::Device);
         self.pool.free(from.medium).release(from.page);
         if listed_after {
             self.pool.lru(to).push_back(&mut self.blocks.rows, id);
@@ -364,7 +396,7 @@ impl KvCache {
         let (s, d) = (&self.blocks.rows[source], &self.blocks.rows[dest]);
         let src = PageRef { medium: s.medium, page: s.page };
         let dst = PageRef { medium: d.medium, page: d.page };
-        self.queue_copy(BlockCopy { src, dst, tokens });
+        self.queue_copy(BlockCopy { src, dst, tokens }, true);
     }
 
     /// Forgets every cached key: unreferenced cached blocks (device and host)
@@ -416,8 +448,14 @@ impl KvCache {
     }
 
     /// Queues a copy for the step, noting the pages it touches, so that
-    /// freeing one of them cools it.
-    fn queue_copy(&mut self, copy: BlockCopy) {
+    /// freeing one of them cools it. `reserved`: its room was set aside
+    /// ([`KvCache::reserve_copies`]) and is taken back now.
+    fn queue_copy(&mut self, copy: BlockCopy, reserved: bool) {
+        if reserved {
+            assert!(self.copies_reserved > 0, "an onboard or partial copy has its room set aside");
+            self.copies_reserved -= 1;
+        }
+        debug_assert!(self.copies.len() < self.copies_max, "the copies queued this step stay within their bound");
         self.pool.free(copy.src.medium).touch(copy.src.page);
         self.pool.free(copy.dst.medium).touch(copy.dst.page);
         self.copies.push(copy);
@@ -503,6 +541,8 @@ impl KvCache {
     /// 7. Every page that a queued copy reads or writes is marked touched in
     ///    its tier's free pages (`queue_copy`), so a freed one cools until the
     ///    step closes instead of being written under the copy.
+    /// 8. At most `copies_max` copies are queued, and no room is set aside
+    ///    between calls.
     pub fn check_invariants(&self) {
         let mut used = [0usize; 2];
         let mut linked = [0usize; 2];
@@ -584,5 +624,7 @@ impl KvCache {
                 assert!(self.copy_touches(page), "invariant 7: queued copy's page {page:?} is marked");
             }
         }
+        assert!(self.copies.len() <= self.copies_max, "invariant 8: {} copies queued", self.copies.len());
+        assert_eq!(self.copies_reserved, 0, "invariant 8: no copy room set aside between calls");
     }
 }

@@ -192,6 +192,8 @@ pub fn admit_request(
     // Match: walk full blocks while the index has their keys.
     let mut keys: Vec<BlockKey> = Vec::with_capacity(prompt_len.div_ceil(bs) as usize);
     let mut matched: Vec<BlockId> = Vec::new();
+    let copy_room = cache.copy_room();
+    let mut host_matched = 0;
     if config.block_reuse && !spec.dummy {
         let max_blocks = (prompt_len - 1) / bs;
         let mut scratch = Vec::new();
@@ -209,7 +211,15 @@ pub fn admit_request(
             );
             keys.push(key);
             match cache.lookup(&key) {
-                Some(b) => matched.push(b),
+                // A host block needs a copy to onboard: the match stops at
+                // one that the step's copies have no room left for (the
+                // caller made many calls without a step), and its tokens
+                // are computed instead.
+                Some(b) if cache.block(b).medium == Tier::Host && host_matched >= copy_room => break,
+                Some(b) => {
+                    host_matched += usize::from(cache.block(b).medium == Tier::Host);
+                    matched.push(b);
+                }
                 None => break,
             }
         }
@@ -217,7 +227,7 @@ pub fn admit_request(
 
     // Partial reuse of the next block: a cached device sibling that shares a
     // leading run of text tokens with it.
-    let partial = if config.partial_reuse && config.block_reuse && !spec.dummy {
+    let partial = if config.partial_reuse && config.block_reuse && !spec.dummy && host_matched < copy_room {
         find_partial(cache, &valid.runs, spec, &matched, bs)
     } else {
         None
@@ -258,6 +268,9 @@ pub fn admit_request(
     if let Some((source, _)) = partial {
         cache.acquire(source);
     }
+    // Room for the onboards and the partial copy, set aside before any
+    // eviction can offload into it.
+    cache.reserve_copies(on_host + usize::from(partial.is_some()));
     cache.make_room(needed, config.offload_first, events, counters);
     let mut blocks = Vec::with_capacity(blocks_total);
     for &b in &matched {

@@ -4,7 +4,8 @@
 //! *when*; kvcore decides *how*): [`admit::admit_request`],
 //! [`allocate::grow_request`], [`commit::commit_computed`],
 //! [`release::release_request`], [`evict::evict_device_blocks`],
-//! [`clear::clear_cache`]. [`run_step`] is what closes a step.
+//! [`clear::clear_cache`]. [`run_step`] is what closes a step;
+//! [`close_events`] closes the events of one early, at their bound.
 //!
 //! A system holds policy and depends on tables, resources, events and keys
 //! only, never on a sibling system: what two systems share (eviction under
@@ -43,4 +44,21 @@ pub fn run_step(
         counters.events_emitted += batch.events.len() as u64;
     }
     (copies, batch)
+}
+
+/// Closes the open step's events alone, before the step ends (the engine
+/// does when they reach their bound): UUID hints resolved as [`run_step`]
+/// resolves them, the events counted. The block copies stay queued for the
+/// step.
+pub fn close_events(
+    step_index: u64,
+    hints: &mut RoutingHints,
+    events: &mut EventQueue,
+    counters: &mut Counters,
+) -> Option<EventBatch> {
+    let batch = events.close_step(step_index, |digest| hints.lookup(digest, counters));
+    if let Some(batch) = &batch {
+        counters.events_emitted += batch.events.len() as u64;
+    }
+    batch
 }
