@@ -1424,7 +1424,6 @@ kvc_status kvc_engine_drain_events_wire(struct kvc_engine *engine, uint8_t *buf,
  * `KVC_STATUS_UUID_COUNT_MISMATCH`; `KVC_STATUS_REQUEST_TOO_LONG`;
  * `KVC_STATUS_TOO_MANY_ITEMS_PER_REQUEST`; `KVC_STATUS_TOO_MANY_REQUESTS`;
  * `KVC_STATUS_TOO_MANY_ITEMS`; `KVC_STATUS_OUT_OF_BLOCKS`;
- * `KVC_STATUS_LORA_NAME_REQUIRED` (a LoRA id without its name);
  * for `KVC_IMAGE_CONTENT_DEVICE` items also `KVC_STATUS_GPU_UNAVAILABLE`
  * (no GPU open), `KVC_STATUS_GPU_FAILED`, and
  * `KVC_STATUS_INVALID_ARGUMENT` for a range outside CUDA's allocations;
