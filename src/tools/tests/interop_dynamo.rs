@@ -2,11 +2,14 @@
 //! standalone KV indexer (PyPI `ai-dynamo-runtime==1.6.1`) subscribes to two
 //! kvcore engines' publishers, and its per-worker overlap for queries hashed
 //! by Dynamo's own `compute_block_hash_for_seq` must equal the prefix each
-//! engine holds. Then, in both event forms: LoRA and salt scopes on three
-//! engines, recovery after the replay ring moved on, an idle engine learned
-//! from its heartbeats, and the same scopes through Dynamo's in-process
-//! `KvRouter`; every payload captured there is also decoded by vLLM 0.33.0's
-//! own decoder, whose fields must mean what kvcore meant.
+//! engine holds. Then, in both event forms and on three engines each: LoRA
+//! and salt scopes, recovery after the replay ring moved on, idle engines
+//! learned from their heartbeats, the same scopes through Dynamo's
+//! in-process `KvRouter` (one front end process per engine), and a UUID two
+//! engines hold for different pixels, through the standalone indexer and
+//! the in-process `KvRouter`, with and without `kvcore_router::Relay`
+//! between; every payload captured from the indexer tests is also decoded by
+//! vLLM 0.33.0's own decoder, whose fields must mean what kvcore meant.
 //!
 //! The Python side (tests/interop/) is installed into a virtualenv by
 //! `setup_venv.sh` on first use and reused afterwards. Where Python or the
@@ -661,214 +664,574 @@ fn dynamo_keeps_lora_and_salt_scopes_apart_in_both_forms() {
     assert!(check_with_vllm(&vllm, &captured) >= 8, "every store of both forms was checked");
 }
 
-/// An engine whose replay ring no longer holds its first batches when
-/// Dynamo registers: Dynamo asks a replay from 0 and, through the replay
-/// protocol unchanged, gets the snapshot; afterwards it holds exactly what
-/// the engine holds (the early prefixes included), and later live batches,
-/// removals included, apply on top without anything stale.
+/// One prompt an engine of a fleet test served, under the request scope it
+/// was served with: a LoRA adapter (id 7 and its name), a cache salt, an
+/// image with its caller's UUID.
+#[derive(Clone)]
+struct Served {
+    tokens: Vec<u32>,
+    lora: Option<&'static str>,
+    salt: Option<&'static str>,
+    image: Option<(&'static [u8], &'static str)>,
+}
+
+impl Served {
+    fn text(tokens: Vec<u32>) -> Self {
+        Self { tokens, lora: None, salt: None, image: None }
+    }
+
+    fn spec(&self) -> RequestSpec<'_> {
+        RequestSpec {
+            lora_id: self.lora.map(|_| 7),
+            lora_name: self.lora,
+            cache_salt: self.salt,
+            ..spec(&self.tokens, self.image)
+        }
+    }
+
+    /// Serves it fully on `e` (one batch).
+    fn serve(&self, e: &mut Engine) {
+        serve_spec(e, &self.spec());
+    }
+
+    /// Tokens of it `e` holds as a cached prefix, in its own scope.
+    fn held(&self, e: &mut Engine) -> u64 {
+        let a = e.add_request(&self.spec()).unwrap();
+        e.cancel(a.id).unwrap();
+        a.tokens_cached.into()
+    }
+
+    /// Dynamo's scores for it, hashed by Dynamo in its own scope.
+    fn scores(&self, probe: &mut Probe) -> Value {
+        scores(probe, &self.tokens, self.lora, self.salt, self.image.map(|(_, uuid)| mm_infos(uuid)))
+    }
+}
+
+/// `{worker: tokens}`, or `{}` when it holds nothing: how the probe reports
+/// a query only `worker` matches.
+fn only(worker: u64, tokens: u64) -> Value {
+    let mut m = serde_json::Map::new();
+    if tokens > 0 {
+        m.insert(worker.to_string(), json!(tokens));
+    }
+    Value::Object(m)
+}
+
+/// Registers an engine with Dynamo's indexer under `id`, with its replay socket.
+fn register(probe: &Probe, id: u64, e: &Engine) {
+    let (endpoint, replay) = endpoints(e);
+    let status = probe.post(
+        "/register",
+        &json!({"instance_id": id, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
+                "replay_endpoint": replay}),
+    );
+    assert_eq!(status, 201, "Dynamo accepted worker {id}");
+}
+
+/// Waits until Dynamo's scores for every prompt of every worker are exactly
+/// `only(worker, what the engine holds of it)`: nothing missing, nothing
+/// stale, nothing credited to another worker. Fails with the first
+/// difference after 20 s.
+fn await_exact(probe: &mut Probe, fleet: &mut [(u64, &mut Engine, Vec<Served>)], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut diff = None;
+        'check: for (id, e, prompts) in fleet.iter_mut() {
+            for p in prompts.iter() {
+                let want = only(*id, p.held(e));
+                let got = p.scores(probe);
+                if got != want {
+                    diff = Some(format!("worker {id}: Dynamo says {got}, the engine holds {want}"));
+                    break 'check;
+                }
+            }
+        }
+        let Some(diff) = diff else { return };
+        assert!(Instant::now() < deadline, "{what}: {diff}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Three engines whose publishers Dynamo registers late, in both forms: two
+/// whose replay rings no longer hold their first batches (one of text it
+/// partly evicted before, one of LoRA prompts and an image), and one whose
+/// ring still holds everything (salted prompts). Dynamo asks each a replay
+/// from 0 and, through the replay protocol unchanged, gets a snapshot from
+/// the two and the ring's batches from the third; afterwards it holds
+/// exactly what each engine holds, and later live batches, removals
+/// included, apply on top without anything stale.
 #[test]
 fn dynamo_reaches_the_exact_state_after_the_ring_moved_on() {
     let Some(python) = python() else { return };
     let vllm = vllm_python().expect("the vLLM decoder when Dynamo's venv is there");
     let ctx = zmq::Context::new();
     let mut captured = Vec::new();
+    let image: (&[u8], &str) = (b"pixels of image R", "7c1d0e2f-image-r");
     for (k, form) in [EventForm::Map, EventForm::Array].into_iter().enumerate() {
-        let mut e = engine_in_form(form, true, 2, 0);
-        let (endpoint, replay) = endpoints(&e);
-        let mut capture = Capture::new(&ctx, &endpoint, form);
-        capture.join(&mut e);
+        // Rings of 2, 2 and 100 batches.
+        let mut engines: Vec<Engine> =
+            [2, 2, 100].into_iter().map(|ring| engine_in_form(form, true, ring, 0)).collect();
+        let mut captures: Vec<Capture> = engines.iter().map(|e| Capture::new(&ctx, &endpoints(e).0, form)).collect();
+        for (c, e) in captures.iter_mut().zip(&mut engines) {
+            c.join(e);
+        }
         let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
         let mut rng = rand::rngs::StdRng::seed_from_u64(40 + k as u64);
-        let prompts: Vec<Vec<u32>> =
-            (0..5).map(|_| (0..70).map(|_| rng.random_range(1000..60_000)).collect()).collect();
-        // Five batches nobody hears, and a ring of two: the first three are gone from it.
-        for p in &prompts {
-            serve(&mut e, p, 70, None);
-        }
-        let status = probe.post(
-            "/register",
-            &json!({"instance_id": 3, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
-                    "replay_endpoint": replay}),
-        );
-        assert_eq!(status, 201);
-        // Live batches until Dynamo holds the latest one (its subscription
-        // joins with a delay); the first it sees shows the gap from 0.
-        let holds = |probe: &mut Probe, tokens: &[u32]| scores(probe, tokens, None, None, None)["3"].as_u64();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut live = 0u32;
-        loop {
-            let p: Vec<u32> = (0..70).map(|i| 30_000 + live * 100 + i).collect();
-            serve(&mut e, &p, 70, None);
-            live += 1;
-            std::thread::sleep(Duration::from_millis(200));
-            if holds(&mut probe, &p[..64]).is_some() {
-                break;
+        let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+        let mut served: Vec<Vec<Served>> = vec![
+            (0..5).map(|_| Served::text(text(70))).collect(),
+            (0..3).map(|_| Served { lora: Some("adapter-r"), ..Served::text(text(70)) }).collect(),
+            (0..2).map(|_| Served { salt: Some("tenant-r"), ..Served::text(text(70)) }).collect(),
+        ];
+        let (prefix, suffix) = (text(32), text(32));
+        served[1].push(Served { image: Some(image), ..Served::text(image_prompt(&prefix, &suffix)) });
+        // Batches nobody hears: 6, 4 and 2; rings of 2, 2 and 100.
+        for (e, prompts) in engines.iter_mut().zip(&served) {
+            for p in prompts {
+                p.serve(e);
             }
-            assert!(Instant::now() < deadline, "Dynamo never received our stream");
         }
-        for p in &prompts {
-            assert_eq!(holds(&mut probe, &p[..64]), Some(64), "{form:?}: an early prefix is back");
+        // Engine 1 evicts some blocks before Dynamo comes: its snapshot must
+        // not bring them back.
+        assert_eq!(engines[0].evict(2), 2);
+        engines[0].step();
+        assert!(served[0].iter().any(|p| p.held(&mut engines[0]) < 64), "an early prefix was evicted");
+        let ids = [3u64, 4, 5];
+        for (id, e) in ids.iter().zip(&engines) {
+            register(&probe, *id, e);
         }
-        assert!(e.publisher().unwrap().stats().replays_answered_by_snapshot >= 1);
-        // Later live batches apply cleanly on top: evict everything, store one new prompt.
-        let removed_before = probe.applied("removed");
-        let stored_before = probe.applied("stored");
-        e.evict(10_000);
-        e.step();
-        let fresh: Vec<u32> = (0..70).map(|i| 50_000 + i).collect();
-        serve(&mut e, &fresh, 70, None);
-        probe.wait_applied(stored_before + 1, removed_before + 1);
-        for p in &prompts {
-            assert_eq!(holds(&mut probe, &p[..64]), None, "{form:?}: nothing stale");
+        // Live batches until Dynamo holds each engine's latest (its
+        // subscriptions join with a delay); the first it sees shows the gap
+        // from 0.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (i, (id, e)) in ids.iter().zip(&mut engines).enumerate() {
+            for live in 0u32.. {
+                let p = Served::text((0..70).map(|t| 30_000 + i as u32 * 5_000 + live * 100 + t).collect());
+                p.serve(e);
+                served[i].push(p.clone());
+                std::thread::sleep(Duration::from_millis(200));
+                if p.scores(&mut probe).get(id.to_string()).is_some() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{form:?}: Dynamo never received worker {id}'s stream");
+            }
         }
-        assert_eq!(holds(&mut probe, &fresh[..64]), Some(64));
-        // The snapshot as a replay reply, decoded by vLLM too.
-        let dealer = ctx.socket(zmq::DEALER).unwrap();
-        dealer.set_rcvtimeo(5000).unwrap();
-        dealer.connect(&replay.clone().unwrap()).unwrap();
-        dealer.send_multipart([&b""[..], &0u64.to_be_bytes()[..]], 0).unwrap();
-        let reply = dealer.recv_multipart(0).unwrap();
-        capture.drain();
-        captured.extend(capture.payloads.drain(..).map(|p| (form, p)));
-        captured.push((form, reply[3].clone()));
+        let mut fleet: Vec<(u64, &mut Engine, Vec<Served>)> =
+            ids.iter().copied().zip(engines.iter_mut()).zip(served.clone()).map(|((id, e), s)| (id, e, s)).collect();
+        await_exact(&mut probe, &mut fleet, &format!("{form:?}: after the replays"));
+        drop(fleet);
+        for (i, e) in engines.iter().enumerate() {
+            let stats = e.publisher().unwrap().stats();
+            assert!(stats.replays_served >= 1, "engine {}: {stats:?}", i + 1);
+            if i < 2 {
+                assert!(stats.replays_answered_by_snapshot >= 1, "engine {}: {stats:?}", i + 1);
+            } else {
+                assert_eq!(stats.replays_answered_by_snapshot, 0, "the ring still held it all: {stats:?}");
+            }
+        }
+        // Later live batches apply cleanly on top: each engine evicts
+        // everything and stores one new prompt in its own scope.
+        for (i, e) in engines.iter_mut().enumerate() {
+            e.evict(10_000);
+            e.step();
+            let tokens: Vec<u32> = (0..70).map(|t| 50_000 + i as u32 * 1_000 + t).collect();
+            let scope = served[i][0].clone();
+            let fresh = Served { tokens, image: None, ..scope };
+            fresh.serve(e);
+            assert_eq!(fresh.held(e), 64);
+            served[i].push(fresh);
+        }
+        let mut fleet: Vec<(u64, &mut Engine, Vec<Served>)> =
+            ids.iter().copied().zip(engines.iter_mut()).zip(served.clone()).map(|((id, e), s)| (id, e, s)).collect();
+        await_exact(&mut probe, &mut fleet, &format!("{form:?}: after later live batches"));
+        drop(fleet);
+        for (i, prompts) in served.iter().enumerate() {
+            let last = prompts.last().unwrap().scores(&mut probe);
+            assert_eq!(last, only(ids[i], 64), "{form:?}: worker {}'s newest prompt", ids[i]);
+            assert!(prompts[..prompts.len() - 1].iter().all(|p| p.scores(&mut probe) == json!({})), "{form:?}");
+        }
+        // Each snapshot as a replay reply, decoded by vLLM too.
+        for (c, e) in captures.iter_mut().zip(&engines) {
+            let dealer = ctx.socket(zmq::DEALER).unwrap();
+            dealer.set_rcvtimeo(5000).unwrap();
+            dealer.connect(&endpoints(e).1.unwrap()).unwrap();
+            dealer.send_multipart([&b""[..], &0u64.to_be_bytes()[..]], 0).unwrap();
+            let reply = dealer.recv_multipart(0).unwrap();
+            c.drain();
+            captured.extend(c.payloads.drain(..).map(|p| (form, p)));
+            captured.push((form, reply[3].clone()));
+        }
     }
-    assert!(check_with_vllm(&vllm, &captured) > 0);
+    assert!(check_with_vllm(&vllm, &captured) >= 2 * 12, "every store of both forms was checked");
 }
 
-/// An engine that went idle before Dynamo registered it: with heartbeats
-/// Dynamo sees the stream's number within one heartbeat, replays the gap and
-/// holds what the engine holds, though the engine never steps again.
+/// Three engines that Dynamo registers late, in both forms: two went idle
+/// before (one of text, one of LoRA prompts and an image), one keeps serving
+/// (salted prompts, then a live batch every 200 ms). With heartbeats Dynamo
+/// sees each idle stream's number within one heartbeat, replays the gap and
+/// holds exactly what each engine holds, though the idle ones never step
+/// again; later live batches on all three apply on top.
 #[test]
 fn dynamo_learns_an_idle_engine_from_its_heartbeats() {
     let Some(python) = python() else { return };
     let vllm = vllm_python().expect("the vLLM decoder when Dynamo's venv is there");
     let ctx = zmq::Context::new();
     let mut captured = Vec::new();
+    let image: (&[u8], &str) = (b"pixels of image H", "1b2c3d4e-image-h");
     for (k, form) in [EventForm::Map, EventForm::Array].into_iter().enumerate() {
-        let mut e = engine_in_form(form, true, 100, 200);
-        let (endpoint, replay) = endpoints(&e);
-        let mut capture = Capture::new(&ctx, &endpoint, form);
-        capture.join(&mut e);
+        let mut engines: Vec<Engine> = (0..3).map(|_| engine_in_form(form, true, 100, 200)).collect();
+        let mut captures: Vec<Capture> = engines.iter().map(|e| Capture::new(&ctx, &endpoints(e).0, form)).collect();
+        for (c, e) in captures.iter_mut().zip(&mut engines) {
+            c.join(e);
+        }
         let mut probe = Probe::start(&python, "1=tcp://127.0.0.1:9");
         let mut rng = rand::rngs::StdRng::seed_from_u64(60 + k as u64);
-        let prompts: Vec<Vec<u32>> =
-            (0..3).map(|_| (0..70).map(|_| rng.random_range(1000..60_000)).collect()).collect();
-        for p in &prompts {
-            serve(&mut e, p, 70, None);
+        let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+        let mut served: Vec<Vec<Served>> = vec![
+            (0..3).map(|_| Served::text(text(70))).collect(),
+            (0..2).map(|_| Served { lora: Some("adapter-h"), ..Served::text(text(70)) }).collect(),
+            (0..2).map(|_| Served { salt: Some("tenant-h"), ..Served::text(text(70)) }).collect(),
+        ];
+        let (prefix, suffix) = (text(32), text(32));
+        served[1].push(Served { image: Some(image), ..Served::text(image_prompt(&prefix, &suffix)) });
+        for (e, prompts) in engines.iter_mut().zip(&served) {
+            for p in prompts {
+                p.serve(e);
+            }
         }
-        // Idle from here on: no step, no request.
-        let status = probe.post(
-            "/register",
-            &json!({"instance_id": 4, "endpoint": endpoint, "model_name": "default", "block_size": BLOCK,
-                    "replay_endpoint": replay}),
-        );
-        assert_eq!(status, 201);
+        // Engines 1 and 2 are idle from here on: no step, no request.
+        let ids = [4u64, 5, 6];
+        for (id, e) in ids.iter().zip(&engines) {
+            register(&probe, *id, e);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
-        let holds = |probe: &mut Probe, tokens: &[u32]| scores(probe, tokens, None, None, None)["4"].as_u64();
-        while holds(&mut probe, &prompts[2][..64]).is_none() {
-            assert!(Instant::now() < deadline, "{form:?}: Dynamo never learned the idle engine's state");
-            std::thread::sleep(Duration::from_millis(100));
+        let mut live = 0u32;
+        loop {
+            // Engine 3 is busy: a live batch each round.
+            let p =
+                Served { salt: Some("tenant-h"), ..Served::text((0..70).map(|t| 30_000 + live * 100 + t).collect()) };
+            p.serve(&mut engines[2]);
+            served[2].push(p);
+            live += 1;
+            std::thread::sleep(Duration::from_millis(200));
+            let learned: Vec<bool> = ids
+                .iter()
+                .zip(&served)
+                .map(|(id, s)| s.last().unwrap().scores(&mut probe).get(id.to_string()).is_some())
+                .collect();
+            if learned.iter().all(|l| *l) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{form:?}: Dynamo never learned these workers' state: {learned:?}");
         }
-        for p in &prompts {
-            assert_eq!(holds(&mut probe, &p[..64]), Some(64), "{form:?}");
+        let mut fleet: Vec<(u64, &mut Engine, Vec<Served>)> =
+            ids.iter().copied().zip(engines.iter_mut()).zip(served.clone()).map(|((id, e), s)| (id, e, s)).collect();
+        await_exact(&mut probe, &mut fleet, &format!("{form:?}: after the heartbeats"));
+        drop(fleet);
+        for (i, e) in engines.iter().enumerate() {
+            let stats = e.publisher().unwrap().stats();
+            assert!(stats.heartbeats >= 1 && stats.replays_served >= 1, "engine {}: {stats:?}", i + 1);
         }
-        let stats = e.publisher().unwrap().stats();
-        assert!(stats.heartbeats >= 1 && stats.replays_served >= 1, "{stats:?}");
-        capture.drain();
-        assert!(!capture.payloads.is_empty());
-        captured.extend(capture.payloads.drain(..).map(|p| (form, p)));
+        // Later live batches on all three apply on top of what was learned.
+        for (i, e) in engines.iter_mut().enumerate() {
+            let tokens: Vec<u32> = (0..70).map(|t| 50_000 + i as u32 * 1_000 + t).collect();
+            let fresh = Served { tokens, image: None, ..served[i][0].clone() };
+            fresh.serve(e);
+            served[i].push(fresh);
+        }
+        let mut fleet: Vec<(u64, &mut Engine, Vec<Served>)> =
+            ids.iter().copied().zip(engines.iter_mut()).zip(served.clone()).map(|((id, e), s)| (id, e, s)).collect();
+        await_exact(&mut probe, &mut fleet, &format!("{form:?}: after later live batches"));
+        drop(fleet);
+        for (i, prompts) in served.iter().enumerate() {
+            assert_eq!(prompts.last().unwrap().scores(&mut probe), only(ids[i], 64), "{form:?}");
+        }
+        for c in &mut captures {
+            c.drain();
+            assert!(!c.payloads.is_empty());
+            captured.extend(c.payloads.drain(..).map(|p| (form, p)));
+        }
     }
-    check_with_vllm(&vllm, &captured);
+    assert!(check_with_vllm(&vllm, &captured) >= 2 * 10, "every store of both forms was checked");
 }
 
-/// Dynamo's in-process `KvRouter` (tests/interop/dynamo_kvrouter.py: the
-/// wheel's own relay decodes our stream, its router indexes it), one engine
-/// per form: a LoRA scope, a salted scope, the base model and an image each
-/// match only the query of their own scope.
-#[test]
-fn dynamo_kvrouter_in_process_keeps_scopes_in_both_forms() {
-    let Some(python) = python() else { return };
-    for form in [EventForm::Map, EventForm::Array] {
-        let mut e = engine_in_form(form, false, 100, 0);
-        let (endpoint, _) = endpoints(&e);
-        let mut child = Command::new(&python)
+/// One front end to Dynamo's in-process `KvRouter`
+/// (tests/interop/dynamo_kvrouter.py: the wheel's own relay decodes a
+/// stream, its router indexes it), watching one publisher.
+struct Front {
+    child: Child,
+    stdin: BufWriter<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    what: String,
+}
+
+impl Front {
+    /// Starts the process; `ready` waits for it, so that several start at once.
+    fn spawn(python: &Path, endpoint: &str, what: String) -> Self {
+        let mut child = Command::new(python)
             .arg(repo().join("tests/interop/dynamo_kvrouter.py"))
-            .args(["--block-size", &BLOCK.to_string(), "--endpoint", &endpoint])
+            .args(["--block-size", &BLOCK.to_string(), "--endpoint", endpoint])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning dynamo_kvrouter.py");
-        let mut stdin = BufWriter::new(child.stdin.take().unwrap());
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut ready = String::new();
-        stdout.read_line(&mut ready).unwrap();
-        assert!(ready.contains("\"ready\": true"), "Dynamo's KvRouter did not start: {ready:?}");
-        let mut call = |cmd: Value| -> Value {
-            writeln!(stdin, "{cmd}").unwrap();
-            stdin.flush().unwrap();
-            let mut line = String::new();
-            stdout.read_line(&mut line).unwrap();
-            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
-            assert!(v.get("error").is_none(), "{cmd}: {v}");
-            v
-        };
-        assert_eq!(call(json!({"op": "ping"}))["ok"], true);
-        let blocks = |call: &mut dyn FnMut(Value) -> Value,
-                      tokens: &[u32],
-                      lora: Option<&str>,
-                      salt: Option<&str>,
-                      mm: Option<Value>| {
-            call(json!({"op": "overlap", "tokens": tokens, "lora_name": lora, "cache_namespace": salt,
-                        "block_mm_infos": mm}))["device_blocks"]
-                .as_u64()
-                .unwrap()
-        };
-        // Join: serve probe prompts until the relay has one.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut n = 0u32;
-        loop {
-            let p: Vec<u32> = (0..33).map(|i| 40_000 + n * 64 + i).collect();
-            serve(&mut e, &p, 33, None);
-            n += 1;
-            std::thread::sleep(Duration::from_millis(150));
-            if blocks(&mut call, &p, None, None, None) == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{form:?}: Dynamo's relay never received our stream");
-        }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(80);
-        let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
-        let (t1, t2, t3) = (text(130), text(130), text(130));
-        let prompt = image_prompt(&t3[..32], &t3[32..64]);
-        let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
-        serve_spec(
-            &mut e,
-            &RequestSpec { tokens: &t1, lora_id: Some(5), lora_name: Some("adapter-a"), ..Default::default() },
-        );
-        serve_spec(&mut e, &RequestSpec { tokens: &t2, cache_salt: Some("tenant-b"), ..Default::default() });
-        serve(&mut e, &t3, 130, None);
-        serve(&mut e, &prompt, 130, Some(a));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))) < 4 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert_eq!(blocks(&mut call, &t1, Some("adapter-a"), None, None), 4, "{form:?}");
-        assert_eq!(blocks(&mut call, &t1, None, None, None), 0, "{form:?}: LoRA blocks are not base blocks");
-        assert_eq!(blocks(&mut call, &t2, None, Some("tenant-b"), None), 4, "{form:?}");
-        assert_eq!(
-            blocks(&mut call, &t2, None, None, None),
-            0,
-            "{form:?}: salted blocks do not match unsalted queries"
-        );
-        assert_eq!(blocks(&mut call, &t3, None, None, None), 4, "{form:?}");
-        assert_eq!(blocks(&mut call, &t3, None, Some("tenant-b"), None), 0, "{form:?}: nor the reverse");
-        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos(a.1))), 4, "{form:?}");
-        assert_eq!(blocks(&mut call, &prompt, None, None, Some(mm_infos("other"))), 1, "{form:?}");
-        call(json!({"op": "quit"}));
-        drop(stdin);
-        let _ = child.wait();
+        let stdin = BufWriter::new(child.stdin.take().unwrap());
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, stdout, what }
     }
+
+    fn ready(&mut self) {
+        let mut ready = String::new();
+        self.stdout.read_line(&mut ready).unwrap();
+        assert!(ready.contains("\"ready\": true"), "{}: Dynamo's KvRouter did not start: {ready:?}", self.what);
+        assert_eq!(self.call(json!({"op": "ping"}))["ok"], true);
+    }
+
+    fn call(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{}: {line:?}: {e}", self.what));
+        assert!(v.get("error").is_none(), "{}: {cmd}: {v}", self.what);
+        v
+    }
+
+    /// The KvRouter's overlap in blocks for `tokens` in the given scope.
+    fn blocks(&mut self, tokens: &[u32], lora: Option<&str>, salt: Option<&str>, mm: Option<Value>) -> u64 {
+        self.call(json!({"op": "overlap", "tokens": tokens, "lora_name": lora, "cache_namespace": salt,
+                         "block_mm_infos": mm}))["device_blocks"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// Waits until the overlap is `want` (events apply asynchronously),
+    /// failing with the last answer after 20 s.
+    fn await_blocks(&mut self, tokens: &[u32], mm: Option<Value>, want: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.blocks(tokens, None, None, mm.clone());
+            if got == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} {what}: the KvRouter matches {got} blocks, want {want}", self.what);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves one-block probe prompts from `e` until every front has the latest
+/// (ZMQ's slow joiner, and Dynamo's relay joining in turn). `n` numbers the
+/// probes, so that each is new.
+fn join_fronts(fronts: &mut [&mut Front], e: &mut Engine, n: &mut u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p: Vec<u32> = (0..33).map(|i| 40_000 + *n * 64 + i).collect();
+        serve(e, &p, 33, None);
+        *n += 1;
+        std::thread::sleep(Duration::from_millis(150));
+        if fronts.iter_mut().all(|f| f.blocks(&p, None, None, None) == 1) {
+            return;
+        }
+        let what: Vec<&str> = fronts.iter().map(|f| f.what.as_str()).collect();
+        assert!(Instant::now() < deadline, "{what:?}: Dynamo's relay never received our stream");
+    }
+}
+
+/// Dynamo's in-process `KvRouter` on three engines in both forms, one front
+/// end process per engine (the in-memory discovery of one runtime has one
+/// instance): engine 1 holds a LoRA scope and the base model's text, engine
+/// 2 a salted scope and the base model's text of engine 1's LoRA prompt,
+/// engine 3 the base model's text and an image. Each scope matches only the
+/// query of its own scope, on the engine that holds it.
+#[test]
+fn dynamo_kvrouter_in_process_keeps_scopes_in_both_forms() {
+    let Some(python) = python() else { return };
+    let forms = [EventForm::Map, EventForm::Array];
+    let mut engines: Vec<Vec<Engine>> =
+        forms.iter().map(|f| (0..3).map(|_| engine_in_form(*f, false, 100, 0)).collect()).collect();
+    // All six front ends start at once.
+    let mut fronts: Vec<Vec<Front>> = forms
+        .iter()
+        .zip(&engines)
+        .map(|(f, es)| {
+            es.iter()
+                .enumerate()
+                .map(|(i, e)| Front::spawn(&python, &endpoints(e).0, format!("{f:?} engine {}", i + 1)))
+                .collect()
+        })
+        .collect();
+    fronts.iter_mut().flatten().for_each(Front::ready);
+    let mut n = 0;
+    for (fs, es) in fronts.iter_mut().zip(&mut engines) {
+        for (f, e) in fs.iter_mut().zip(es.iter_mut()) {
+            join_fronts(&mut [f], e, &mut n);
+        }
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(80);
+    let mut text = |n: usize| (0..n).map(|_| rng.random_range(1000..60_000)).collect::<Vec<u32>>();
+    let (t1, t2, t3) = (text(130), text(130), text(130));
+    let prompt = image_prompt(&t3[..32], &t3[32..64]);
+    let a: (&[u8], &str) = (b"pixels of image A", "0f1e2d3c-image-a");
+    let lora = RequestSpec { tokens: &t1, lora_id: Some(5), lora_name: Some("adapter-a"), ..Default::default() };
+    let salted = RequestSpec { tokens: &t2, cache_salt: Some("tenant-b"), ..Default::default() };
+    for es in &mut engines {
+        serve_spec(&mut es[0], &lora);
+        serve(&mut es[0], &t3, 130, None);
+        serve_spec(&mut es[1], &salted);
+        serve(&mut es[1], &t1, 130, None);
+        serve(&mut es[2], &t3, 130, None);
+        serve(&mut es[2], &prompt, 130, Some(a));
+    }
+    for (form, fs) in forms.iter().zip(&mut fronts) {
+        // The last store of each engine, then everything else is applied too.
+        fs[0].await_blocks(&t3, None, 4, "base text");
+        fs[1].await_blocks(&t1, None, 4, "base text");
+        fs[2].await_blocks(&prompt, Some(mm_infos(a.1)), 4, "image A");
+        let [f1, f2, f3] = &mut fs[..] else { unreachable!() };
+        assert_eq!(f1.blocks(&t1, Some("adapter-a"), None, None), 4, "{form:?}");
+        assert_eq!(f1.blocks(&t1, None, None, None), 0, "{form:?}: LoRA blocks are not base blocks");
+        assert_eq!(f1.blocks(&t1, Some("adapter-b"), None, None), 0, "{form:?}: nor another adapter's");
+        assert_eq!(f1.blocks(&t3, None, None, None), 4, "{form:?}");
+        assert_eq!(f1.blocks(&t2, None, Some("tenant-b"), None), 0, "{form:?}: engine 1 holds no salted blocks");
+        assert_eq!(f2.blocks(&t2, None, Some("tenant-b"), None), 4, "{form:?}");
+        assert_eq!(f2.blocks(&t2, None, None, None), 0, "{form:?}: salted blocks do not match unsalted queries");
+        assert_eq!(f2.blocks(&t1, None, None, None), 4, "{form:?}");
+        assert_eq!(f2.blocks(&t1, Some("adapter-a"), None, None), 0, "{form:?}: base blocks are not LoRA blocks");
+        assert_eq!(f3.blocks(&t3, None, None, None), 4, "{form:?}");
+        assert_eq!(f3.blocks(&t3, None, Some("tenant-b"), None), 0, "{form:?}: nor the reverse");
+        assert_eq!(f3.blocks(&prompt, None, None, Some(mm_infos(a.1))), 4, "{form:?}");
+        assert_eq!(f3.blocks(&prompt, None, None, Some(mm_infos("other"))), 1, "{form:?}");
+        assert_eq!(f3.blocks(&t1, Some("adapter-a"), None, None), 0, "{form:?}");
+    }
+}
+
+/// Dynamo's in-process `KvRouter`s, one per engine, on the shared-UUID
+/// fleet (engine 1 holds pixels A under the UUID, engine 2 other pixels
+/// under the same UUID, engine 3 text). Watching the engines directly, the
+/// KvRouter of engine 2 matches the image blocks by the UUID although engine
+/// 2 holds other pixels: the limit docs/wire-format.md describes, pinned
+/// here. Watching a `kvcore_router::Relay` (in this process) instead, the
+/// KvRouters match by the UUID only its true holder (while it is the only
+/// one), and each set of pixels by content on its holder alone.
+fn kvrouter_and_a_shared_uuid(form: EventForm) {
+    use kvcore_router::{IndexerConfig, Relay, RelayConfig, RelayWorker, SubscriberConfig};
+    let Some(python) = python() else { return };
+    let mut engines: Vec<Engine> = (0..3).map(|_| engine_in_form(form, false, 100, 0)).collect();
+    let workers: Vec<RelayWorker> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| RelayWorker {
+            name: format!("engine-{}", i + 1),
+            upstream: endpoints(e).0,
+            upstream_replay: None,
+            bind: "tcp://127.0.0.1:*".into(),
+            bind_replay: Some("tcp://127.0.0.1:*".into()),
+        })
+        .collect();
+    let config = RelayConfig {
+        subscriber: SubscriberConfig {
+            indexer: IndexerConfig { block_size: BLOCK, ..Default::default() },
+            ..Default::default()
+        },
+        form,
+        ..Default::default()
+    };
+    let mut relay = Relay::new(config, &workers).expect("relay binds");
+    let relayed: Vec<String> = (0..3).map(|i| relay.endpoint(i).unwrap().to_owned()).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            relay.poll(Duration::from_millis(5)).expect("relay poll");
+        }
+        relay
+    });
+    // Six front ends start at once: three on the engines, three on the relay.
+    let mut direct: Vec<Front> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Front::spawn(&python, &endpoints(e).0, format!("{form:?} engine {} direct", i + 1)))
+        .collect();
+    let mut behind: Vec<Front> = relayed
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| Front::spawn(&python, ep, format!("{form:?} engine {} behind the relay", i + 1)))
+        .collect();
+    direct.iter_mut().chain(behind.iter_mut()).for_each(Front::ready);
+    let mut n = 0;
+    for ((d, b), e) in direct.iter_mut().zip(behind.iter_mut()).zip(engines.iter_mut()) {
+        join_fronts(&mut [d, b], e, &mut n);
+    }
+    let f = shared_uuid();
+    let by_uuid = Some(mm_infos(f.a.1));
+    let (by_a, by_b) = (Some(mm_infos_of(content_mm_hash(f.a.0))), Some(mm_infos_of(content_mm_hash(f.b.0))));
+    serve(&mut engines[2], &f.text, 96, None);
+
+    // One holder: the UUID identifies its pixels, everywhere.
+    serve(&mut engines[0], &f.prompt, 130, Some(f.a));
+    behind[0].await_blocks(&f.prompt, by_uuid.clone(), 4, "a single holder matches by UUID");
+    direct[0].await_blocks(&f.prompt, by_uuid.clone(), 4, "a single holder matches by UUID");
+
+    // A second holder with other pixels under the same UUID.
+    serve(&mut engines[1], &f.prompt, 130, Some(f.b));
+    assert_eq!(f.prompt.len() as u64 / u64::from(BLOCK), 4);
+    assert_eq!(held(&mut engines[0], &f.prompt, Some(f.a)), 128);
+    assert_eq!(held(&mut engines[1], &f.prompt, Some(f.a)), 32, "engine 2 holds only the text before the image");
+    // Directly, Dynamo is misled: engine 2's KvRouter matches all four blocks.
+    direct[1].await_blocks(&f.prompt, by_uuid.clone(), 4, "(the documented limit) engine 2 matches the UUID");
+    assert_eq!(direct[0].blocks(&f.prompt, None, None, by_uuid.clone()), 4);
+    // Behind the relay: the ambiguous UUID matches no image block, each set of
+    // pixels matches its holder by content.
+    behind[0].await_blocks(&f.prompt, by_uuid.clone(), 1, "an ambiguous UUID matches no image block");
+    behind[1].await_blocks(&f.prompt, by_uuid.clone(), 1, "an ambiguous UUID matches no image block");
+    behind[0].await_blocks(&f.prompt, by_a.clone(), 4, "pixels A match their holder by content");
+    behind[1].await_blocks(&f.prompt, by_a.clone(), 1, "pixels A are not engine 2's");
+    behind[1].await_blocks(&f.prompt, by_b.clone(), 4, "pixels B match their holder by content");
+    behind[0].await_blocks(&f.prompt, by_b.clone(), 1, "pixels B are not engine 1's");
+    for front in [&mut behind[2], &mut direct[2]] {
+        assert_eq!(front.blocks(&f.prompt, None, None, by_uuid.clone()), 0);
+        assert_eq!(front.blocks(&f.text, None, None, None), 3, "text is relayed unchanged");
+    }
+
+    // Engine 2 evicts its copy: the UUID is its only holder's again.
+    assert!(engines[1].evict(1000) > 0);
+    engines[1].step();
+    behind[1].await_blocks(&f.prompt, by_uuid.clone(), 0, "the evicted copy is gone");
+    behind[0].await_blocks(&f.prompt, by_uuid.clone(), 4, "the UUID matches again once the conflict is gone");
+    behind[1].await_blocks(&f.prompt, by_b, 0, "nothing of pixels B is left");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let relay = thread.join().expect("relay thread");
+    let ix = relay.subscriber().indexer().counters();
+    assert_eq!((ix.uuid_conflicts, ix.uuid_conflicts_resolved), (1, 1));
+}
+
+#[test]
+fn dynamo_kvrouter_and_a_shared_uuid_map_form() {
+    kvrouter_and_a_shared_uuid(EventForm::Map);
+}
+
+#[test]
+fn dynamo_kvrouter_and_a_shared_uuid_array_form() {
+    kvrouter_and_a_shared_uuid(EventForm::Array);
 }
 
 /// Dynamo's per-block image identity for `image_prompt` under one `mm_hash`.
