@@ -4,7 +4,9 @@ discovery and the NATS event plane (ETCD_ENDPOINTS, NATS_SERVER from the environ
 `<namespace>.worker.generate`, registers the model, and runs Dynamo's own relay
 (`KvEventPublisher(zmq_endpoint=...)`) on the kvcore engine's PUB socket. Each request the router
 sends here is handed to the engine's control socket (`kvcore fleet-engine`), which admits,
-computes and commits it; the answer's `token_ids` are `[ordinal, tokens found cached]`.
+computes and commits it; the answer's `token_ids` are `[ordinal, tokens found cached]`. After
+start it asks the engine to publish its whole state, so that an engine that kept its cache while
+this process restarted is known again under the new instance.
 
     python dynamo_worker.py --ordinal 0 --block-size 32 --engine-pub tcp://.. --engine-control tcp://..
 
@@ -47,6 +49,8 @@ async def main():
     ap.add_argument("--model", default="kvcore")
     ap.add_argument("--no-local-indexer", action="store_true",
                     help="run the relay without Dynamo's worker-local indexer")
+    ap.add_argument("--republish-s", type=float, nargs="*", default=[0.5, 1.0, 2.0, 4.0],
+                    help="delays between the engine's state publications after start")
     args = ap.parse_args()
 
     loop = asyncio.get_running_loop()
@@ -79,10 +83,24 @@ async def main():
                              zmq_endpoint=args.engine_pub)
     say({"ready": True, "instance_id": ep.connection_id(), "ordinal": args.ordinal, "pid": os.getpid()})
 
+    async def republish():
+        # The relay forwards only what the engine publishes from now on, under this (new)
+        # instance id: an engine that kept its cache across a restart of this process publishes
+        # its whole state again (AllBlocksCleared, then every cached block). The relay's
+        # subscription and the router's discovery of this instance both take a moment to form,
+        # and a batch sent before either is lost, so the state goes out a few times; each copy
+        # replaces the previous one whole.
+        for delay in args.republish_s:
+            await asyncio.sleep(delay)
+            await engine({"op": "republish"})
+
+    republishing = asyncio.ensure_future(republish())
+
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while await reader.readline():
         pass
+    republishing.cancel()
     del relay
     serving.cancel()
 
