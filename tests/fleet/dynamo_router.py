@@ -15,6 +15,7 @@ line out:
   {"op":"overlap","tokens":[..],"block_mm_infos":..}
       -> {"blocks": {"<instance_id>": device blocks}}   (KvRouter.get_overlap_scores)
   {"op":"instances"} -> {"instance_ids": [..]}   (the workers discovery lists now)
+  {"op":"dump"} -> {"events": [..]}   (KvRouter.dump_events: the indexer's state as events)
   {"op":"ping"} / {"op":"quit"}
 
 Errors answer {"error": "..."}; the loop goes on.
@@ -88,6 +89,8 @@ async def main():
                 say({"blocks": blocks})
             elif op == "instances":
                 say({"instance_ids": sorted(client.instance_ids())})
+            elif op == "dump":
+                say({"events": json.loads(await router.dump_events())})
             elif op == "ping":
                 say({"ok": True})
             elif op == "quit":

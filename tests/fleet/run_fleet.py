@@ -264,6 +264,9 @@ class Fleet:
             if not bad:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
+                with open(os.path.join(self.logdir, "router-dump.json"), "w") as f:
+                    json.dump({"workers": {w.ordinal: w.instance_id for w in self.workers.values()},
+                               "mismatches": bad, "dump": self.router.call({"op": "dump"}, allow_error=True)}, f)
                 raise Failed(f"{what}: the router still differs from the engines after {timeout} s: {bad[:6]}")
             time.sleep(0.2)
 
@@ -272,6 +275,20 @@ def port_open(port):
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def image_prompt(rng, engine, name, uuid, pixels):
+    """A 194-token prompt: 32 text tokens, one image of 64 placeholders at 33..97 given by `uuid`,
+    then text; with the per-block `block_mm_infos` a frontend sends Dynamo for it."""
+    h = engine.call({"op": "mm_hash", "uuid": uuid})["mm_hash"]
+
+    def obj(s, e):
+        return {"mm_objects": [{"mm_hash": h, "offsets": [[s, e]]}]}
+
+    text = [rng.randrange(1000, 60_000) for _ in range(32 + 32 + 2 * BLOCK)]
+    tokens = text[:32] + [VISION_START] + [IMAGE_PAD] * 64 + [VISION_END] + text[32:]
+    return {"name": name, "tokens": tokens, "image": {"pixels": pixels, "uuid": uuid, "start": 33, "len": 64},
+            "block_mm_infos": [None, obj(1, 32), obj(0, 32), obj(0, 1)]}
 
 
 def make_load(seed, engine):
@@ -367,6 +384,7 @@ def run(args, logdir):
         report(phase="routing", requests=len(order), kv_hit_rate=round(kv_cached / total, 4),
                round_robin_hit_rate=round(rr_cached / total, 4))
         check(kv_cached > rr_cached, f"KV routing hit {kv_cached} tokens, round-robin {rr_cached}")
+
         timings = {}
 
         # A worker killed: its blocks leave the router's view.
@@ -429,13 +447,15 @@ def run(args, logdir):
         routed_load(fleet, prompts, order[50:])
         report(phase="nats_restarted", seconds=timings["nats_restarted_s"])
 
-        # A relay (the engine stream's subscriber) stalls while its engine keeps committing.
+        # A relay (the engine stream's subscriber) stalls, shorter than its lease, while its engine
+        # keeps committing: the engine's socket keeps the batches, the relay forwards them when it
+        # resumes.
         stalled = fleet.workers[0]
         fleet.procs.kill(stalled.proc, signal.SIGSTOP)
         extra = [dict(p, name=p["name"] + "+") for p in make_load(args.seed + 1, stalled.engine)[0][:6]]
         for p in extra:
             stalled.engine.call({"op": "serve", "tokens": p["tokens"], "image": p.get("image")})
-        time.sleep(2.0)
+        time.sleep(max(0.0, args.lease_ttl_s / 2 - 0.5))
         key = str(stalled.instance_id)
         unseen = [p["name"] for p in extra if fleet.router.overlap(p).get(key, 0) < stalled.engine.held(p) // BLOCK]
         check(unseen, "the router learnt the stalled relay's blocks while it was stopped")
@@ -445,8 +465,82 @@ def run(args, logdir):
         timings["relay_stall_s"] = round(time.monotonic() - t, 2)
         report(phase="relay_stalled", seconds=timings["relay_stall_s"], unseen_during_stall=len(unseen))
 
+        # The same worker stalled past its etcd lease: discovery drops it and the router forgets
+        # its blocks (believing nothing it cannot reach). Resumed, the process has lost its lease
+        # and stays out of discovery; restarting its Dynamo side on the same engine brings the
+        # engine's cache back into the router's view.
+        t = time.monotonic()
+        fleet.procs.kill(stalled.proc, signal.SIGSTOP)
+        fleet.workers.pop(0)
+        wait_until(lambda: stalled.instance_id not in fleet.router.instances(), RECOVERY_BOUND_S,
+                   "a worker stalled past its lease leaves discovery")
+        fleet.settle(prompts + extra, "after a worker stalled past its lease")
+        timings["worker_stalled_past_lease_dropped_s"] = round(time.monotonic() - t, 2)
+        fleet.procs.kill(stalled.proc, signal.SIGCONT)
+        time.sleep(2.0)
+        rejoined = stalled.instance_id in fleet.router.instances()
+        check(not rejoined, "the stalled worker came back under its old instance")
+        t = time.monotonic()
+        fleet.procs.kill(stalled.proc)
+        back0 = fleet.start_worker(0, engine=stalled.engine)
+        wait_until(lambda: back0.instance_id in fleet.router.instances(), RECOVERY_BOUND_S,
+                   "the stalled worker's replacement joins")
+        fleet.settle(prompts + extra, "after the stalled worker was replaced")
+        timings["worker_stalled_past_lease_replaced_s"] = round(time.monotonic() - t, 2)
+        report(phase="worker_stalled_past_lease", dropped_s=timings["worker_stalled_past_lease_dropped_s"],
+               rejoined_by_itself=rejoined, replaced_s=timings["worker_stalled_past_lease_replaced_s"])
+
+        # The router (the NATS subscriber) stalls while the engines keep committing.
+        fleet.procs.kill(fleet.router.proc, signal.SIGSTOP)
+        more = [dict(p, name=p["name"] + "*") for p in make_load(args.seed + 2, stalled.engine)[0][:6]]
+        for i, p in enumerate(more):
+            fleet.workers[sorted(fleet.workers)[i % 3]].engine.call(
+                {"op": "serve", "tokens": p["tokens"], "image": p.get("image")})
+        time.sleep(max(0.0, args.lease_ttl_s / 2 - 0.5))
+        t = time.monotonic()
+        fleet.procs.kill(fleet.router.proc, signal.SIGCONT)
+        fleet.settle(prompts + extra + more, "after a stalled router resumed")
+        timings["router_stall_s"] = round(time.monotonic() - t, 2)
+        report(phase="router_stalled", seconds=timings["router_stall_s"])
+
+        # Last, as it leaves the router believing what is not: an image given by a UUID is served
+        # by one worker, then the same UUID with other pixels by another worker that has never
+        # seen the UUID. That engine reuses none of the image's blocks (content is the cache
+        # identity), but nothing tells it the UUID named other pixels elsewhere, so it publishes
+        # its image blocks under the UUID's mm_hash, and Dynamo's router, which keys image blocks
+        # by that mm_hash, then believes the second worker holds the first image.
+        # docs/deployment.md describes this; the check below holds the behaviour seen, so a
+        # change on either side shows here.
+        wrong = []
+        rng = random.Random(args.seed + 3)
+        first, second = fleet.workers[0], fleet.workers[1]
+        for k in range(2):
+            uuid = f"9d4e7a10-late-image-{k}"
+            genuine = image_prompt(rng, first.engine, f"late{k}", uuid, f"pixels of late image {k}")
+            other = dict(genuine, name=f"late{k}.other-pixels",
+                         image=dict(genuine["image"], pixels=f"other pixels under the UUID of late image {k}"))
+            fleet.router.call({"op": "route_to", "instance_id": first.instance_id, "tokens": genuine["tokens"],
+                               "image": genuine["image"], "block_mm_infos": genuine["block_mm_infos"]})
+            fleet.settle([genuine], f"{genuine['name']} served")
+            answer = fleet.router.call({"op": "route_to", "instance_id": second.instance_id, "tokens": other["tokens"],
+                                        "image": other["image"], "block_mm_infos": other["block_mm_infos"]})
+            check(answer["cached"] == 0, f"{other['name']}: the engine reused {answer['cached']} tokens")
+            check(second.engine.held(genuine) <= BLOCK, f"{other['name']}: the engine holds the genuine image's blocks")
+            try:
+                wait_until(lambda: fleet.router.overlap(genuine).get(str(second.instance_id), 0) > 1, 10,
+                           f"{other['name']}: the router believing the UUID's blocks on worker {second.ordinal}")
+            except Failed as e:
+                raise Failed(f"{e}; the router's overlap {fleet.router.overlap(genuine)}, "
+                             f"workers {[(w.ordinal, w.instance_id) for w in fleet.workers.values()]}") from None
+            wrong.append({"prompt": genuine["name"], "worker": second.ordinal,
+                          "router_blocks": fleet.router.overlap(genuine)[str(second.instance_id)],
+                          "engine_blocks": second.engine.held(genuine) // BLOCK})
+        check(all(w["router_blocks"] > w["engine_blocks"] for w in wrong), f"{wrong}")
+        report(phase="uuid_with_other_pixels_on_another_worker", believed_wrongly=wrong)
+
         report(ok=True, seconds=round(time.monotonic() - t0, 2), kv_hit_rate=round(kv_cached / total, 4),
-               round_robin_hit_rate=round(rr_cached / total, 4), recovery_s=timings)
+               round_robin_hit_rate=round(rr_cached / total, 4), recovery_s=timings,
+               uuid_with_other_pixels=wrong)
         return 0
     except Failed as e:
         report(ok=False, error=str(e), logs=logdir)
@@ -461,7 +555,7 @@ def main():
     ap.add_argument("--etcd", default=shutil.which("etcd") or "etcd")
     ap.add_argument("--nats", default=shutil.which("nats-server") or "nats-server")
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--lease-ttl-s", type=int, default=3,
+    ap.add_argument("--lease-ttl-s", type=int, default=5,
                     help="etcd lease TTL of each Dynamo process (ETCD_LEASE_TTL): how long a killed worker stays listed")
     ap.add_argument("--no-local-indexer", action="store_true",
                     help="workers run Dynamo's relay without its worker-local indexer (to see what it recovers)")
