@@ -372,6 +372,46 @@ def run(args, logdir):
                router_startup_s=fleet.router.startup_s)
         prompts, order = make_load(args.seed, fleet.workers[0].engine)
 
+        # An image given by a UUID is served
+        # by one worker, then the same UUID with other pixels by another worker that has never
+        # seen the UUID. That engine reuses none of the image's blocks (content is the cache
+        # identity), but nothing tells it the UUID named other pixels elsewhere, so it publishes
+        # its image blocks under the UUID's mm_hash, and Dynamo's router, which keys image blocks
+        # by that mm_hash, then believes the second worker holds the first image.
+        # docs/deployment.md describes this; the check below holds the behaviour seen, so a
+        # change on either side shows here.
+        wrong = []
+        rng = random.Random(args.seed + 3)
+        first, second = fleet.workers[0], fleet.workers[1]
+        for k in range(2):
+            uuid = f"9d4e7a10-late-image-{k}"
+            genuine = image_prompt(rng, first.engine, f"late{k}", uuid, f"pixels of late image {k}")
+            other = dict(genuine, name=f"late{k}.other-pixels",
+                         image=dict(genuine["image"], pixels=f"other pixels under the UUID of late image {k}"))
+            fleet.router.call({"op": "route_to", "instance_id": first.instance_id, "tokens": genuine["tokens"],
+                               "image": genuine["image"], "block_mm_infos": genuine["block_mm_infos"]})
+            # Only the first engine is asked what it holds here: an engine asked about the genuine
+            # image has seen the UUID with its pixels, and then refuses the UUID for other pixels.
+            want = first.engine.held(genuine) // BLOCK
+            wait_until(lambda: fleet.router.overlap(genuine).get(str(first.instance_id), 0) == want, 10,
+                       f"{genuine['name']} known on worker {first.ordinal}")
+            answer = fleet.router.call({"op": "route_to", "instance_id": second.instance_id, "tokens": other["tokens"],
+                                        "image": other["image"], "block_mm_infos": other["block_mm_infos"]})
+            check(answer["cached"] == 0, f"{other['name']}: the engine reused {answer['cached']} tokens")
+            check(second.engine.held(genuine) <= BLOCK, f"{other['name']}: the engine holds the genuine image's blocks")
+            try:
+                wait_until(lambda: fleet.router.overlap(genuine).get(str(second.instance_id), 0) > 1, 10,
+                           f"{other['name']}: the router believing the UUID's blocks on worker {second.ordinal}")
+            except Failed as e:
+                raise Failed(f"{e}; the router's overlap {fleet.router.overlap(genuine)}, "
+                             f"workers {[(w.ordinal, w.instance_id) for w in fleet.workers.values()]}") from None
+            wrong.append({"prompt": genuine["name"], "worker": second.ordinal,
+                          "router_blocks": fleet.router.overlap(genuine)[str(second.instance_id)],
+                          "engine_blocks": second.engine.held(genuine) // BLOCK})
+        check(all(w["router_blocks"] > w["engine_blocks"] for w in wrong), f"{wrong}")
+        report(phase="uuid_with_other_pixels_on_another_worker", believed_wrongly=wrong)
+
+
         # Routing: Dynamo picks, the engines answer.
         kv_cached, total = routed_load(fleet, prompts, order)
         fleet.settle(prompts, "after the load")
@@ -503,40 +543,6 @@ def run(args, logdir):
         timings["router_stall_s"] = round(time.monotonic() - t, 2)
         report(phase="router_stalled", seconds=timings["router_stall_s"])
 
-        # Last, as it leaves the router believing what is not: an image given by a UUID is served
-        # by one worker, then the same UUID with other pixels by another worker that has never
-        # seen the UUID. That engine reuses none of the image's blocks (content is the cache
-        # identity), but nothing tells it the UUID named other pixels elsewhere, so it publishes
-        # its image blocks under the UUID's mm_hash, and Dynamo's router, which keys image blocks
-        # by that mm_hash, then believes the second worker holds the first image.
-        # docs/deployment.md describes this; the check below holds the behaviour seen, so a
-        # change on either side shows here.
-        wrong = []
-        rng = random.Random(args.seed + 3)
-        first, second = fleet.workers[0], fleet.workers[1]
-        for k in range(2):
-            uuid = f"9d4e7a10-late-image-{k}"
-            genuine = image_prompt(rng, first.engine, f"late{k}", uuid, f"pixels of late image {k}")
-            other = dict(genuine, name=f"late{k}.other-pixels",
-                         image=dict(genuine["image"], pixels=f"other pixels under the UUID of late image {k}"))
-            fleet.router.call({"op": "route_to", "instance_id": first.instance_id, "tokens": genuine["tokens"],
-                               "image": genuine["image"], "block_mm_infos": genuine["block_mm_infos"]})
-            fleet.settle([genuine], f"{genuine['name']} served")
-            answer = fleet.router.call({"op": "route_to", "instance_id": second.instance_id, "tokens": other["tokens"],
-                                        "image": other["image"], "block_mm_infos": other["block_mm_infos"]})
-            check(answer["cached"] == 0, f"{other['name']}: the engine reused {answer['cached']} tokens")
-            check(second.engine.held(genuine) <= BLOCK, f"{other['name']}: the engine holds the genuine image's blocks")
-            try:
-                wait_until(lambda: fleet.router.overlap(genuine).get(str(second.instance_id), 0) > 1, 10,
-                           f"{other['name']}: the router believing the UUID's blocks on worker {second.ordinal}")
-            except Failed as e:
-                raise Failed(f"{e}; the router's overlap {fleet.router.overlap(genuine)}, "
-                             f"workers {[(w.ordinal, w.instance_id) for w in fleet.workers.values()]}") from None
-            wrong.append({"prompt": genuine["name"], "worker": second.ordinal,
-                          "router_blocks": fleet.router.overlap(genuine)[str(second.instance_id)],
-                          "engine_blocks": second.engine.held(genuine) // BLOCK})
-        check(all(w["router_blocks"] > w["engine_blocks"] for w in wrong), f"{wrong}")
-        report(phase="uuid_with_other_pixels_on_another_worker", believed_wrongly=wrong)
 
         report(ok=True, seconds=round(time.monotonic() - t0, 2), kv_hit_rate=round(kv_cached / total, 4),
                round_robin_hit_rate=round(rr_cached / total, 4), recovery_s=timings,
