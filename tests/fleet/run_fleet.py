@@ -15,6 +15,10 @@ process (`dynamo_router.py`, Dynamo's `KvRouter`). Then:
             within a bound; each recovery is timed.
 
     python run_fleet.py --kvcore <path to the kvcore binary> [--etcd etcd] [--nats nats-server]
+                        [--scenario faults|router-restart-without-local-indexer]
+
+The second scenario runs the relays without Dynamo's worker-local indexer and shows that a
+restarted router then learns nothing of the engines' caches until the engines publish their state.
 
 Run it with the python of the Dynamo venv (tests/interop/setup_venv.sh). Prints one JSON line per
 phase and a summary line {"ok": true, ...}; exits 1 on the first failed check.
@@ -555,6 +559,47 @@ def run(args, logdir):
         fleet.procs.stop_all()
 
 
+def run_without_local_indexer(args, logdir):
+    """The router restarted when the workers' relays run without Dynamo's worker-local indexer:
+    the new router learns nothing of what the engines already hold (it sees only what they
+    publish from then on); the engines' own state publication (`republish`) brings it back."""
+    fleet = Fleet(args, logdir)
+    t0 = time.monotonic()
+    try:
+        fleet.start_services()
+        for k in range(3):
+            fleet.start_worker(k)
+        fleet.start_router()
+        wait_until(lambda: len(fleet.router.instances()) == 3, RECOVERY_BOUND_S, "the router sees 3 workers")
+        prompts, order = make_load(args.seed, fleet.workers[0].engine)
+        time.sleep(max(0.0, max(w.started for w in fleet.workers.values()) + REPUBLISH_WINDOW_S - time.monotonic()))
+        routed_load(fleet, prompts, order[:30])
+        held = sum(w.engine.held(p) for w in fleet.workers.values() for p in prompts) // BLOCK
+        check(held > 0, "the engines hold nothing")
+        fleet.procs.kill(fleet.router.proc)
+        fleet.start_router()
+        wait_until(lambda: len(fleet.router.instances()) == 3, RECOVERY_BOUND_S, "the new router sees 3 workers")
+        time.sleep(args.blind_wait_s)
+        bad = fleet.mismatches(prompts)
+        known = sum(sum(fleet.router.overlap(p).values()) for p in prompts)
+        check(known == 0 and bad, f"the new router knew {known} blocks of the engines' {held} without the "
+              "worker-local indexer")
+        t = time.monotonic()
+        for w in fleet.workers.values():
+            w.engine.call({"op": "republish"})
+        fleet.settle(prompts, "after the engines published their state")
+        republish_s = round(time.monotonic() - t, 2)
+        routed_load(fleet, prompts, order[30:45])
+        report(ok=True, seconds=round(time.monotonic() - t0, 2), held_blocks=held,
+               known_after_restart=known, blind_after_s=args.blind_wait_s, recovered_by_republish_s=republish_s)
+        return 0
+    except Failed as e:
+        report(ok=False, error=str(e), logs=logdir)
+        return 1
+    finally:
+        fleet.procs.stop_all()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvcore", required=True)
@@ -569,10 +614,17 @@ def main():
                     help="workers do not ask their engine to publish its state after start (likewise)")
     ap.add_argument("--seed", type=int, default=24)
     ap.add_argument("--logs", default=None, help="folder for the processes' logs (default: a new temp folder)")
+    ap.add_argument("--scenario", choices=["faults", "router-restart-without-local-indexer"], default="faults",
+                    help="faults: routing and every fault (the default); router-restart-without-local-indexer: "
+                    "what a restarted router learns when the relays keep no local indexer")
+    ap.add_argument("--blind-wait-s", type=float, default=5.0,
+                    help="how long the second scenario waits before checking the new router learnt nothing")
     args = ap.parse_args()
+    if args.scenario == "router-restart-without-local-indexer":
+        args.no_local_indexer = True
     logdir = args.logs or tempfile.mkdtemp(prefix="kvcore-fleet-")
     os.makedirs(logdir, exist_ok=True)
-    sys.exit(run(args, logdir))
+    sys.exit(run(args, logdir) if args.scenario == "faults" else run_without_local_indexer(args, logdir))
 
 
 if __name__ == "__main__":
