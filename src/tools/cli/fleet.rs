@@ -25,9 +25,9 @@
 use std::io::Write;
 
 use clap::Args;
-use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, Publisher, PublisherConfig, RequestSpec, TokenRun};
 use kvcore::mm_hash_of_identifier;
 use kvcore::wire::{EncodeOptions, EventForm};
+use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, Publisher, PublisherConfig, RequestSpec, TokenRun};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
