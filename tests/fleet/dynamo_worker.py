@@ -99,7 +99,7 @@ async def main():
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while await reader.readline():
-        pass
+        continue
     republishing.cancel()
     del relay
     serving.cancel()

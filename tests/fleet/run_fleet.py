@@ -5,14 +5,18 @@ Starts etcd and nats-server, three workers (each a `kvcore fleet-engine` process
 publisher, and a `dynamo_worker.py` process with Dynamo's runtime and relay) and one router
 process (`dynamo_router.py`, Dynamo's `KvRouter`). Then:
 
+  (the uuids phase runs first, on engines that never saw its UUIDs; then routing, then faults)
   routing   a load of text and image prompts (UUIDs, shared prefixes) routed by Dynamo; before
             each request the router's overlap for every worker must equal what that worker's
             engine holds, and the worker Dynamo picks must hold the longest prefix. The same
             load sent round-robin must hit less.
+  uuids     an image's UUID given with other pixels on a worker that never saw it: what Dynamo's
+            router then believes (docs/deployment.md).
   faults    a worker killed, a worker restarted empty, a worker's Dynamo side restarted while
             its engine kept the cache, the router restarted mid-load, NATS restarted, a relay
-            stalled: after each, the router's view must equal the engines' own answers again,
-            within a bound; each recovery is timed.
+            stalled, a worker stalled past its etcd lease, the router stalled: after each, the
+            router's view must equal the engines' own answers again, within a bound; each
+            recovery is timed.
 
     python run_fleet.py --kvcore <path to the kvcore binary> [--etcd etcd] [--nats nats-server]
                         [--scenario faults|router-restart-without-local-indexer]
@@ -47,7 +51,7 @@ REPUBLISH_WINDOW_S = 8.0
 
 
 class Failed(Exception):
-    pass
+    """A check that did not hold."""
 
 
 def check(cond, what):
@@ -89,7 +93,7 @@ class Procs:
         log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
         p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                              stdout=subprocess.PIPE if stdout else log, stderr=log,
-                             text=True, start_new_session=True)
+                             text=True, preexec_fn=os.setpgrp)
         p.name = name
         self.children.append(p)
         return p
@@ -98,7 +102,7 @@ class Procs:
         try:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
-            pass
+            return
         if sig in (signal.SIGKILL, signal.SIGTERM):
             p.wait(timeout=10)
 
@@ -376,9 +380,8 @@ def run(args, logdir):
                router_startup_s=fleet.router.startup_s)
         prompts, order = make_load(args.seed, fleet.workers[0].engine)
 
-        # An image given by a UUID is served
-        # by one worker, then the same UUID with other pixels by another worker that has never
-        # seen the UUID. That engine reuses none of the image's blocks (content is the cache
+        # An image given by a UUID is served by one worker, then the same UUID with other pixels
+        # by another worker that has never seen the UUID. That engine reuses none of the image's blocks (content is the cache
         # identity), but nothing tells it the UUID named other pixels elsewhere, so it publishes
         # its image blocks under the UUID's mm_hash, and Dynamo's router, which keys image blocks
         # by that mm_hash, then believes the second worker holds the first image.
@@ -414,7 +417,6 @@ def run(args, logdir):
                           "engine_blocks": second.engine.held(genuine) // BLOCK})
         check(all(w["router_blocks"] > w["engine_blocks"] for w in wrong), f"{wrong}")
         report(phase="uuid_with_other_pixels_on_another_worker", believed_wrongly=wrong)
-
 
         # Routing: Dynamo picks, the engines answer.
         kv_cached, total = routed_load(fleet, prompts, order)
