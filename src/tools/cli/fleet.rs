@@ -17,7 +17,7 @@
 //!   (`AllBlocksCleared`, then every cached block): `{"events": n}`;
 //! - `{"op":"clear"}`: drops every cached block (`AllBlocksCleared` goes out);
 //! - `{"op":"mm_hash","uuid":s}`: Dynamo's `mm_hash` of an image identifier;
-//! - `{"op":"stats"}`: publisher counters and cached blocks;
+//! - `{"op":"stats"}`: publisher counters, cached blocks and live requests;
 //! - `{"op":"quit"}`: answers `{"ok":true}` and exits.
 //!
 //! A request that cannot be served answers `{"error": ..}` and changes nothing.
@@ -180,7 +180,7 @@ fn answer(engine: &mut Engine, req: &Request) -> Value {
         "stats" => {
             let s = engine.publisher().map(Publisher::stats).unwrap_or_default();
             let (device, host) = engine.blocks_cached();
-            json!({"blocks_device": device, "blocks_host": host,
+            json!({"blocks_device": device, "blocks_host": host, "requests_live": engine.requests_live(),
                    "batches_handed_to_socket": s.batches_handed_to_socket,
                    "replays_served": s.replays_served, "snapshots_served": s.snapshots_served,
                    "replays_answered_by_snapshot": s.replays_answered_by_snapshot,
