@@ -56,8 +56,8 @@ case "$arch" in x86_64) goarch=amd64 ;; aarch64) goarch=arm64 ;; *) goarch="$arc
 if [[ -z "$etcd" ]]; then
   log "downloading etcd $ETCD_VERSION"
   tmp="$(mktemp -d)"
-  curl -fsSL "https://github.com/etcd-io/etcd/releases/download/$ETCD_VERSION/etcd-$ETCD_VERSION-linux-$goarch.tar.gz" \
-    | tar -xz -C "$tmp"
+  url="https://github.com/etcd-io/etcd/releases/download/$ETCD_VERSION/etcd-$ETCD_VERSION-linux-$goarch.tar.gz"
+  curl -fsSL "$url" | tar -xz -C "$tmp" || { log "cannot fetch $url; install etcd or set KVCORE_ETCD"; exit 1; }
   install -m 755 "$tmp/etcd-$ETCD_VERSION-linux-$goarch/etcd" "$BIN/etcd"
   rm -rf "$tmp"
   etcd="$BIN/etcd"
@@ -65,8 +65,8 @@ fi
 if [[ -z "$nats" ]]; then
   log "downloading nats-server $NATS_VERSION"
   tmp="$(mktemp -d)"
-  curl -fsSL "https://github.com/nats-io/nats-server/releases/download/$NATS_VERSION/nats-server-$NATS_VERSION-linux-$goarch.tar.gz" \
-    | tar -xz -C "$tmp"
+  url="https://github.com/nats-io/nats-server/releases/download/$NATS_VERSION/nats-server-$NATS_VERSION-linux-$goarch.tar.gz"
+  curl -fsSL "$url" | tar -xz -C "$tmp" || { log "cannot fetch $url; install nats-server or set KVCORE_NATS"; exit 1; }
   install -m 755 "$tmp/nats-server-$NATS_VERSION-linux-$goarch/nats-server" "$BIN/nats-server"
   rm -rf "$tmp"
   nats="$BIN/nats-server"
