@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod core_bench;
 mod demo;
 mod events;
+mod fleet;
 // The GPU benchmark hands device addresses to the library's digest calls.
 #[allow(
     unsafe_code,
@@ -45,6 +46,9 @@ enum Command {
     Demo,
     /// Tail, record or replay a KV event stream.
     Events(events::EventsArgs),
+    /// One engine as a fleet member: its event publisher and a JSON control
+    /// socket that a serving front end hands routed requests to.
+    FleetEngine(fleet::FleetEngineArgs),
     /// Measures the GPU kernels against the device's copy limits (JSON report).
     ///
     /// By default every part runs: the copy limits, the digests (every
@@ -83,6 +87,12 @@ fn main() {
         Some(Command::Events(args)) => {
             if let Err(e) = events::run(args) {
                 eprintln!("kvcore events: {e}");
+                std::process::exit(1);
+            }
+        }
+        Some(Command::FleetEngine(args)) => {
+            if let Err(e) = fleet::run(args) {
+                eprintln!("kvcore fleet-engine: {e}");
                 std::process::exit(1);
             }
         }
