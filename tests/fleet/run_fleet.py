@@ -19,10 +19,15 @@ process (`dynamo_router.py`, Dynamo's `KvRouter`). Then:
             recovery is timed.
 
     python run_fleet.py --kvcore <path to the kvcore binary> [--etcd etcd] [--nats nats-server]
-                        [--scenario faults|router-restart-without-local-indexer]
+                        [--scenario faults|router-restart-without-local-indexer|uuid-through-kvcore-relay]
+                        [--bypass-relay]
 
 The second scenario runs the relays without Dynamo's worker-local indexer and shows that a
 restarted router then learns nothing of the engines' caches until the engines publish their state.
+The third puts `kvcore relay --resync` between the engines and Dynamo's relays and shows that a UUID
+given with other pixels on another worker no longer makes Dynamo's router believe that worker holds
+the UUID's image, and that the UUID matches its holder again once the other copy is gone
+(`--bypass-relay` points Dynamo's relays at the engines instead, where those checks fail).
 
 Run it with the python of the Dynamo venv (tests/interop/setup_venv.sh). Prints one JSON line per
 phase and a summary line {"ok": true, ...}; exits 1 on the first failed check.
@@ -162,11 +167,11 @@ class Engine:
 class Worker:
     """A Dynamo worker process in front of an engine."""
 
-    def __init__(self, procs, py, env, ordinal, engine, generation, extra_args=()):
+    def __init__(self, procs, py, env, ordinal, engine, generation, extra_args=(), pub=None):
         self.ordinal, self.engine = ordinal, engine
         self.proc = procs.spawn(f"worker{ordinal}.{generation}",
                                 [py, os.path.join(HERE, "dynamo_worker.py"), "--ordinal", str(ordinal),
-                                 "--block-size", str(BLOCK), "--engine-pub", engine.pub,
+                                 "--block-size", str(BLOCK), "--engine-pub", pub or engine.pub,
                                  "--engine-control", engine.control, *extra_args], env=env, stdin=True)
         ready = first_line(self.proc)
         self.instance_id = ready["instance_id"]
@@ -231,7 +236,7 @@ class Fleet:
                                      stdout=False)
         wait_until(lambda: port_open(self.nats_port), 20, "nats-server listening")
 
-    def start_worker(self, ordinal, engine=None):
+    def start_worker(self, ordinal, engine=None, pub=None):
         self.generation += 1
         if engine is None:
             engine = Engine(self.procs, self.args.kvcore, f"engine{ordinal}.{self.generation}")
@@ -240,7 +245,7 @@ class Fleet:
             extra.append("--no-local-indexer")
         if self.args.no_republish:
             extra.append("--republish-s")
-        w = Worker(self.procs, self.args.python, self.env, ordinal, engine, self.generation, extra)
+        w = Worker(self.procs, self.args.python, self.env, ordinal, engine, self.generation, extra, pub)
         self.workers[ordinal] = w
         return w
 
@@ -561,6 +566,117 @@ def run(args, logdir):
         fleet.procs.stop_all()
 
 
+def without_uuid(prompt):
+    """The prompt with its image given by pixels alone, for asking an engine what it holds: the
+    engine's answer is the same (content is the cache identity), and an engine asked with the UUID
+    would learn the UUID with those pixels and stop hinting it for others (its own, correct,
+    protection), which would hide what the relay does."""
+    return dict(prompt, image=dict(prompt["image"], uuid=None))
+
+
+def with_infos(prompt, name, mm_hash):
+    """The prompt asked of the router with `mm_hash` in its `block_mm_infos` instead."""
+    def obj(s, e):
+        return {"mm_objects": [{"mm_hash": mm_hash, "offsets": [[s, e]]}]}
+
+    return dict(without_uuid(prompt), name=name, block_mm_infos=[None, obj(1, 32), obj(0, 32), obj(0, 1)])
+
+
+def run_uuid_through_kvcore_relay(args, logdir):
+    """`kvcore relay` between the engines and Dynamo's relays: each Dynamo worker's
+    KvEventPublisher reads the kvcore relay's republished stream of its engine. A UUID given
+    with other pixels on another worker: while both copies are held, the router believes no
+    image block by the UUID on any worker and finds each pixels' holder by the content-derived
+    mm_hash; once the other copy is gone, the UUID matches its holder again."""
+    fleet = Fleet(args, logdir)
+    t0 = time.monotonic()
+    try:
+        fleet.start_services()
+        engines = [Engine(fleet.procs, args.kvcore, f"engine{k}.0") for k in range(3)]
+        relay = fleet.procs.spawn("kvcore-relay", [
+            args.kvcore, "relay", "--block-size", str(BLOCK), "--resync",
+            "--upstream", ",".join(f"{e.pub}@{e.replay}" for e in engines),
+            "--bind", ",".join(["tcp://127.0.0.1:*@tcp://127.0.0.1:*"] * 3)])
+        streams = first_line(relay)["workers"]
+        for k, e in enumerate(engines):
+            # --bypass-relay: the workers read the engines directly (the relay still runs), to see
+            # the checks below fail without it.
+            fleet.start_worker(k, engine=e, pub=None if args.bypass_relay else streams[k]["endpoint"])
+        fleet.start_router()
+        wait_until(lambda: len(fleet.router.instances()) == 3, RECOVERY_BOUND_S, "the router sees 3 workers")
+        report(phase="start", seconds=round(time.monotonic() - t0, 2), relay_streams=streams,
+               bypass_relay=args.bypass_relay)
+        rng = random.Random(args.seed + 3)
+        first, second = fleet.workers[0], fleet.workers[1]
+        cases = []
+        for k in range(2):
+            uuid = f"9d4e7a10-late-image-{k}"
+            genuine = image_prompt(rng, first.engine, f"late{k}", uuid, f"pixels of late image {k}")
+            other = dict(genuine, name=f"late{k}.other-pixels",
+                         image=dict(genuine["image"], pixels=f"other pixels under the UUID of late image {k}"))
+            fleet.router.call({"op": "route_to", "instance_id": first.instance_id, "tokens": genuine["tokens"],
+                               "image": genuine["image"], "block_mm_infos": genuine["block_mm_infos"]})
+            want = first.engine.held(genuine) // BLOCK
+            check(want == 6, f"{genuine['name']}: engine 0 holds {want} blocks")
+            wait_until(lambda: fleet.router.overlap(genuine).get(str(first.instance_id), 0) == want, 10,
+                       f"{genuine['name']} known by its UUID on worker {first.ordinal}")
+            answer = fleet.router.call({"op": "route_to", "instance_id": second.instance_id, "tokens": other["tokens"],
+                                        "image": other["image"], "block_mm_infos": other["block_mm_infos"]})
+            check(answer["cached"] == 0, f"{other['name']}: the engine reused {answer['cached']} tokens")
+            by_content = [with_infos(p, p["name"] + ".by-content",
+                                     first.engine.call({"op": "mm_hash", "pixels": p["image"]["pixels"]})["mm_hash"])
+                          for p in (genuine, other)]
+            cases.append((genuine, other, by_content))
+
+        def by_uuid_view():
+            """Where the router's view of the prompts named by UUID differs from 'the text block
+            before the image wherever an engine holds it, no image block anywhere'."""
+            bad = []
+            for genuine, _, _ in cases:
+                seen = fleet.router.overlap(genuine)
+                for w in fleet.workers.values():
+                    want = min(w.engine.held(without_uuid(genuine)) // BLOCK, 1)
+                    if seen.get(str(w.instance_id), 0) != want:
+                        bad.append((genuine["name"], w.ordinal, seen.get(str(w.instance_id), 0), want))
+            return bad
+
+        t = time.monotonic()
+        content = [p for _, _, pair in cases for p in pair]
+        try:
+            wait_until(lambda: not fleet.mismatches(content) and not by_uuid_view(), 10,
+                       "the router's view by content and by UUID while both copies are held")
+        except Failed as e:
+            raise Failed(f"{e}: by content {fleet.mismatches(content)}, by UUID {by_uuid_view()}") from None
+        ambiguous_s = round(time.monotonic() - t, 2)
+        held = {p["name"]: {w.ordinal: w.engine.held(p) // BLOCK for w in fleet.workers.values()} for p in content}
+        check(all(held[g["name"]][0] == 6 and held[o["name"]][1] == 6 for _, _, (g, o) in cases), f"{held}")
+        report(phase="uuid_with_other_pixels_through_kvcore_relay", seconds=ambiguous_s, held_by_content=held)
+
+        # The other pixels gone from worker 1: the UUID names one image fleet-wide again, and the
+        # relay stores worker 0's image blocks under the UUID's mm_hash again (so they are no longer
+        # found by the content-derived one); nobody holds the other pixels.
+        t = time.monotonic()
+        second.engine.call({"op": "clear"})
+        genuine_only = [without_uuid(g) for g, _, _ in cases]
+        try:
+            gone = [o for _, _, (_, o) in cases]
+            wait_until(lambda: not fleet.mismatches(genuine_only + gone), 10,
+                       "the UUID matches its holder again once the other copy is gone")
+        except Failed as e:
+            raise Failed(f"{e}: {fleet.mismatches(genuine_only + gone)}") from None
+        resolved_s = round(time.monotonic() - t, 2)
+        by_uuid = {g["name"]: fleet.router.overlap(g).get(str(first.instance_id), 0) for g in genuine_only}
+        check(all(v == 6 for v in by_uuid.values()), f"{by_uuid}")
+        report(ok=True, seconds=round(time.monotonic() - t0, 2), ambiguous_settled_s=ambiguous_s,
+               resolved_s=resolved_s, by_uuid_on_holder=by_uuid)
+        return 0
+    except Failed as e:
+        report(ok=False, error=str(e), logs=logdir)
+        return 1
+    finally:
+        fleet.procs.stop_all()
+
+
 def run_without_local_indexer(args, logdir):
     """The router restarted when the workers' relays run without Dynamo's worker-local indexer:
     the new router learns nothing of what the engines already hold (it sees only what they
@@ -616,9 +732,14 @@ def main():
                     help="workers do not ask their engine to publish its state after start (likewise)")
     ap.add_argument("--seed", type=int, default=24)
     ap.add_argument("--logs", default=None, help="folder for the processes' logs (default: a new temp folder)")
-    ap.add_argument("--scenario", choices=["faults", "router-restart-without-local-indexer"], default="faults",
+    ap.add_argument("--scenario", choices=["faults", "router-restart-without-local-indexer", "uuid-through-kvcore-relay"],
+                    default="faults",
                     help="faults: routing and every fault (the default); router-restart-without-local-indexer: "
-                    "what a restarted router learns when the relays keep no local indexer")
+                    "what a restarted router learns when the relays keep no local indexer; "
+                    "uuid-through-kvcore-relay: a UUID with other pixels on another worker, with `kvcore relay` "
+                    "between the engines and Dynamo's relays")
+    ap.add_argument("--bypass-relay", action="store_true",
+                    help="uuid-through-kvcore-relay: Dynamo's relays read the engines, not `kvcore relay`")
     ap.add_argument("--blind-wait-s", type=float, default=5.0,
                     help="how long the second scenario waits before checking the new router learnt nothing")
     args = ap.parse_args()
@@ -626,7 +747,9 @@ def main():
         args.no_local_indexer = True
     logdir = args.logs or tempfile.mkdtemp(prefix="kvcore-fleet-")
     os.makedirs(logdir, exist_ok=True)
-    sys.exit(run(args, logdir) if args.scenario == "faults" else run_without_local_indexer(args, logdir))
+    scenarios = {"faults": run, "router-restart-without-local-indexer": run_without_local_indexer,
+                 "uuid-through-kvcore-relay": run_uuid_through_kvcore_relay}
+    sys.exit(scenarios[args.scenario](args, logdir))
 
 
 if __name__ == "__main__":

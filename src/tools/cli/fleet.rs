@@ -17,6 +17,8 @@
 //!   (`AllBlocksCleared`, then every cached block): `{"events": n}`;
 //! - `{"op":"clear"}`: drops every cached block (`AllBlocksCleared` goes out);
 //! - `{"op":"mm_hash","uuid":s}`: Dynamo's `mm_hash` of an image identifier;
+//!   `{"op":"mm_hash","pixels":s}`: the content-derived `mm_hash` of an image's
+//!   bytes (the one an engine publishes when it has no usable UUID);
 //! - `{"op":"stats"}`: publisher counters, cached blocks and live requests;
 //! - `{"op":"quit"}`: answers `{"ok":true}` and exits.
 //!
@@ -25,7 +27,7 @@
 use std::io::Write;
 
 use clap::Args;
-use kvcore::mm_hash_of_identifier;
+use kvcore::{ImageDigest, mm_hash, mm_hash_of_identifier};
 use kvcore::wire::{EncodeOptions, EventForm};
 use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, Publisher, PublisherConfig, RequestSpec, TokenRun};
 use serde::Deserialize;
@@ -69,6 +71,7 @@ struct Request {
     tokens: Vec<u32>,
     image: Option<Image>,
     uuid: Option<String>,
+    pixels: Option<String>,
 }
 
 /// Runs `kvcore fleet-engine` until `quit`.
@@ -173,9 +176,10 @@ fn answer(engine: &mut Engine, req: &Request) -> Value {
             engine.step();
             json!({"ok": true})
         }
-        "mm_hash" => match &req.uuid {
-            Some(u) => json!({"mm_hash": mm_hash_of_identifier(u)}),
-            None => json!({"error": "mm_hash needs uuid"}),
+        "mm_hash" => match (&req.uuid, &req.pixels) {
+            (Some(u), None) => json!({"mm_hash": mm_hash_of_identifier(u)}),
+            (None, Some(p)) => json!({"mm_hash": mm_hash(&ImageDigest::of_content(p.as_bytes()), None)}),
+            _ => json!({"error": "mm_hash needs either uuid or pixels"}),
         },
         "stats" => {
             let s = engine.publisher().map(Publisher::stats).unwrap_or_default();

@@ -90,3 +90,17 @@ fn a_restarted_router_without_worker_local_indexers_is_blind_until_the_engines_r
     assert_eq!(summary["known_after_restart"], 0, "{summary}");
     assert!(summary["held_blocks"].as_u64().unwrap() > 0, "{summary}");
 }
+
+/// With `kvcore relay --resync` between the engines and Dynamo's relays, a UUID
+/// given with other pixels on another worker: Dynamo's router believes no image
+/// block by the UUID on either worker (only the text block before the image
+/// where an engine holds it), finds each pixels' holder by the content-derived
+/// `mm_hash` exactly as the engines hold them, and once the other copy is
+/// cleared the UUID matches its holder's 6 blocks again.
+#[test]
+fn kvcore_relay_keeps_dynamo_right_when_a_uuid_names_other_pixels_on_another_worker() {
+    let Some(summary) = run_fleet(&["--scenario", "uuid-through-kvcore-relay"]) else { return };
+    let by_uuid = summary["by_uuid_on_holder"].as_object().unwrap();
+    assert_eq!(by_uuid.len(), 2, "{summary}");
+    assert!(by_uuid.values().all(|v| v == 6), "{summary}");
+}
