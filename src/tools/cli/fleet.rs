@@ -27,9 +27,9 @@
 use std::io::Write;
 
 use clap::Args;
-use kvcore::{ImageDigest, mm_hash, mm_hash_of_identifier};
 use kvcore::wire::{EncodeOptions, EventForm};
 use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, Publisher, PublisherConfig, RequestSpec, TokenRun};
+use kvcore::{ImageDigest, mm_hash, mm_hash_of_identifier};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
