@@ -57,6 +57,12 @@ fn control_socket_serves_and_refuses_bad_requests_without_a_trace() {
     assert!(bad["error"].as_str().unwrap().starts_with("admission"), "{bad}");
     let bad = call(&sock, r#"{"op":"mm_hash"}"#);
     assert!(bad["error"].is_string(), "{bad}");
+    let bad = call(&sock, r#"{"op":"mm_hash","uuid":"u","pixels":"p"}"#);
+    assert!(bad["error"].is_string(), "{bad}");
+    let by_content = call(&sock, r#"{"op":"mm_hash","pixels":"p"}"#);
+    assert_eq!(by_content["mm_hash"], kvcore::mm_hash(&kvcore::ImageDigest::of_content(b"p"), None), "{by_content}");
+    let by_uuid = call(&sock, r#"{"op":"mm_hash","uuid":"p"}"#);
+    assert_eq!(by_uuid["mm_hash"], kvcore::mm_hash_of_identifier("p"), "{by_uuid}");
     assert_eq!(call(&sock, &text("held"))["cached"], 64);
     let stats = call(&sock, r#"{"op":"stats"}"#);
     assert_eq!(stats["blocks_device"], 2, "{stats}");
