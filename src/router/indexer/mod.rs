@@ -325,63 +325,55 @@ impl Indexer {
                 any_tier_blocks: 1,
             });
         }
-        // The candidates the last distinct set advanced, in any tier and on
-        // the device, and the keys since then with that same set.
-        let mut adv: Vec<u32> = (0..out.len() as u32).collect();
-        let mut dev: Vec<u32> = (0..out.len() as u32).filter(|&i| out[i as usize].device_blocks == 1).collect();
-        let (mut next_adv, mut next_dev) = (Vec::new(), Vec::new());
-        let (mut prev, mut run) = (v0, 0u32);
+        // `mat`: the last key whose set was walked; a candidate advanced
+        // there (in any tier, on the device) iff its count is `mat + 1`.
+        // `run`: the keys since `mat` with that same set, which advanced
+        // exactly the same candidates.
+        let (mut prev, mut mat, mut run) = (v0, 0u32, 0u32);
+        let flush = |out: &mut [Overlap], mat: u32, run: u32| {
+            if run > 0 {
+                for o in out {
+                    if o.any_tier_blocks == mat + 1 {
+                        o.any_tier_blocks += run;
+                    }
+                    if o.device_blocks == mat + 1 {
+                        o.device_blocks += run;
+                    }
+                }
+            }
+        };
         for (i, key) in keys.iter().enumerate().skip(1) {
             let Some(&v) = self.index.map.get(key.0) else { break };
             if v == prev {
                 run += 1;
                 continue;
             }
-            for &c in &adv {
-                out[c as usize].any_tier_blocks += run;
-            }
-            for &c in &dev {
-                out[c as usize].device_blocks += run;
-            }
-            (prev, run) = (v, 0);
-            // Merge the sorted candidates with the sorted holders of key `i`.
+            flush(&mut out, mat, run);
             let i = i as u32;
+            (prev, mat, run) = (v, i, 0);
+            // Merge the sorted candidates with the sorted holders of key `i`.
             let holders = self.index.resolve(v);
-            let (a, d) = (&mut next_adv, &mut next_dev);
-            a.clear();
-            d.clear();
-            let mut c = 0usize;
+            let (mut c, mut advanced) = (0usize, false);
             for &h in holders.as_slice() {
                 let wid = h >> 2;
                 while c < out.len() && out[c].worker.0 < wid {
                     c += 1;
                 }
-                if c == out.len() {
-                    break;
-                }
-                let o = &mut out[c];
+                let Some(o) = out.get_mut(c) else { break };
                 if o.worker.0 == wid && o.any_tier_blocks == i {
                     o.any_tier_blocks += 1;
-                    a.push(c as u32);
+                    advanced = true;
                     if o.device_blocks == i && (h as u8) & tier_bit(Tier::Device) != 0 {
                         o.device_blocks += 1;
-                        d.push(c as u32);
                     }
                 }
             }
-            std::mem::swap(&mut adv, &mut next_adv);
-            std::mem::swap(&mut dev, &mut next_dev);
-            if adv.is_empty() {
+            if !advanced {
                 // Nobody reached this key: no later key can extend a prefix.
-                break;
+                return out;
             }
         }
-        for &c in &adv {
-            out[c as usize].any_tier_blocks += run;
-        }
-        for &c in &dev {
-            out[c as usize].device_blocks += run;
-        }
+        flush(&mut out, mat, run);
         out
     }
 
