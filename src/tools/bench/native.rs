@@ -692,3 +692,38 @@ pub fn memory_row(w: &Workload, block_size: u32) -> Row {
         best: Side::ALL[bi],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both sides index the same events to the same answer: for a prefix
+    /// held by 4 of 8 workers, kvcore's overlaps and Dynamo's `RadixTree`
+    /// and CRTC scores name the same workers with the same prefix lengths
+    /// (the held half of the request), and every event converts.
+    #[test]
+    fn both_sides_answer_alike() {
+        let w = Workload::held(8, 4, 2, 256, 32);
+        let mut kv = Index::new(Side::Kvcore, w.workers, 32);
+        kv.apply(&w.events, 32);
+        let Index::Kvcore(ix, _) = &kv else { unreachable!() };
+        let Keys::Kvcore(keys) = hash_keys(Side::Kvcore, &w.request, 32) else { unreachable!() };
+        let ours: Vec<(u64, u32)> =
+            ix.find_matches(&keys).iter().map(|o| (o.worker.0 as u64, o.any_tier_blocks)).collect();
+        assert_eq!(ours, vec![(0, 8), (1, 8), (2, 8), (3, 8)]);
+        let Keys::Dynamo(local) = hash_keys(Side::Radix, &w.request, 32) else { unreachable!() };
+        for side in [Side::Radix, Side::Crtc] {
+            let mut d = Index::new(side, w.workers, 32);
+            d.apply(&w.events, 32);
+            let scores = match &d {
+                Index::Radix(t) => t.find_matches(local.clone(), false).scores,
+                Index::Crtc(p) => p.backend().find_matches(&local, false).scores,
+                _ => unreachable!(),
+            };
+            let mut theirs: Vec<(u64, u32)> = scores.iter().map(|(k, v)| (k.worker_id, *v)).collect();
+            theirs.sort_unstable();
+            assert_eq!(theirs, ours, "{}", side.name());
+        }
+        assert_eq!(w.events.iter().filter_map(|(wk, e)| to_dynamo(*wk as u64, 0, e, 32)).count(), w.events.len());
+    }
+}
