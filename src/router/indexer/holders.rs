@@ -3,8 +3,9 @@
 //!
 //! Most keys have one holder, so a slot of the table holds that holder packed
 //! in place (`worker << 2 | tier bits`); a key held by several workers points
-//! into an overflow list instead. A lookup of a singly held key is then one
-//! probe with no second load.
+//! to an interned holder set instead (one list for every key with the same
+//! holders and tiers). A lookup of a singly held key is then one probe with
+//! no second load.
 
 use kvcore::Tier;
 
@@ -18,7 +19,7 @@ pub(super) fn tier_bit(tier: Tier) -> u8 {
 /// Every tier bit a holder may carry.
 pub(super) const TIER_BITS: u8 = 0b11;
 
-/// Marks a holder value that is an index into the overflow lists.
+/// Marks a holder value that is the id of an interned holder set.
 pub(super) const MANY: u64 = 1 << 63;
 
 /// Slots below which the holder index grows four-fold (1 Mi slots, 16 MiB).
@@ -33,21 +34,95 @@ pub(super) const MANY: u64 = 1 << 63;
 const HOLDER_FOUR_BELOW: usize = 1 << 20;
 
 /// The workers holding each router key. A value is one holder packed as
-/// `worker << 2 | tier bits`, or, with [`MANY`] set, an index into
-/// `overflow` where the holders of a key held by several workers are listed.
+/// `worker << 2 | tier bits`, or, with [`MANY`] set, the id of an interned
+/// holder set in `sets`.
+///
+/// Holder sets are interned: every key held by the same workers in the same
+/// tiers points at one shared, sorted list. The keys of a prefix that a
+/// group of workers holds as a whole then carry one id, so a lookup compares
+/// ids from key to key and walks a list only where the holders change: its
+/// cost does not grow with the holders per key (see `Indexer::find_matches`).
 #[derive(Debug)]
 pub(super) struct HolderIndex {
-    /// Router key to its packed holder, or to an overflow list.
+    /// Router key to its packed holder, or to an interned set.
     pub(super) map: U64Table<u64>,
-    /// The holders of keys held by several workers, packed.
-    pub(super) overflow: Vec<Vec<u32>>,
-    /// Overflow lists free for reuse.
-    free: Vec<u32>,
+    /// The interned holder sets.
+    sets: HolderSets,
+    /// The next list of an update, built before it is interned.
+    scratch: Vec<u32>,
 }
 
 impl Default for HolderIndex {
     fn default() -> Self {
-        Self { map: U64Table::with_four_fold_below(HOLDER_FOUR_BELOW), overflow: Vec::new(), free: Vec::new() }
+        Self {
+            map: U64Table::with_four_fold_below(HOLDER_FOUR_BELOW),
+            sets: HolderSets::default(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+/// Interned holder lists, sorted by worker, counted by the keys using them.
+#[derive(Debug, Default)]
+struct HolderSets {
+    /// The lists by id (empty while the id is free).
+    lists: Vec<Box<[u32]>>,
+    /// Keys using each list.
+    refs: Vec<u32>,
+    /// Each list's id.
+    ids: ahash::AHashMap<Box<[u32]>, u32>,
+    /// Ids free for reuse.
+    free: Vec<u32>,
+}
+
+impl HolderSets {
+    fn get(&self, id: u32) -> &[u32] {
+        &self.lists[id as usize]
+    }
+
+    /// The id of `list`, one more key using it.
+    fn acquire(&mut self, list: &[u32]) -> u32 {
+        if let Some(&id) = self.ids.get(list) {
+            self.refs[id as usize] += 1;
+            return id;
+        }
+        let b: Box<[u32]> = list.into();
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.lists[id as usize] = b.clone();
+                self.refs[id as usize] = 1;
+                id
+            }
+            None => {
+                self.lists.push(b.clone());
+                self.refs.push(1);
+                self.lists.len() as u32 - 1
+            }
+        };
+        self.ids.insert(b, id);
+        id
+    }
+
+    /// One key fewer using `id`; the list is dropped with its last key.
+    fn release(&mut self, id: u32) {
+        let r = &mut self.refs[id as usize];
+        *r -= 1;
+        if *r == 0 {
+            let b = std::mem::take(&mut self.lists[id as usize]);
+            self.ids.remove(&b);
+            self.free.push(id);
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let listed: usize = self.lists.iter().map(|l| l.len() * 4).sum();
+        // Each list is held twice (by id and as its map key); the map's
+        // slots hold a fat pointer and an id.
+        self.lists.capacity() * 16
+            + self.refs.capacity() * 4
+            + 2 * listed
+            + self.ids.capacity() * 24
+            + self.free.capacity() * 4
     }
 }
 
@@ -55,7 +130,7 @@ impl Default for HolderIndex {
 pub(super) enum HolderRef<'a> {
     /// A key held by one worker: its packed holder.
     One([u32; 1]),
-    /// A key held by several workers: their overflow list.
+    /// A key held by several workers: their interned list, sorted by worker.
     Many(&'a [u32]),
 }
 
@@ -78,12 +153,19 @@ impl HolderIndex {
     /// The holders of `key`.
     #[inline]
     pub(super) fn get(&self, key: u64) -> Option<HolderRef<'_>> {
-        let v = *self.map.get(key)?;
-        Some(if v & MANY != 0 {
-            HolderRef::Many(&self.overflow[(v & !MANY) as usize])
-        } else {
-            HolderRef::One([v as u32])
-        })
+        self.map.get(key).map(|v| self.resolve(*v))
+    }
+
+    /// The holders a value of `map` stands for.
+    #[inline]
+    pub(super) fn resolve(&self, v: u64) -> HolderRef<'_> {
+        if v & MANY != 0 { HolderRef::Many(self.sets.get((v & !MANY) as u32)) } else { HolderRef::One([v as u32]) }
+    }
+
+    /// Interned holder sets in use.
+    #[cfg(test)]
+    pub(super) fn sets_live(&self) -> usize {
+        self.sets.ids.len()
     }
 
     /// Keys held by some worker.
@@ -126,6 +208,7 @@ impl HolderIndex {
             }
             return (0, tiers);
         };
+        self.scratch.clear();
         if *v & MANY == 0 {
             let one = *v as u32;
             if one >> 2 == worker {
@@ -139,53 +222,43 @@ impl HolderIndex {
                 return (old, tiers);
             }
             let tiers = f(0);
-            if tiers != 0 {
-                let list = vec![one, pack(worker, tiers)];
-                let slot = match self.free.pop() {
-                    Some(i) => {
-                        self.overflow[i as usize] = list;
-                        i
-                    }
-                    None => {
-                        self.overflow.push(list);
-                        self.overflow.len() as u32 - 1
-                    }
-                };
-                *v = MANY | slot as u64;
+            if tiers == 0 {
+                return (0, 0);
             }
+            let new = pack(worker, tiers);
+            self.scratch.extend(if one >> 2 < worker { [one, new] } else { [new, one] });
+            *v = MANY | self.sets.acquire(&self.scratch) as u64;
             return (0, tiers);
         }
-        let slot = (*v & !MANY) as usize;
-        let list = &mut self.overflow[slot];
-        let pos = list.iter().position(|x| *x >> 2 == worker);
-        let old = pos.map_or(0, |p| (list[p] & 3) as u8);
-        let tiers = f(old);
-        match pos {
-            Some(p) if tiers == 0 => {
-                list.swap_remove(p);
+        {
+            let id = (*v & !MANY) as u32;
+            let list = self.sets.get(id);
+            let pos = list.binary_search_by_key(&worker, |x| x >> 2);
+            let old = pos.map_or(0, |p| (list[p] & 3) as u8);
+            let tiers = f(old);
+            if tiers == old {
+                return (old, tiers);
             }
-            Some(p) => list[p] = pack(worker, tiers),
-            None if tiers != 0 => list.push(pack(worker, tiers)),
-            None => {}
-        }
-        if list.len() <= 1 {
-            match list.pop() {
-                Some(last) => *v = last as u64,
-                None => {
-                    self.map.remove(key);
+            self.scratch.extend_from_slice(list);
+            match pos {
+                Ok(p) if tiers == 0 => {
+                    self.scratch.remove(p);
                 }
+                Ok(p) => self.scratch[p] = pack(worker, tiers),
+                Err(p) => self.scratch.insert(p, pack(worker, tiers)),
             }
-            self.overflow[slot] = Vec::new();
-            self.free.push(slot as u32);
+            match self.scratch.as_slice() {
+                [] => unreachable!("a set holds two workers or more"),
+                [last] => *v = *last as u64,
+                list => *v = MANY | self.sets.acquire(list) as u64,
+            }
+            self.sets.release(id);
+            (old, tiers)
         }
-        (old, tiers)
     }
 
     /// Bytes allocated (capacity times entry size, an estimate).
     pub(super) fn bytes(&self) -> usize {
-        self.map.bytes()
-            + self.overflow.capacity() * 24
-            + self.overflow.iter().map(|v| v.capacity() * 4).sum::<usize>()
-            + self.free.capacity() * 4
+        self.map.bytes() + self.sets.bytes() + self.scratch.capacity() * 4
     }
 }

@@ -58,7 +58,7 @@ mod tests;
 use kvcore::{ImageRun, Tier};
 
 use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
-use holders::{HolderIndex, MANY, TIER_BITS, tier_bit};
+use holders::{HolderIndex, TIER_BITS, tier_bit};
 use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
 
@@ -304,11 +304,19 @@ impl Indexer {
 
     /// For each worker holding the request's first key, the longest prefix of
     /// `keys` it holds, per tier. Workers holding nothing are left out.
+    ///
+    /// One walk down the keys. Keys held by the same workers in the same
+    /// tiers share one interned holder set (`holders.rs`), and a key whose
+    /// set is the previous key's advances exactly the workers the previous
+    /// key advanced: such a run is counted and added once where the set
+    /// changes. The cost is then one probe per key plus the holders at each
+    /// change of set, not the holders times the keys.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
         let mut out = Vec::new();
-        let Some(first) = keys.first().and_then(|k| self.index.get(k.0)) else { return out };
-        // Candidates are the holders of the first key; a worker absent there
-        // cannot have a prefix of length > 0.
+        let Some(&v0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return out };
+        // Candidates are the holders of the first key, sorted by worker (a
+        // set's list is); a worker absent there cannot have a prefix > 0.
+        let first = self.index.resolve(v0);
         for &h in first.as_slice() {
             let tiers = (h & 3) as u8;
             out.push(Overlap {
@@ -317,53 +325,55 @@ impl Indexer {
                 any_tier_blocks: 1,
             });
         }
-        let mut slot: Vec<u32> = Vec::new();
-        if out.len() > 8 {
-            slot = vec![u32::MAX; self.workers.len()];
-            for (i, o) in out.iter().enumerate() {
-                slot[o.worker.0 as usize] = i as u32;
-            }
-        }
-        // Advances a worker's prefix if it reached block `i`; returns whether it did.
-        let advance = |out: &mut Vec<Overlap>, h: u32, i: u32| -> bool {
-            let (wid, tiers) = (h >> 2, (h & 3) as u8);
-            let found = if slot.is_empty() {
-                out.iter_mut().find(|o| o.worker.0 == wid)
-            } else {
-                match slot[wid as usize] {
-                    u32::MAX => None,
-                    s => out.get_mut(s as usize),
-                }
-            };
-            match found {
-                Some(o) if o.any_tier_blocks == i => {
-                    o.any_tier_blocks += 1;
-                    if o.device_blocks == i && tiers & tier_bit(Tier::Device) != 0 {
-                        o.device_blocks += 1;
+        // `mat`: the last key whose set was walked; a candidate advanced
+        // there (in any tier, on the device) iff its count is `mat + 1`.
+        // `run`: the keys since `mat` with that same set, which advanced
+        // exactly the same candidates.
+        let (mut prev, mut mat, mut run) = (v0, 0u32, 0u32);
+        let flush = |out: &mut [Overlap], mat: u32, run: u32| {
+            if run > 0 {
+                for o in out {
+                    if o.any_tier_blocks == mat + 1 {
+                        o.any_tier_blocks += run;
                     }
-                    true
+                    if o.device_blocks == mat + 1 {
+                        o.device_blocks += run;
+                    }
                 }
-                _ => false,
             }
         };
         for (i, key) in keys.iter().enumerate().skip(1) {
-            let i = i as u32;
             let Some(&v) = self.index.map.get(key.0) else { break };
-            let advanced = if v & MANY == 0 {
-                // One holder: the common case, no slice to build.
-                advance(&mut out, v as u32, i)
-            } else {
-                let mut any = false;
-                for &h in &self.index.overflow[(v & !MANY) as usize] {
-                    any |= advance(&mut out, h, i);
+            if v == prev {
+                run += 1;
+                continue;
+            }
+            flush(&mut out, mat, run);
+            let i = i as u32;
+            (prev, mat, run) = (v, i, 0);
+            // Merge the sorted candidates with the sorted holders of key `i`.
+            let holders = self.index.resolve(v);
+            let (mut c, mut advanced) = (0usize, false);
+            for &h in holders.as_slice() {
+                let wid = h >> 2;
+                while c < out.len() && out[c].worker.0 < wid {
+                    c += 1;
                 }
-                any
-            };
+                let Some(o) = out.get_mut(c) else { break };
+                if o.worker.0 == wid && o.any_tier_blocks == i {
+                    o.any_tier_blocks += 1;
+                    advanced = true;
+                    if o.device_blocks == i && (h as u8) & tier_bit(Tier::Device) != 0 {
+                        o.device_blocks += 1;
+                    }
+                }
+            }
             if !advanced {
-                break;
+                // Nobody reached this key: no later key can extend a prefix.
+                return out;
             }
         }
-        out.sort_by_key(|o| o.worker);
+        flush(&mut out, mat, run);
         out
     }
 

@@ -531,3 +531,121 @@ mod fleet_uuids {
         }
     }
 }
+
+/// Lookups over interned holder sets, checked against a walk that asks the
+/// holder index for each worker and key on its own.
+mod shared_holders {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The reference answer: for each worker holding the first key, the
+    /// leading keys it holds in any tier and on the device, one key at a time.
+    fn reference(ix: &Indexer, keys: &[RouterKey]) -> Vec<(u32, u32, u32)> {
+        let mut out = Vec::new();
+        for w in 0..ix.workers_len() as u32 {
+            let tiers: Vec<u8> = keys.iter().map(|k| ix.index.tiers(k.0, w)).collect();
+            let any = tiers.iter().take_while(|t| **t != 0).count() as u32;
+            let dev = tiers.iter().take_while(|t| **t & super::super::tier_bit(Tier::Device) != 0).count() as u32;
+            if any > 0 {
+                out.push((w, dev, any));
+            }
+        }
+        out
+    }
+
+    /// Three sequences of 12 blocks; worker `w` stores the blocks
+    /// `first..first + len` of sequence `seq` in one tier (a parent-linked
+    /// event), or removes some of them.
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Store { worker: u32, seq: usize, first: usize, len: usize, cpu: bool },
+        Remove { worker: u32, seq: usize, blocks: Vec<usize>, cpu: bool },
+    }
+
+    fn ev(workers: u32) -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            5 => (0..workers, 0..3usize, 0..12usize, 1..13usize, any::<bool>())
+                .prop_map(|(worker, seq, first, len, cpu)| Ev::Store { worker, seq, first, len, cpu }),
+            2 => (0..workers, 0..3usize, proptest::collection::vec(0..12usize, 1..4), any::<bool>())
+                .prop_map(|(worker, seq, blocks, cpu)| Ev::Remove { worker, seq, blocks, cpu }),
+        ]
+    }
+
+    fn tokens(seq: usize) -> Vec<u32> {
+        (0..48u32).map(|t| seq as u32 * 1000 + t).collect()
+    }
+
+    fn hash(seq: usize, block: usize) -> i64 {
+        (seq * 100 + block) as i64 + 1
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever the stores, tier moves and removals of up to 12 workers
+        /// on shared prefixes, each lookup (of every prefix of every
+        /// sequence) gives what the key-by-key reference gives.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn lookups_agree_with_the_key_by_key_walk(workers in 1..12u32, events in proptest::collection::vec(ev(12), 1..120)) {
+            let mut ix = Indexer::new(config());
+            for w in 0..12 {
+                ix.add_worker(&w.to_string());
+            }
+            let medium = |cpu: bool| if cpu { "CPU" } else { "GPU" };
+            for e in &events {
+                match e {
+                    Ev::Store { worker, seq, first, len, cpu } => {
+                        let end = (first + len).min(12);
+                        let hashes: Vec<i64> = (*first..end).map(|b| hash(*seq, b)).collect();
+                        let parent = (*first > 0).then(|| hash(*seq, first - 1));
+                        let t = tokens(*seq)[first * 4..end * 4].to_vec();
+                        ix.apply(WorkerId(worker % workers), &stored(&hashes, parent, t, medium(*cpu)));
+                    }
+                    Ev::Remove { worker, seq, blocks, cpu } => {
+                        let hashes: Vec<i64> = blocks.iter().map(|b| hash(*seq, *b)).collect();
+                        ix.apply(WorkerId(worker % workers), &removed(&hashes, medium(*cpu)));
+                    }
+                }
+                for seq in 0..3 {
+                    let keys = keys_of(&tokens(seq));
+                    for n in [1, 5, 12] {
+                        let got: Vec<(u32, u32, u32)> = ix
+                            .find_matches(&keys[..n])
+                            .iter()
+                            .map(|o| (o.worker.0, o.device_blocks, o.any_tier_blocks))
+                            .collect();
+                        prop_assert_eq!(got, reference(&ix, &keys[..n]));
+                    }
+                }
+            }
+            ix.check_invariants();
+        }
+    }
+
+    /// A prefix that 64 workers hold in the same tier is one interned holder
+    /// set for all its keys, and a lookup answers every worker with the whole
+    /// prefix; when one worker drops a block, that key alone gets a set of
+    /// its own, and the other keys keep sharing theirs.
+    #[test]
+    fn one_set_for_a_prefix_held_by_many() {
+        let mut ix = Indexer::new(config());
+        let tokens = tokens(0);
+        let hashes: Vec<i64> = (0..12).map(|b| hash(0, b)).collect();
+        for w in 0..64 {
+            let id = ix.add_worker(&w.to_string());
+            ix.apply(id, &stored(&hashes, None, tokens.clone(), "GPU"));
+        }
+        assert_eq!(ix.index.sets_live(), 1);
+        let keys = keys_of(&tokens);
+        let m = ix.find_matches(&keys);
+        assert_eq!(m.len(), 64);
+        assert!(m.iter().all(|o| o.device_blocks == 12 && o.any_tier_blocks == 12));
+        ix.apply(WorkerId(5), &removed(&hashes[6..7], "GPU"));
+        assert_eq!(ix.index.sets_live(), 2);
+        let m = ix.find_matches(&keys);
+        assert_eq!((m[5].worker.0, m[5].any_tier_blocks), (5, 6));
+        assert!(m.iter().filter(|o| o.worker.0 != 5).all(|o| o.any_tier_blocks == 12));
+        ix.check_invariants();
+    }
+}

@@ -8,6 +8,9 @@
 //! cost at most 1.5 times the bare chain, and the latest figures are in
 //! docs/benchmarks.md ("Engine core").
 
+pub mod alloc;
+pub mod native;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

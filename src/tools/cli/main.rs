@@ -4,6 +4,11 @@
 
 use clap::{Parser, Subcommand};
 
+/// Counts the bytes live, for the memory rows of `route-bench --native`: one
+/// relaxed atomic add per allocation and free.
+#[global_allocator]
+static ALLOC: kvcore_tools::bench::alloc::CountingAlloc = kvcore_tools::bench::alloc::CountingAlloc;
+
 mod core_bench;
 mod demo;
 mod events;

@@ -341,6 +341,102 @@ pub struct BenchArgs {
     /// milliseconds, as long as one run).
     #[arg(long, default_value_t = 10)]
     repeats: usize,
+    /// Compare with Dynamo's native Rust indexer (`dynamo-kv-router` 1.6.1,
+    /// linked in) instead: every row in interleaved rounds, on the uniform
+    /// workload, prefixes held by one, half or all of 4, 64 and 256 workers,
+    /// and the Mooncake trace (docs/benchmarks.md says what each row means).
+    #[arg(long)]
+    native: bool,
+    /// Rounds of each native row (each gives one ratio).
+    #[arg(long, default_value_t = 15)]
+    rounds: usize,
+    /// The Mooncake trace for the native rows (skipped when absent).
+    #[arg(long, default_value = "../shared/data/traces/mooncake_conversation_trace.jsonl")]
+    trace: PathBuf,
+    /// Requests of the trace stored.
+    #[arg(long, default_value_t = 1000)]
+    trace_requests: usize,
+    /// Only these native row groups, comma separated: apply, lookup, decode,
+    /// memory, trace (default all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+/// Prints one native row.
+fn print_native(row: &kvcore_tools::bench::native::Row) {
+    let figs: Vec<String> = row.medians.iter().map(|(s, f)| format!("{} {:.3}", s.name(), f)).collect();
+    println!(
+        "{:<100} | {} {} | ratio to {} min {:.2} median {:.2} max {:.2}",
+        row.what,
+        figs.join(", "),
+        row.unit,
+        row.best.name(),
+        row.ratio.0,
+        row.ratio.1,
+        row.ratio.2
+    );
+}
+
+/// `route-bench --native`.
+fn native_bench(args: &BenchArgs) -> Result<(), Error> {
+    use kvcore_tools::bench::native::{Workload, apply_rows, decode_rows, lookup_rows, memory_row};
+    let want = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
+    let bs = args.block_size;
+    let n = args.rounds.max(1);
+    let spec = EventWorkloadSpec {
+        seed: args.seed,
+        sequences: args.sequences,
+        seq_tokens: args.seq_tokens,
+        block_size: bs,
+        blocks_per_event: args.blocks_per_event,
+        workers: args.workers,
+    };
+    println!("kvcore against dynamo-kv-router 1.6.1 in one process; medians over {n} interleaved rounds");
+    let uniform = Workload::uniform(&spec);
+    if want("apply") {
+        for r in apply_rows(&uniform, bs, n) {
+            print_native(&r);
+        }
+    }
+    if want("lookup") {
+        for r in lookup_rows(&uniform, bs, n, args.iters) {
+            print_native(&r);
+        }
+        for workers in [4usize, 64, 256] {
+            for holders in [1, workers / 2, workers] {
+                let w = Workload::held(workers, holders, 16, args.seq_tokens, bs);
+                for r in lookup_rows(&w, bs, n, args.iters).into_iter().filter(|r| !r.what.starts_with("hash a")) {
+                    print_native(&r);
+                }
+            }
+        }
+    }
+    if want("decode") {
+        for r in decode_rows(&uniform, bs, n) {
+            print_native(&r);
+        }
+    }
+    if want("trace") {
+        for workers in [4usize, 64] {
+            match Workload::mooncake(&args.trace, args.trace_requests, workers, bs) {
+                Ok(w) => {
+                    println!("{}: {} events, {} blocks", w.name, w.events.len(), w.blocks);
+                    for r in apply_rows(&w, bs, n).into_iter().chain(lookup_rows(&w, bs, n, args.iters)) {
+                        print_native(&r);
+                    }
+                }
+                Err(e) => println!("trace {} skipped: {e}", args.trace.display()),
+            }
+        }
+    }
+    if want("memory") {
+        for workers in [4usize, 64] {
+            let spec = EventWorkloadSpec { sequences: 8192, workers, ..spec };
+            let w = Workload::uniform(&spec);
+            print_native(&memory_row(&w, bs));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the events file dynamo_bench.py writes: concatenated msgpack maps
@@ -429,6 +525,9 @@ fn time_calls(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
 
 /// Runs `kvcore route-bench`.
 pub fn bench(args: BenchArgs) -> Result<(), Error> {
+    if args.native {
+        return native_bench(&args);
+    }
     let spec = EventWorkloadSpec {
         seed: args.seed,
         sequences: args.sequences,
