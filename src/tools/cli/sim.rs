@@ -66,7 +66,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "MS")]
     delay_ms: Option<f64>,
     /// Comma-separated delays of the sweep, in milliseconds (default:
-    /// 0,2,5,10,20,50,100); `--sweep-delays-ms ''` for none.
+    /// 0,50,100; the default delay is a point too); `--sweep-delays-ms ''` for none.
     #[arg(long, value_name = "MS", value_delimiter = ',')]
     sweep_delays_ms: Option<Vec<String>>,
     /// Do not run the event-fed policies again with predicted blocks.

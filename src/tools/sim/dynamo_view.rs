@@ -28,10 +28,12 @@
 //! ```
 //!
 //! with `device_w` the device overlap from the radix tree and `host_w` the
-//! blocks beyond it found in the host tier. As in Dynamo's `KvIndexer`,
-//! device events go to the radix tree and other tiers to an index of their
-//! own (`src/indexer/lower_tier_indexers.rs`; here a second radix tree, which
-//! gives the longest host-tier prefix), and the loads come from
+//! blocks beyond it in the host tier. As in Dynamo's `KvIndexer`, device
+//! events go to the radix tree; Dynamo keeps other tiers in lower-tier
+//! indexers (`src/indexer/lower_tier_indexers.rs`) whose event path is private
+//! to the crate (reached only through its threaded indexer and runtime), so
+//! this policy does not index host-tier events and `host_w` is 0: it gets no
+//! credit for host-tier hits, which the kvcore policies do get. The loads come from
 //! the router's own book of the requests it routed: a request's prefill
 //! tokens (its prompt less the overlap it was routed on) count until its first
 //! token, its blocks until it completes. Temperature 0 picks the least logit;
@@ -73,7 +75,6 @@ struct Active {
 /// Dynamo's KV router as a [`CacheView`].
 pub struct DynamoView {
     tree: RadixTree,
-    host_tree: RadixTree,
     normalizer: ZmqEventNormalizer,
     book: Vec<Vec<Active>>,
     block_size: u32,
@@ -84,6 +85,8 @@ pub struct DynamoView {
     undecodable: u64,
     filtered: u64,
     rejected_events: u64,
+    host_events: u64,
+    rejections: std::collections::BTreeMap<String, u64>,
 }
 
 impl std::fmt::Debug for DynamoView {
@@ -97,7 +100,7 @@ impl DynamoView {
     pub fn new(workers: usize, block_size: u32) -> Self {
         Self {
             tree: RadixTree::new(),
-            host_tree: RadixTree::new(),
+            host_events: 0,
             normalizer: ZmqEventNormalizer::new(block_size),
             book: vec![Vec::new(); workers],
             block_size,
@@ -108,6 +111,7 @@ impl DynamoView {
             undecodable: 0,
             filtered: 0,
             rejected_events: 0,
+            rejections: Default::default(),
         }
     }
 
@@ -162,12 +166,10 @@ impl DynamoView {
 impl CacheView for DynamoView {
     fn overlaps(&mut self, request: &ViewRequest<'_>, _engines: &[Engine]) -> Vec<Overlap> {
         let hashes = Self::request_hashes(request, request.engine_keys.len());
-        let host = Self::scores(&self.host_tree, &hashes, self.book.len());
         let out: Vec<Overlap> = self
             .overlap_scores(&hashes)
             .into_iter()
-            .zip(host)
-            .map(|(d, h)| Overlap { device_blocks: d, any_tier_blocks: d.max(h) })
+            .map(|d| Overlap { device_blocks: d, any_tier_blocks: d })
             .collect();
         self.last_hashes = hashes;
         self.last_isl = request.tokens.len() as u64;
@@ -190,9 +192,15 @@ impl CacheView for DynamoView {
                 self.filtered += 1;
                 continue;
             };
-            let tree = if event.storage_tier.is_gpu() { &mut self.tree } else { &mut self.host_tree };
-            if tree.apply_event(event).is_err() {
+            // Dynamo's KvIndexer keeps non-device tiers in lower-tier
+            // indexers whose event path is private to the crate.
+            if !event.storage_tier.is_gpu() {
+                self.host_events += 1;
+                continue;
+            }
+            if let Err(e) = self.tree.apply_event(event) {
                 self.rejected_events += 1;
+                *self.rejections.entry(format!("{e:?}")).or_default() += 1;
             }
         }
     }
@@ -240,6 +248,8 @@ impl CacheView for DynamoView {
             "undecodable_payloads": self.undecodable,
             "events_filtered": self.filtered,
             "events_rejected_by_indexer": self.rejected_events,
+            "rejections": self.rejections,
+            "host_tier_events_not_indexed": self.host_events,
             "events_applied": self.event_id - self.filtered,
         }))
     }

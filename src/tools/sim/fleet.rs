@@ -98,8 +98,7 @@ pub struct PolicyRun {
     /// Blocks the view could not use (text-only: stored blocks whose parent it
     /// did not know).
     pub view_unusable_blocks: u64,
-    /// The view's own counters (the router's subscriber and indexer for
-    /// `kv-ours`).
+    /// The view's own counters (the routers' decoders and indexers).
     pub view_stats: Option<serde_json::Value>,
     /// Published batches the taps never received (wire-fed policies).
     pub batches_lost: u64,

@@ -107,7 +107,7 @@ impl Default for SimConfig {
             policies: PolicyKind::ALL.to_vec(),
             delay_ms: 5.0,
             prediction_ttl_ms: 10_000.0,
-            sweep_delays_ms: vec![0.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0],
+            sweep_delays_ms: vec![0.0, 50.0, 100.0],
             with_predictions: true,
             threads: 0,
             base_port: None,
@@ -262,7 +262,11 @@ pub fn simulate(
     let mut sweep: Vec<SweepPoint> = runs
         .iter()
         .filter(|r| r.policy.is_event_fed())
-        .filter(|r| config.sweep_delays_ms.iter().any(|d| d * 1000.0 == r.options.delay_us))
+        .filter(|r| {
+            // The default delay's passes are points of the sweep too.
+            !config.sweep_delays_ms.is_empty()
+                && config.sweep_delays_ms.iter().chain([&config.delay_ms]).any(|d| d * 1000.0 == r.options.delay_us)
+        })
         .map(|r| SweepPoint::of(&summary(r), r))
         .collect();
     sweep.sort_by(|a, b| (a.predict, &a.policy).cmp(&(b.predict, &b.policy)).then(a.delay_ms.total_cmp(&b.delay_ms)));

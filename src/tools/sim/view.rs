@@ -185,7 +185,7 @@ impl CacheView for OracleView {
 /// Event-fed, keyed by the engine's content-addressed block keys (images by
 /// their content digest). It learns only from typed events, in process: the
 /// reference of what an exact event-fed view believes, against which the
-/// unit tests hold the text-only view. `kv-ours` itself runs the real router
+/// unit tests hold the text-only view. `kv-uuid` and `kv-pixels` run the real router
 /// over the wire ([`crate::sim::router_view`]).
 #[derive(Debug, Default)]
 pub struct ContentView {
