@@ -44,7 +44,7 @@
 //! is applied here as documented; the indexer and decoder are called directly.
 
 use dynamo_kv_router::protocols::{
-    BlockHashOptions, LocalBlockHash, RequestExtraInfo, RequestMmObjectInfo, WorkerWithDpRank,
+    BlockExtraInfo, BlockHashOptions, LocalBlockHash, RequestExtraInfo, RequestMmObjectInfo, WorkerWithDpRank,
     compute_block_hash_for_seq,
 };
 use dynamo_kv_router::radix_tree::RadixTree;
@@ -115,9 +115,12 @@ impl DynamoView {
         }
     }
 
-    /// Dynamo's block hashes of a request (as its frontend computes them),
-    /// for the first `blocks` full blocks.
-    pub fn request_hashes(request: &ViewRequest<'_>, blocks: usize) -> Vec<LocalBlockHash> {
+    /// The tokens and per-block image identities (`block_mm_infos`) Dynamo
+    /// hashes for the first `blocks` full blocks of a request.
+    pub fn request_blocks<'a>(
+        request: &ViewRequest<'a>,
+        blocks: usize,
+    ) -> (&'a [u32], Option<Vec<Option<BlockExtraInfo>>>) {
         let info = RequestExtraInfo {
             mm_objects: request
                 .request
@@ -131,7 +134,13 @@ impl DynamoView {
         };
         let bs = request.block_size as usize;
         let tokens = &request.tokens[..(blocks * bs).min(request.tokens.len())];
-        let mm = (!info.mm_objects.is_empty()).then(|| info.to_block_level(bs, tokens.len()));
+        (tokens, (!info.mm_objects.is_empty()).then(|| info.to_block_level(bs, tokens.len())))
+    }
+
+    /// Dynamo's block hashes of a request (as its frontend computes them),
+    /// for the first `blocks` full blocks.
+    pub fn request_hashes(request: &ViewRequest<'_>, blocks: usize) -> Vec<LocalBlockHash> {
+        let (tokens, mm) = Self::request_blocks(request, blocks);
         let options = BlockHashOptions { block_mm_infos: mm.as_deref(), ..Default::default() };
         compute_block_hash_for_seq(tokens, request.block_size, options)
     }

@@ -35,8 +35,8 @@ use kvcore::{Engine, MmContent, MmItemSpec, RequestSpec};
 use kvcore::{Publisher, PublisherConfig};
 
 use super::copies::CopyCounts;
-use super::policy::{PolicyKind, decide};
 use super::dynamo_view::DynamoView;
+use super::policy::{PolicyKind, decide};
 use super::router_view::{ImageNaming, RouterView};
 use super::tap::Taps;
 use super::timing::WorkerClock;
@@ -222,8 +222,8 @@ pub fn run_policy(
         (0..n).map(|_| Engine::new(engine_config.clone())).collect::<Result<_, _>>().map_err(SimError::Config)?;
     let mut publishers = Vec::new();
     let (mut view, mut taps) = make_view(policy, config, &mut engines, &mut publishers)?;
-    let mut predictions = (options.predict && policy.is_event_fed())
-        .then(|| Predictions::new(n, config.prediction_ttl_ms * 1000.0));
+    let mut predictions =
+        (options.predict && policy.is_event_fed()).then(|| Predictions::new(n, config.prediction_ttl_ms * 1000.0));
     let delay_us = if policy.is_event_fed() { options.delay_us } else { 0.0 };
     let mut in_flight: Vec<InFlight> = Vec::new();
     let mut order = 0u64;

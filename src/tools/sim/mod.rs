@@ -154,14 +154,23 @@ impl SimConfig {
             )));
         }
         let t = &self.timing;
-        if [t.request_overhead_us, t.prefill_us_per_token, t.onboard_us_per_token, t.decode_us_per_token, t.hash_us_per_image]
-            .iter()
-            .any(|c| !c.is_finite() || *c < 0.0)
+        if [
+            t.request_overhead_us,
+            t.prefill_us_per_token,
+            t.onboard_us_per_token,
+            t.decode_us_per_token,
+            t.hash_us_per_image,
+        ]
+        .iter()
+        .any(|c| !c.is_finite() || *c < 0.0)
             || t.prefill_us_per_token <= 0.0
         {
             return Err(SimError::Invalid("timing costs must be finite and non-negative, prefill positive".into()));
         }
-        if [self.delay_ms, self.prediction_ttl_ms].iter().chain(&self.sweep_delays_ms).any(|d| !d.is_finite() || *d < 0.0)
+        if [self.delay_ms, self.prediction_ttl_ms]
+            .iter()
+            .chain(&self.sweep_delays_ms)
+            .any(|d| !d.is_finite() || *d < 0.0)
         {
             return Err(SimError::Invalid("delays and the prediction expiry must be finite and non-negative".into()));
         }

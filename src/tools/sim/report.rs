@@ -427,8 +427,18 @@ impl Report {
             let _ = writeln!(s, r#"<text x="{}" y="40" text-anchor="middle">{}</text>"#, x0 + pw / 2.0, escape(title));
             let _ = writeln!(s, r##"<line x1="{x0}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##, x0 + pw);
             let _ = writeln!(s, r##"<line x1="{x0}" y1="{top}" x2="{x0}" y2="{bottom}" stroke="#333"/>"##);
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-size="10">delay (ms), 0 to {max_delay}</text>"#, x0 + pw / 2.0, bottom + 28.0);
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="end" font-size="9">{max:.1}</text>"#, x0 - 3.0, top + 4.0);
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="middle" font-size="10">delay (ms), 0 to {max_delay}</text>"#,
+                x0 + pw / 2.0,
+                bottom + 28.0
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end" font-size="9">{max:.1}</text>"#,
+                x0 - 3.0,
+                top + 4.0
+            );
             for (policy, predict) in &series {
                 let color = colors[names.iter().position(|n| *n == policy).unwrap_or(0) % colors.len()];
                 let points: Vec<String> = self
@@ -455,10 +465,15 @@ impl Report {
         panel(&mut s, 490.0, "false hits (requests)", &|p| p.false_hits as f64);
         for (k, name) in names.iter().enumerate() {
             let lx = 60.0 + k as f64 * 140.0;
-            let _ = writeln!(s, r#"<rect x="{lx}" y="350" width="12" height="4" fill="{}"/>"#, colors[k % colors.len()]);
+            let _ =
+                writeln!(s, r#"<rect x="{lx}" y="350" width="12" height="4" fill="{}"/>"#, colors[k % colors.len()]);
             let _ = writeln!(s, r#"<text x="{}" y="356" font-size="10">{}</text>"#, lx + 16.0, escape(name));
         }
-        let _ = writeln!(s, r#"<text x="{}" y="372" font-size="10">solid: events only; dashed: with predicted blocks</text>"#, 60.0);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="372" font-size="10">solid: events only; dashed: with predicted blocks</text>"#,
+            60.0
+        );
         s.push_str("</svg>\n");
         s
     }

@@ -48,7 +48,8 @@ fn policies_order_and_false_hits() {
     assert_eq!(rr.false_hits, None, "round-robin holds no belief");
     // Only the policies that hash pixels pay for it, for the images they hash.
     let images: u64 = workload.requests.iter().map(|r| r.images.len() as u64).sum();
-    let without_uuid: u64 = workload.requests.iter().flat_map(|r| &r.images).filter(|i| i.uuid.is_none()).count() as u64;
+    let without_uuid: u64 =
+        workload.requests.iter().flat_map(|r| &r.images).filter(|i| i.uuid.is_none()).count() as u64;
     assert_eq!(pixels.hashed_images, images);
     assert_eq!((uuid.hashed_images, dynamo.hashed_images), (without_uuid, without_uuid));
     assert_eq!((text.hashed_images, oracle.hashed_images), (0, 0));
@@ -92,11 +93,8 @@ fn runs_are_deterministic() {
 fn late_events_and_predicted_blocks() {
     let workload =
         chat_workload(&ChatConfig { sessions: 60, think_time_ms: 100.0, seed: 5, ..Default::default() }).unwrap();
-    let config = SimConfig {
-        policies: vec![PolicyKind::KvPixels],
-        sweep_delays_ms: vec![0.0, 100.0],
-        ..Default::default()
-    };
+    let config =
+        SimConfig { policies: vec![PolicyKind::KvPixels], sweep_delays_ms: vec![0.0, 100.0], ..Default::default() };
     let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
     let at = |delay: f64, predict: bool| {
         report.sweep.iter().find(|p| p.delay_ms == delay && p.predict == predict).unwrap().clone()
