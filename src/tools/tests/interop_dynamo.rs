@@ -1094,7 +1094,7 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
     };
     let mut taps = Taps::connect(std::slice::from_ref(&endpoint)).unwrap();
     let mut view = DynamoView::new(1, BLOCK);
-    let mut feed = |e: &Engine, taps: &mut Taps, view: &mut DynamoView| {
+    let feed = |e: &Engine, taps: &mut Taps, view: &mut DynamoView| {
         for payload in taps.collect(0, e.publisher().unwrap().next_seq()) {
             view.apply_payload(0, &payload);
         }
