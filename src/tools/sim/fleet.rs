@@ -177,12 +177,15 @@ struct InFlight {
     typed: Vec<KvEvent>,
 }
 
+/// A policy's view, when it has one.
+type ViewBox = Box<dyn CacheView>;
+
 fn make_view(
     policy: PolicyKind,
     config: &SimConfig,
     engines: &mut [Engine],
     publishers: &mut Vec<String>,
-) -> Result<(Option<Box<dyn CacheView>>, Option<Taps>), SimError> {
+) -> Result<(Option<ViewBox>, Option<Taps>), SimError> {
     let n = engines.len();
     let (bs, pad) = (config.block_size_tokens, config.placeholder_token);
     let mut wire_fed = |engines: &mut [Engine]| -> Result<Taps, SimError> {

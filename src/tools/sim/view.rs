@@ -147,7 +147,7 @@ impl Predictions {
             w.insert(*k, until);
         }
         self.recorded += 1;
-        if self.recorded % 1024 == 0 {
+        if self.recorded.is_multiple_of(1024) {
             for w in &mut self.workers {
                 w.retain(|_, until| *until > now_us);
             }
