@@ -91,7 +91,9 @@ pub struct SimArgs {
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
     /// Put the engines' publishers on PORT, PORT+1, ... (replay sockets on
-    /// PORT+N, PORT+N+1, ... for N workers) instead of free ports.
+    /// PORT+N, PORT+N+1, ... for N workers) instead of free ports; needs a
+    /// run of one pass (one wire-fed policy, `--sweep-delays-ms ''`,
+    /// `--no-predictions`).
     #[arg(long, value_name = "PORT")]
     base_port: Option<u16>,
     /// Write summary.json, requests.jsonl, plot.svg and sweep.svg into DIR.
