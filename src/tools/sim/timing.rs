@@ -19,9 +19,11 @@
 //!
 //! A router that names images by content must hash their pixels first:
 //! `hash_us_per_image` (1.5 ms by default) is BLAKE3 over a decoded image of
-//! about 1 megapixel (3 MiB of RGB) on one core at about 2 GiB/s, what the
-//! `blake3` crate reaches on one core of a server CPU without multithreading.
-//! It is added to the request's time to first token before it is routed.
+//! about 1 megapixel (3 MiB of RGB) at about 2 GiB/s, half of what one thread
+//! reaches on a 16 MiB input (about 4 GB/s), for a frontend core that is
+//! shared; decoding the image first, which a frontend must also do, is not
+//! counted. It is added to the request's time to first token before it is
+//! routed.
 //!
 //! Because a worker serves in order, a block computed by an earlier request
 //! is in place when a later request on the same worker starts; the simulation
