@@ -61,14 +61,42 @@ pub struct SimArgs {
     /// (`kvcore gpu-bench --only replay --replay FILE`).
     #[arg(long, value_name = "FILE")]
     record_copies: Option<PathBuf>,
+    /// Simulated delay from an engine's step to its events reaching a
+    /// router, in milliseconds (default: 5).
+    #[arg(long, value_name = "MS")]
+    delay_ms: Option<f64>,
+    /// Comma-separated delays of the sweep, in milliseconds (default:
+    /// 0,50,100; the default delay is a point too); `--sweep-delays-ms ''` for none.
+    #[arg(long, value_name = "MS", value_delimiter = ',')]
+    sweep_delays_ms: Option<Vec<String>>,
+    /// Do not run the event-fed policies again with predicted blocks.
+    #[arg(long)]
+    no_predictions: bool,
+    /// How long a router's own decision stays a predicted block, in
+    /// milliseconds (default: 10000).
+    #[arg(long, value_name = "MS")]
+    prediction_ttl_ms: Option<f64>,
+    /// What a router pays to hash one image's pixels, in microseconds
+    /// (default: 1500).
+    #[arg(long, value_name = "US")]
+    hash_us_per_image: Option<f64>,
+    /// Probability that a request naming a UUID sends other pixels under it
+    /// (default: 0.05).
+    #[arg(long, value_name = "P")]
+    uuid_reuse: Option<f64>,
+    /// Passes run at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Comma-separated policies to run (default: all).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
     /// Put the engines' publishers on PORT, PORT+1, ... (replay sockets on
-    /// PORT+N, PORT+N+1, ... for N workers) instead of free ports.
+    /// PORT+N, PORT+N+1, ... for N workers) instead of free ports; needs a
+    /// run of one pass (one wire-fed policy, `--sweep-delays-ms ''`,
+    /// `--no-predictions`).
     #[arg(long, value_name = "PORT")]
     base_port: Option<u16>,
-    /// Write summary.json, requests.jsonl and plot.svg into DIR.
+    /// Write summary.json, requests.jsonl, plot.svg and sweep.svg into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// No progress bar.
@@ -114,6 +142,12 @@ fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
             if let Some(t) = args.session_interarrival_ms {
                 chat.session_interarrival_ms = t;
             }
+            if let Some(p) = args.uuid_reuse {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(format!("--uuid-reuse must be in 0..=1, not {p}"));
+                }
+                chat.uuid_pixel_swap = p;
+            }
             chat_workload(&chat).map_err(|e| e.to_string())?
         }
     };
@@ -131,6 +165,26 @@ fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
     }
     if let Some(c) = args.decode_us_per_token {
         config.timing.decode_us_per_token = c;
+    }
+    if let Some(c) = args.hash_us_per_image {
+        config.timing.hash_us_per_image = c;
+    }
+    if let Some(d) = args.delay_ms {
+        config.delay_ms = d;
+    }
+    if let Some(t) = args.prediction_ttl_ms {
+        config.prediction_ttl_ms = t;
+    }
+    if let Some(t) = args.threads {
+        config.threads = t;
+    }
+    config.with_predictions = !args.no_predictions;
+    if let Some(list) = &args.sweep_delays_ms {
+        config.sweep_delays_ms = list
+            .iter()
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| d.trim().parse::<f64>().map_err(|_| format!("--sweep-delays-ms: {d:?} is not a number")))
+            .collect::<Result<_, _>>()?;
     }
     if !args.policies.is_empty() {
         config.policies = args
@@ -156,11 +210,11 @@ pub fn run(args: &SimArgs) -> i32 {
             return 2;
         }
     };
-    let total = workload.requests.len() as u64 * config.policies.len() as u64;
+    let total = workload.requests.len() as u64 * config.passes().len() as u64;
     let progress = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
     progress.set_draw_target(if args.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() });
     progress.set_style(
-        ProgressStyle::with_template("{msg:>13} [{bar:40}] {pos}/{len} requests ({elapsed} elapsed, about {eta} left)")
+        ProgressStyle::with_template("[{bar:40}] {pos}/{len} requests ({elapsed} elapsed, about {eta} left)")
             .expect("the template is valid")
             .progress_chars("=> "),
     );
@@ -179,7 +233,7 @@ pub fn run(args: &SimArgs) -> i32 {
             eprintln!("kvcore sim: cannot write {}: {e}", dir.display());
             return 1;
         }
-        println!("wrote {}/summary.json, requests.jsonl, plot.svg", dir.display());
+        println!("wrote {}/summary.json, requests.jsonl, plot.svg, sweep.svg", dir.display());
     }
     if let (Some(path), Some(run)) = (&args.record_copies, runs.first()) {
         if let Err(e) = write_copy_log(path, &config, run) {

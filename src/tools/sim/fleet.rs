@@ -1,16 +1,26 @@
 //! One pass of the simulation: a fleet of fresh engines, one policy, every
-//! arrival of the workload.
+//! arrival of the workload, on a virtual clock.
 //!
 //! For each request, in arrival order:
 //!
-//! 1. the policy picks a worker (KV-aware ones from their [`CacheView`]);
-//! 2. the worker's engine admits it (`tokens_cached` is the truth a belief is
+//! 1. a router that must hash pixels does so first (the BLAKE3 cost per image
+//!    of the timing model), then every published batch whose propagation
+//!    delay has passed is handed to its view, in order;
+//! 2. the policy picks a worker (KV-aware ones from their [`CacheView`],
+//!    plus, when predictions are on, the blocks of their own earlier
+//!    decisions that have not expired);
+//! 3. the worker's engine admits it (`tokens_cached` is the truth a belief is
 //!    checked against), the prompt and the generated tokens are committed and
 //!    the request finishes, then the engine closes its step;
-//! 3. the step's events go to the view (for `kv-ours`, out of the engine's
-//!    publisher over loopback ZMQ to the router), and their wire size is
-//!    measured with the stream's codec;
-//! 4. the timing model places the work on the worker's queue.
+//! 4. the timing model places the work on the worker's queue; the step's
+//!    blocks exist once its prefill is done, so its batch leaves then and
+//!    reaches the router `delay` later. Wire-fed views (`dynamo`, `kv-uuid`,
+//!    `kv-pixels`) get the payload bytes each engine's publisher sent over
+//!    loopback ZMQ ([`Taps`]); `kv-text-only` gets the typed events.
+//!
+//! Requests overlap: one arriving while earlier ones are still queued or
+//! prefilling is routed before their events arrive, which is where a router
+//! without predictions goes wrong.
 
 use std::time::Instant;
 
@@ -25,10 +35,12 @@ use kvcore::{Engine, MmContent, MmItemSpec, RequestSpec};
 use kvcore::{Publisher, PublisherConfig};
 
 use super::copies::CopyCounts;
+use super::dynamo_view::DynamoView;
 use super::policy::{PolicyKind, decide};
-use super::router_view::RouterView;
+use super::router_view::{ImageNaming, RouterView};
+use super::tap::Taps;
 use super::timing::WorkerClock;
-use super::view::{CacheView, OracleView, TextOnlyView, ViewRequest, engine_keys};
+use super::view::{CacheView, OracleView, Predictions, TextOnlyView, ViewRequest, engine_keys};
 use super::workload::Workload;
 use super::{SimConfig, SimError};
 
@@ -71,6 +83,8 @@ pub struct EventCounts {
 pub struct PolicyRun {
     /// The policy.
     pub policy: PolicyKind,
+    /// The event delay and predictions of the pass.
+    pub options: PassOptions,
     /// One outcome per request, in workload order.
     pub outcomes: Vec<RequestOutcome>,
     /// Events.
@@ -84,10 +98,15 @@ pub struct PolicyRun {
     /// Blocks the view could not use (text-only: stored blocks whose parent it
     /// did not know).
     pub view_unusable_blocks: u64,
-    /// The view's own counters (the router's subscriber and indexer for
-    /// `kv-ours`).
+    /// The view's own counters (the routers' decoders and indexers).
     pub view_stats: Option<serde_json::Value>,
-    /// The engines' publisher endpoints, in worker order (`kv-ours` only).
+    /// Published batches the taps never received (wire-fed policies).
+    pub batches_lost: u64,
+    /// Images whose pixels the router hashed (and paid for).
+    pub hashed_images: u64,
+    /// Blocks believed held only because of the router's own predictions.
+    pub predicted_blocks_used: u64,
+    /// The engines' publisher endpoints, in worker order (wire-fed policies only).
     pub publishers: Vec<String>,
     /// When the last worker went idle, in simulated seconds.
     pub makespan_s: f64,
@@ -138,10 +157,64 @@ pub fn attach_publishers(
     Ok(endpoints)
 }
 
-/// Runs `policy` over every request of `workload` on fresh engines.
+/// How one pass sees the events: their propagation delay and whether the
+/// router records its own decisions as predicted blocks.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct PassOptions {
+    /// Simulated time from an engine's step to its events reaching a router,
+    /// in microseconds.
+    pub delay_us: f64,
+    /// Whether event-fed routers record their decisions as predicted blocks.
+    pub predict: bool,
+}
+
+/// A published batch on its way to the router.
+struct InFlight {
+    deliver_us: f64,
+    order: u64,
+    worker: usize,
+    payload: Vec<u8>,
+    typed: Vec<KvEvent>,
+}
+
+/// A policy's view, when it has one.
+type ViewBox = Box<dyn CacheView>;
+
+fn make_view(
+    policy: PolicyKind,
+    config: &SimConfig,
+    engines: &mut [Engine],
+    publishers: &mut Vec<String>,
+) -> Result<(Option<ViewBox>, Option<Taps>), SimError> {
+    let n = engines.len();
+    let (bs, pad) = (config.block_size_tokens, config.placeholder_token);
+    let mut wire_fed = |engines: &mut [Engine]| -> Result<Taps, SimError> {
+        let endpoints = attach_publishers(engines, config.base_port)?;
+        *publishers = endpoints.iter().map(|(e, _)| e.clone()).collect();
+        Taps::connect(publishers)
+    };
+    Ok(match policy {
+        PolicyKind::RoundRobin | PolicyKind::LeastLoaded => (None, None),
+        PolicyKind::KvTextOnly => (Some(Box::new(TextOnlyView::new(n))), None),
+        PolicyKind::Dynamo => {
+            let taps = wire_fed(engines)?;
+            (Some(Box::new(DynamoView::new(n, bs))), Some(taps))
+        }
+        PolicyKind::KvUuid | PolicyKind::KvPixels => {
+            let taps = wire_fed(engines)?;
+            let naming = if policy == PolicyKind::KvUuid { ImageNaming::Uuid } else { ImageNaming::Pixels };
+            (Some(Box::new(RouterView::new(n, bs, pad, naming))), Some(taps))
+        }
+        PolicyKind::Oracle => (Some(Box::new(OracleView)), None),
+    })
+}
+
+/// Runs `policy` over every request of `workload` on fresh engines, events
+/// delayed and predictions made as `options` says.
 pub fn run_policy(
     workload: &Workload,
     policy: PolicyKind,
+    options: PassOptions,
     config: &SimConfig,
     progress: &ProgressBar,
 ) -> Result<PolicyRun, SimError> {
@@ -151,16 +224,12 @@ pub fn run_policy(
     let mut engines: Vec<Engine> =
         (0..n).map(|_| Engine::new(engine_config.clone())).collect::<Result<_, _>>().map_err(SimError::Config)?;
     let mut publishers = Vec::new();
-    let mut view: Option<Box<dyn CacheView>> = match policy {
-        PolicyKind::RoundRobin | PolicyKind::LeastLoaded => None,
-        PolicyKind::KvTextOnly => Some(Box::new(TextOnlyView::new(n))),
-        PolicyKind::KvOurs => {
-            let endpoints = attach_publishers(&mut engines, config.base_port)?;
-            publishers = endpoints.iter().map(|(e, _)| e.clone()).collect();
-            Some(Box::new(RouterView::connect(&endpoints, config.block_size_tokens, config.placeholder_token)?))
-        }
-        PolicyKind::Oracle => Some(Box::new(OracleView)),
-    };
+    let (mut view, mut taps) = make_view(policy, config, &mut engines, &mut publishers)?;
+    let mut predictions =
+        (options.predict && policy.is_event_fed()).then(|| Predictions::new(n, config.prediction_ttl_ms * 1000.0));
+    let delay_us = if policy.is_event_fed() { options.delay_us } else { 0.0 };
+    let mut in_flight: Vec<InFlight> = Vec::new();
+    let mut order = 0u64;
     let mut clocks = vec![WorkerClock::default(); n];
     let mut outcomes = Vec::with_capacity(workload.requests.len());
     let mut events = EventCounts::default();
@@ -172,10 +241,30 @@ pub fn run_policy(
     let mut wire = Vec::new();
     let mut wire_bytes = 0u64;
     let mut busy_us = 0.0;
+    let mut hashed_images = 0u64;
+    let mut predicted_blocks_used = 0u64;
     let encode = EncodeOptions::default();
 
     for request in &workload.requests {
-        let now = request.arrival_us as f64;
+        // The router first hashes what it must (the pixels it pays for), then decides.
+        let hashed = policy.images_hashed(request.images.iter().map(|i| i.uuid.is_some()));
+        hashed_images += hashed as u64;
+        let hash_us = hashed as f64 * config.timing.hash_us_per_image;
+        let now = request.arrival_us as f64 + hash_us;
+        // Deliver every batch whose propagation delay has passed, in order.
+        if let Some(view) = &mut view
+            && !in_flight.is_empty()
+        {
+            in_flight.sort_by(|a, b| a.deliver_us.total_cmp(&b.deliver_us).then(a.order.cmp(&b.order)));
+            let due = in_flight.partition_point(|f| f.deliver_us <= now);
+            for f in in_flight.drain(..due) {
+                if f.payload.is_empty() {
+                    view.observe(f.worker, &f.typed);
+                } else {
+                    view.apply_payload(f.worker, &f.payload);
+                }
+            }
+        }
         let tokens = request.prompt.tokens();
         let loads: Vec<f64> = clocks.iter().map(|c| c.backlog_us(now) / block_work_us).collect();
         let (worker, predicted) = match &mut view {
@@ -191,11 +280,30 @@ pub fn run_policy(
             Some(view) => {
                 let keys = engine_keys(request, &tokens, bs, config.placeholder_token);
                 let vr = ViewRequest { request, tokens: &tokens, engine_keys: &keys, block_size: bs };
-                let overlaps = view.overlaps(&vr, &engines);
-                let spread = keys
-                    .first()
-                    .map_or(request.id, |k| u64::from_le_bytes(k.0[..8].try_into().expect("a key has 32 bytes")));
-                let w = decide(&config.scoring, tokens.len() as u32 / bs, &overlaps, &loads, spread);
+                let mut overlaps = view.overlaps(&vr, &engines);
+                if let Some(p) = &predictions {
+                    let pk = view.prediction_keys();
+                    for (w, o) in overlaps.iter_mut().enumerate() {
+                        let ahead = p.prefix(w, &pk, now);
+                        if ahead > o.any_tier_blocks {
+                            predicted_blocks_used += (ahead - o.any_tier_blocks) as u64;
+                        }
+                        o.device_blocks = o.device_blocks.max(ahead);
+                        o.any_tier_blocks = o.any_tier_blocks.max(ahead);
+                    }
+                }
+                let w = match view.select(&overlaps, &vr, now) {
+                    Some(w) => w,
+                    None => {
+                        let spread = keys.first().map_or(request.id, |k| {
+                            u64::from_le_bytes(k.0[..8].try_into().expect("a key has 32 bytes"))
+                        });
+                        decide(&config.scoring, tokens.len() as u32 / bs, &overlaps, &loads, spread)
+                    }
+                };
+                if let Some(p) = &mut predictions {
+                    p.record(w, &view.prediction_keys(), now);
+                }
                 (w, Some(overlaps[w].any_tier_blocks))
             }
         };
@@ -242,27 +350,49 @@ pub fn run_policy(
             encode_events(&step_events, now / 1e6, None, &encode, &mut wire);
             wire_bytes += wire.len() as u64 + 8;
         }
-        if let Some(view) = &mut view {
-            view.observe(worker, &step_events);
-        }
 
         let computed = tokens.len() as u32 - outcome.tokens_cached;
         let served = clocks[worker].serve(&config.timing, now, computed, outcome.tokens_onboarded, request.output_len);
-        outcome.ttft_ms = served.ttft_us / 1000.0;
+        outcome.ttft_ms = (served.ttft_us + hash_us) / 1000.0;
         busy_us += served.service_us;
+        let first_token_us = now + served.ttft_us;
+        if let Some(view) = &mut view {
+            view.routed(worker, first_token_us, served.done_us);
+            // The step's blocks exist once its prefill is done; their events
+            // leave then and reach the router `delay` later.
+            let deliver_us = first_token_us + delay_us;
+            match &mut taps {
+                Some(taps) => {
+                    let target = engines[worker].publisher().map_or(0, |p| p.next_seq());
+                    for payload in taps.collect(worker, target) {
+                        order += 1;
+                        in_flight.push(InFlight { deliver_us, order, worker, payload, typed: Vec::new() });
+                    }
+                }
+                None if !step_events.is_empty() => {
+                    order += 1;
+                    in_flight.push(InFlight { deliver_us, order, worker, payload: Vec::new(), typed: step_events });
+                }
+                None => {}
+            }
+        }
         outcomes.push(outcome);
         progress.inc(1);
     }
-    events.wire_bytes = Some(wire_bytes);
+    events.wire_bytes = Some(taps.as_ref().map_or(wire_bytes, |t| t.payload_bytes()));
     let makespan_s = clocks.iter().map(|c| c.busy_until_us).fold(0.0, f64::max) / 1e6;
     Ok(PolicyRun {
         policy,
+        options,
         outcomes,
         events,
         copies,
         copy_log,
         view_unusable_blocks: view.as_ref().map_or(0, |v| v.events_unusable()),
         view_stats: view.as_ref().and_then(|v| v.stats()),
+        batches_lost: taps.as_ref().map_or(0, |t| t.lost()),
+        hashed_images,
+        predicted_blocks_used,
         publishers,
         makespan_s,
         busy_s: busy_us / 1e6,

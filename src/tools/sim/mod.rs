@@ -21,8 +21,10 @@
 //! |---|---|
 //! | [`workload`] | the seeded multimodal chat generator and the Mooncake trace replay |
 //! | [`timing`] | the cost of a request and the worker queue |
-//! | [`view`] | [`view::CacheView`]: oracle, text-only, content-keyed |
-//! | [`router_view`] | `kv-ours`: the real router over loopback ZMQ |
+//! | [`view`] | [`view::CacheView`]: oracle, text-only, content-keyed; [`view::Predictions`] |
+//! | [`router_view`] | `kv-uuid`, `kv-pixels`: kvcore's router fed by wire payloads |
+//! | [`dynamo_view`] | `dynamo`: Dynamo 1.6.1's decoder, indexer and default logit |
+//! | [`tap`] | the `SUB` sockets that take each engine's batches off the wire |
 //! | [`policy`] | the policies and the KV-aware decision |
 //! | [`fleet`] | one pass: engines, routing, events, timing |
 //! | [`copies`] | the shape of the host-tier copies the engines hand out |
@@ -31,19 +33,21 @@
 //! See docs/simulation.md for the model, the default workload and the figures.
 
 pub mod copies;
+pub mod dynamo_view;
 pub mod fleet;
 pub mod policy;
 pub mod report;
 pub mod router_view;
+pub mod tap;
 pub mod timing;
 pub mod view;
 pub mod workload;
 
 use indicatif::ProgressBar;
 
-pub use fleet::{PolicyRun, RequestOutcome};
+pub use fleet::{PassOptions, PolicyRun, RequestOutcome};
 pub use policy::{PolicyKind, Scoring};
-pub use report::{PolicySummary, Report};
+pub use report::{PolicySummary, Report, SweepPoint};
 pub use timing::TimingModel;
 pub use workload::{ChatConfig, Workload, chat_workload, mooncake_workload};
 
@@ -70,7 +74,19 @@ pub struct SimConfig {
     pub scoring: Scoring,
     /// The policies to compare, in report order.
     pub policies: Vec<PolicyKind>,
-    /// First TCP port of the engines' publishers (`kv-ours` pass): worker
+    /// Simulated propagation delay of events from an engine to a router, in
+    /// milliseconds.
+    pub delay_ms: f64,
+    /// How long a router's own decision stays a predicted block, in
+    /// milliseconds.
+    pub prediction_ttl_ms: f64,
+    /// The delays of the sweep, in milliseconds (empty: no sweep).
+    pub sweep_delays_ms: Vec<f64>,
+    /// Also run every event-fed policy with predicted blocks.
+    pub with_predictions: bool,
+    /// Passes run at once (0: one per available core).
+    pub threads: usize,
+    /// First TCP port of the engines' publishers (wire-fed passes): worker
     /// `w` publishes on `base_port + w` and answers replays on `base_port +
     /// workers + w`. `None`: ports the system picks.
     pub base_port: Option<u16>,
@@ -89,6 +105,11 @@ impl Default for SimConfig {
             timing: TimingModel::default(),
             scoring: Scoring::default(),
             policies: PolicyKind::ALL.to_vec(),
+            delay_ms: 5.0,
+            prediction_ttl_ms: 10_000.0,
+            sweep_delays_ms: vec![0.0, 50.0, 100.0],
+            with_predictions: true,
+            threads: 0,
             base_port: None,
         }
     }
@@ -133,33 +154,132 @@ impl SimConfig {
             )));
         }
         let t = &self.timing;
-        if [t.request_overhead_us, t.prefill_us_per_token, t.onboard_us_per_token, t.decode_us_per_token]
-            .iter()
-            .any(|c| !c.is_finite() || *c < 0.0)
+        if [
+            t.request_overhead_us,
+            t.prefill_us_per_token,
+            t.onboard_us_per_token,
+            t.decode_us_per_token,
+            t.hash_us_per_image,
+        ]
+        .iter()
+        .any(|c| !c.is_finite() || *c < 0.0)
             || t.prefill_us_per_token <= 0.0
         {
             return Err(SimError::Invalid("timing costs must be finite and non-negative, prefill positive".into()));
+        }
+        if [self.delay_ms, self.prediction_ttl_ms]
+            .iter()
+            .chain(&self.sweep_delays_ms)
+            .any(|d| !d.is_finite() || *d < 0.0)
+        {
+            return Err(SimError::Invalid("delays and the prediction expiry must be finite and non-negative".into()));
+        }
+        if self.base_port.is_some() && self.passes().len() > 1 {
+            // One set of fixed ports serves one pass at a time.
+            return Err(SimError::Invalid(
+                "a fixed base port needs one pass: one policy, no sweep, no predictions".into(),
+            ));
         }
         fleet::worker_engine_config(self).validate().map_err(SimError::Config)
     }
 }
 
-/// Runs every configured policy over `workload` and returns the report and
-/// the raw passes (for `requests.jsonl`). `progress` advances by one per
-/// request per policy.
+/// What one pass runs: a policy and how it sees the events.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pass {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Its event delay and predictions.
+    pub options: PassOptions,
+}
+
+impl SimConfig {
+    /// Every pass of the run, in report order: each policy at the default
+    /// delay without predictions (the main table), then each event-fed one
+    /// with predictions, then the sweep (each event-fed policy at each delay,
+    /// with and without predictions).
+    pub fn passes(&self) -> Vec<Pass> {
+        let at = |policy, delay_ms: f64, predict| Pass {
+            policy,
+            options: PassOptions { delay_us: delay_ms * 1000.0, predict },
+        };
+        let mut out: Vec<Pass> = self.policies.iter().map(|&p| at(p, self.delay_ms, false)).collect();
+        let fed: Vec<PolicyKind> = self.policies.iter().copied().filter(|p| p.is_event_fed()).collect();
+        if self.with_predictions {
+            out.extend(fed.iter().map(|&p| at(p, self.delay_ms, true)));
+        }
+        for &d in &self.sweep_delays_ms {
+            for predict in [false, true] {
+                if predict && !self.with_predictions {
+                    continue;
+                }
+                for &p in &fed {
+                    let pass = at(p, d, predict);
+                    if !out.contains(&pass) {
+                        out.push(pass);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs every pass of `config` over `workload` (several at once, on fresh
+/// engines each) and returns the report and the raw passes of the main table
+/// (for `requests.jsonl`). `progress` advances by one per request per pass.
 pub fn simulate(
     workload: &Workload,
     config: &SimConfig,
     progress: &ProgressBar,
 ) -> Result<(Report, Vec<PolicyRun>), SimError> {
     config.validate()?;
-    let mut runs = Vec::with_capacity(config.policies.len());
-    for &policy in &config.policies {
-        progress.set_message(policy.name());
-        runs.push(fleet::run_policy(workload, policy, config, progress)?);
+    let passes = config.passes();
+    let threads = match config.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        t => t,
     }
-    let policies =
-        runs.iter().map(|r| PolicySummary::of(r, workload, config.workers, config.block_size_tokens)).collect();
+    .min(passes.len())
+    .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<PolicyRun, SimError>>>> =
+        passes.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(pass) = passes.get(i) else { break };
+                    let run = fleet::run_policy(workload, pass.policy, pass.options, config, progress);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(run);
+                }
+            });
+        }
+    });
+    let mut runs = Vec::with_capacity(passes.len());
+    for r in results {
+        runs.push(r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every pass ran")?);
+    }
+    let summary = |r: &PolicyRun| PolicySummary::of(r, workload, config.workers, config.block_size_tokens);
+    let main = config.policies.len();
+    let policies = runs[..main].iter().map(summary).collect();
+    let predicted = runs[main..]
+        .iter()
+        .filter(|r| r.options.predict && r.options.delay_us == config.delay_ms * 1000.0)
+        .map(summary)
+        .collect();
+    let mut sweep: Vec<SweepPoint> = runs
+        .iter()
+        .filter(|r| r.policy.is_event_fed())
+        .filter(|r| {
+            // The default delay's passes are points of the sweep too.
+            !config.sweep_delays_ms.is_empty()
+                && config.sweep_delays_ms.iter().chain([&config.delay_ms]).any(|d| d * 1000.0 == r.options.delay_us)
+        })
+        .map(|r| SweepPoint::of(&summary(r), r))
+        .collect();
+    sweep.sort_by(|a, b| (a.predict, &a.policy).cmp(&(b.predict, &b.policy)).then(a.delay_ms.total_cmp(&b.delay_ms)));
+    runs.truncate(main);
     Ok((
         Report {
             workload: workload.name.clone(),
@@ -168,6 +288,8 @@ pub fn simulate(
             ideal_hit_ratio: workload.ideal_hit_ratio,
             config: config.clone(),
             policies,
+            predicted,
+            sweep,
         },
         runs,
     ))

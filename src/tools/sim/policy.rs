@@ -4,12 +4,15 @@
 //! |---|---|---|
 //! | `round-robin` | nothing | the next worker in turn |
 //! | `least-loaded` | queued work | the worker with the least backlog |
-//! | `kv-text-only` | events, token ids only | least cost, overlap from [`TextOnlyView`](super::view::TextOnlyView) |
-//! | `kv-ours` | events, images by content | least cost, overlap from our router |
-//! | `oracle` | every engine's index | least cost, exact overlap |
+//! | `kv-text-only` | delayed events, token ids only | least cost, overlap from [`TextOnlyView`](super::view::TextOnlyView) |
+//! | `dynamo` | delayed wire payloads, images by `mm_hash` | Dynamo 1.6.1's own decoder, indexer and default logit ([`DynamoView`](super::dynamo_view::DynamoView)) |
+//! | `kv-uuid` | delayed wire payloads, images by UUID (fleet-wide view) | least cost, overlap from kvcore's router |
+//! | `kv-pixels` | delayed wire payloads, images by hashed pixels | least cost, overlap from kvcore's router, pays BLAKE3 per image |
+//! | `oracle` | every engine's index, now | least cost, exact overlap |
 //!
-//! The three KV-aware policies share one cost (the router's, see
-//! [`decide`]), so the comparison isolates what each one knows.
+//! The kvcore-side KV-aware policies share one cost (the router's, see
+//! [`decide`]), so the comparison isolates what each one knows; `dynamo`
+//! applies Dynamo's own rule.
 
 use kvcore_router::{Overlap as RouterOverlap, RouterKey, ScoringConfig, WorkerId};
 
@@ -24,21 +27,32 @@ pub enum PolicyKind {
     LeastLoaded,
     /// KV-aware, image blocks keyed by placeholder tokens alone.
     KvTextOnly,
-    /// KV-aware, image blocks keyed by content (ours).
-    KvOurs,
+    /// Dynamo's router (native crate 1.6.1): images by `mm_hash`.
+    Dynamo,
+    /// kvcore's router, images by UUID when the client sent one.
+    KvUuid,
+    /// kvcore's router, every image's pixels hashed.
+    KvPixels,
     /// KV-aware with exact knowledge of every engine's cache.
     Oracle,
 }
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::RoundRobin,
         PolicyKind::LeastLoaded,
         PolicyKind::KvTextOnly,
-        PolicyKind::KvOurs,
+        PolicyKind::Dynamo,
+        PolicyKind::KvUuid,
+        PolicyKind::KvPixels,
         PolicyKind::Oracle,
     ];
+
+    /// The policies fed by (delayed) events, which the delay sweep and the
+    /// predicted-blocks comparison cover.
+    pub const EVENT_FED: [PolicyKind; 4] =
+        [PolicyKind::KvTextOnly, PolicyKind::Dynamo, PolicyKind::KvUuid, PolicyKind::KvPixels];
 
     /// The policy's name in reports and on the command line.
     pub fn name(self) -> &'static str {
@@ -46,7 +60,9 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::LeastLoaded => "least-loaded",
             PolicyKind::KvTextOnly => "kv-text-only",
-            PolicyKind::KvOurs => "kv-ours",
+            PolicyKind::Dynamo => "dynamo",
+            PolicyKind::KvUuid => "kv-uuid",
+            PolicyKind::KvPixels => "kv-pixels",
             PolicyKind::Oracle => "oracle",
         }
     }
@@ -58,7 +74,23 @@ impl PolicyKind {
 
     /// Whether the policy forms beliefs about caches (and so can be wrong).
     pub fn is_kv_aware(self) -> bool {
-        matches!(self, PolicyKind::KvTextOnly | PolicyKind::KvOurs | PolicyKind::Oracle)
+        !matches!(self, PolicyKind::RoundRobin | PolicyKind::LeastLoaded)
+    }
+
+    /// Whether the policy learns from the event stream (and so sees it late).
+    pub fn is_event_fed(self) -> bool {
+        Self::EVENT_FED.contains(&self)
+    }
+
+    /// Images whose pixels the policy hashes before routing `images` (each
+    /// given with whether the client sent a UUID): all for `kv-pixels`, those
+    /// without a UUID for `kv-uuid` and `dynamo`, none otherwise.
+    pub fn images_hashed(self, uuids: impl Iterator<Item = bool>) -> u32 {
+        match self {
+            PolicyKind::KvPixels => uuids.count() as u32,
+            PolicyKind::KvUuid | PolicyKind::Dynamo => uuids.filter(|has| !has).count() as u32,
+            _ => 0,
+        }
     }
 }
 

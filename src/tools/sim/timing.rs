@@ -17,6 +17,14 @@
 //! tokens per second, host-to-device copies about 40 times faster than
 //! recomputing, a few hundred decode tokens per second of a worker's share.
 //!
+//! A router that names images by content must hash their pixels first:
+//! `hash_us_per_image` (1.5 ms by default) is BLAKE3 over a decoded image of
+//! about 1 megapixel (3 MiB of RGB) at about 2 GiB/s, half of what one thread
+//! reaches on a 16 MiB input (about 4 GB/s), for a frontend core that is
+//! shared; decoding the image first, which a frontend must also do, is not
+//! counted. It is added to the request's time to first token before it is
+//! routed.
+//!
 //! Because a worker serves in order, a block computed by an earlier request
 //! is in place when a later request on the same worker starts; the simulation
 //! therefore admits and commits a request in the engine at routing time and
@@ -33,6 +41,9 @@ pub struct TimingModel {
     pub onboard_us_per_token: f64,
     /// Cost per generated token, in microseconds.
     pub decode_us_per_token: f64,
+    /// What a router pays to hash one image's pixels before it can route by
+    /// content, in microseconds (BLAKE3 on one CPU core, see the module docs).
+    pub hash_us_per_image: f64,
 }
 
 impl Default for TimingModel {
@@ -42,6 +53,7 @@ impl Default for TimingModel {
             prefill_us_per_token: 125.0,
             onboard_us_per_token: 3.0,
             decode_us_per_token: 40.0,
+            hash_us_per_image: 1_500.0,
         }
     }
 }
@@ -94,6 +106,7 @@ mod tests {
             prefill_us_per_token: 1.0,
             onboard_us_per_token: 0.5,
             decode_us_per_token: 2.0,
+            hash_us_per_image: 0.0,
         };
         let mut w = WorkerClock::default();
         let a = w.serve(&m, 0.0, 100, 0, 10);

@@ -90,6 +90,69 @@ pub trait CacheView {
     fn stats(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// One published batch of `worker`'s stream (the payload frame as it
+    /// came off the wire), delivered after the propagation delay. Views fed by
+    /// typed events ignore it.
+    fn apply_payload(&mut self, _worker: usize, _payload: &[u8]) {}
+
+    /// A view that applies its own selection rule (Dynamo's) picks here from
+    /// the overlaps it just returned; `None` leaves the choice to the shared
+    /// cost ([`crate::sim::policy::decide`]).
+    fn select(&mut self, _overlaps: &[Overlap], _request: &ViewRequest<'_>, _now_us: f64) -> Option<usize> {
+        None
+    }
+
+    /// The request last passed to [`CacheView::overlaps`] was sent to
+    /// `worker`; its first token is due at `first_token_us` and it completes
+    /// at `done_us` (what a frontend sees of its own requests).
+    fn routed(&mut self, _worker: usize, _first_token_us: f64, _done_us: f64) {}
+
+    /// The prefix-chained per-block keys of the request last passed to
+    /// [`CacheView::overlaps`], as this view keys blocks, for recording the
+    /// view's own decisions as predicted blocks ([`Predictions`]). Empty when
+    /// the view cannot predict.
+    fn prediction_keys(&self) -> Vec<u64> {
+        Vec::new()
+    }
+}
+
+/// A router's own decisions, recorded as predicted blocks with an expiry (as
+/// Dynamo's router and llm-d do): a request routed to a worker is believed
+/// held there, block by block, until the expiry, whatever the events say.
+#[derive(Debug, Default)]
+pub struct Predictions {
+    ttl_us: f64,
+    workers: Vec<AHashMap<u64, f64>>,
+    recorded: u64,
+}
+
+impl Predictions {
+    /// No predictions yet, for `workers` workers, each kept `ttl_us`.
+    pub fn new(workers: usize, ttl_us: f64) -> Self {
+        Self { ttl_us, workers: vec![AHashMap::new(); workers], recorded: 0 }
+    }
+
+    /// Leading blocks of `keys` predicted on `worker` and not yet expired at `now_us`.
+    pub fn prefix(&self, worker: usize, keys: &[u64], now_us: f64) -> u32 {
+        let w = &self.workers[worker];
+        keys.iter().take_while(|k| w.get(k).is_some_and(|&until| until > now_us)).count() as u32
+    }
+
+    /// Records `keys` on `worker` until `now_us + ttl`.
+    pub fn record(&mut self, worker: usize, keys: &[u64], now_us: f64) {
+        let until = now_us + self.ttl_us;
+        let w = &mut self.workers[worker];
+        for k in keys {
+            w.insert(*k, until);
+        }
+        self.recorded += 1;
+        if self.recorded.is_multiple_of(1024) {
+            for w in &mut self.workers {
+                w.retain(|_, until| *until > now_us);
+            }
+        }
+    }
 }
 
 /// Walks keys while `lookup` finds them, counting device and any-tier blocks.
@@ -122,7 +185,7 @@ impl CacheView for OracleView {
 /// Event-fed, keyed by the engine's content-addressed block keys (images by
 /// their content digest). It learns only from typed events, in process: the
 /// reference of what an exact event-fed view believes, against which the
-/// unit tests hold the text-only view. `kv-ours` itself runs the real router
+/// unit tests hold the text-only view. `kv-uuid` and `kv-pixels` run the real router
 /// over the wire ([`crate::sim::router_view`]).
 #[derive(Debug, Default)]
 pub struct ContentView {
@@ -234,12 +297,13 @@ impl TextWorker {
 pub struct TextOnlyView {
     workers: Vec<TextWorker>,
     unchained_blocks: u64,
+    last: Vec<u64>,
 }
 
 impl TextOnlyView {
     /// A view of `workers` empty caches.
     pub fn new(workers: usize) -> Self {
-        Self { workers: vec![TextWorker::default(); workers], unchained_blocks: 0 }
+        Self { workers: vec![TextWorker::default(); workers], unchained_blocks: 0, last: Vec::new() }
     }
 }
 
@@ -253,7 +317,13 @@ impl CacheView for TextOnlyView {
             hashes.push(h);
             parent = Some(h);
         }
-        self.workers.iter().map(|w| walk(hashes.iter().map(|h| w.tier(*h)))).collect()
+        let out = self.workers.iter().map(|w| walk(hashes.iter().map(|h| w.tier(*h)))).collect();
+        self.last = hashes;
+        out
+    }
+
+    fn prediction_keys(&self) -> Vec<u64> {
+        self.last.clone()
     }
 
     fn observe(&mut self, worker: usize, events: &[KvEvent]) {

@@ -1413,3 +1413,128 @@ fn relay_protects_dynamo_map_form() {
 fn relay_protects_dynamo_array_form() {
     relay_protects_dynamo(kvcore::wire::EventForm::Array);
 }
+
+/// The simulation's `dynamo` policy believes what Dynamo's real in-process
+/// `KvRouter` believes: one engine serves the first requests of the
+/// simulation's chat workload (images with and without UUIDs, a pool small
+/// enough to evict), its stream goes both to the wheel's `KvRouter`
+/// (tests/interop/dynamo_kvrouter.py) and, through the simulation's tap, to
+/// the policy's view built on the native crate; then every served prompt,
+/// hashed as the view hashes it, gets the same device overlap from both
+/// (`get_overlap_scores`). Some overlaps are partial, so evictions were
+/// applied alike.
+#[test]
+fn sim_dynamo_policy_matches_dynamo_kvrouter() {
+    use kvcore_tools::sim::dynamo_view::DynamoView;
+    use kvcore_tools::sim::tap::Taps;
+    use kvcore_tools::sim::view::{CacheView, ViewRequest, engine_keys};
+    use kvcore_tools::sim::{ChatConfig, chat_workload};
+
+    let Some(python) = python() else { return };
+    let mut e = engine_in_form(EventForm::Map, false, 100, 0);
+    let (endpoint, _) = endpoints(&e);
+    let mut child = Command::new(&python)
+        .arg(repo().join("tests/interop/dynamo_kvrouter.py"))
+        .args(["--block-size", &BLOCK.to_string(), "--endpoint", &endpoint])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning dynamo_kvrouter.py");
+    let mut stdin = BufWriter::new(child.stdin.take().unwrap());
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    assert!(ready.contains("\"ready\": true"), "Dynamo's KvRouter did not start: {ready:?}");
+    let mut call = |cmd: Value| -> Value {
+        writeln!(stdin, "{cmd}").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        assert!(v.get("error").is_none(), "{cmd}: {v}");
+        v
+    };
+    let mut taps = Taps::connect(std::slice::from_ref(&endpoint)).unwrap();
+    let mut view = DynamoView::new(1, BLOCK);
+    let feed = |e: &Engine, taps: &mut Taps, view: &mut DynamoView| {
+        for payload in taps.collect(0, e.publisher().unwrap().next_seq()) {
+            view.apply_payload(0, &payload);
+        }
+    };
+    // Join: serve probe prompts until the wheel's relay has one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut n = 0u32;
+    loop {
+        let p: Vec<u32> = (0..33).map(|i| 40_000 + n * 64 + i).collect();
+        serve(&mut e, &p, 33, None);
+        feed(&e, &mut taps, &mut view);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(150));
+        let probe = call(json!({"op": "overlap", "tokens": p, "block_mm_infos": null}));
+        if probe["device_blocks"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Dynamo's relay never received our stream");
+    }
+    let workload =
+        chat_workload(&ChatConfig { sessions: 6, seed: 21, uuid_pixel_swap: 0.3, ..Default::default() }).unwrap();
+    let requests = &workload.requests[..24];
+    assert!(requests.iter().any(|r| r.images.iter().any(|i| i.uuid.is_some())));
+    assert!(requests.iter().any(|r| r.images.iter().any(|i| i.uuid.is_none())));
+    for r in requests {
+        let tokens = r.prompt.tokens();
+        let items = r
+            .images
+            .iter()
+            .map(|i| MmItemSpec {
+                content: MmContent::Bytes(&i.pixels),
+                runs: vec![TokenRun { start: i.start, len: i.len }],
+            })
+            .collect();
+        let uuids =
+            (!r.images.is_empty()).then(|| r.images.iter().map(|i| i.uuid.as_deref().map(str::as_bytes)).collect());
+        if let Ok(a) = e.add_request(&RequestSpec { tokens: &tokens, items, uuids, ..Default::default() }) {
+            e.commit(a.id, tokens.len() as u64).unwrap();
+            e.finish(a.id).unwrap();
+        }
+        e.step();
+        feed(&e, &mut taps, &mut view);
+    }
+    assert_eq!(taps.lost(), 0);
+    let ours_and_theirs = |call: &mut dyn FnMut(Value) -> Value, view: &DynamoView| {
+        requests
+            .iter()
+            .map(|r| {
+                let tokens = r.prompt.tokens();
+                let keys = engine_keys(r, &tokens, BLOCK, IMAGE_PAD);
+                let vr = ViewRequest { request: r, tokens: &tokens, engine_keys: &keys, block_size: BLOCK };
+                let ours = view.overlap_scores(&DynamoView::request_hashes(&vr, keys.len()))[0] as u64;
+                let (blocks, mm) = DynamoView::request_blocks(&vr, keys.len());
+                let theirs = call(json!({"op": "overlap", "tokens": blocks, "block_mm_infos": mm}))["device_blocks"]
+                    .as_u64()
+                    .unwrap();
+                (ours, theirs, keys.len() as u64)
+            })
+            .collect::<Vec<_>>()
+    };
+    // The wheel applies events on its own threads: wait until it settles.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pairs = loop {
+        let pairs = ours_and_theirs(&mut call, &view);
+        if pairs.iter().all(|(a, b, _)| a == b) || Instant::now() > deadline {
+            break pairs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (i, (ours, theirs, _)) in pairs.iter().enumerate() {
+        assert_eq!(
+            ours, theirs,
+            "request {i}: the simulation's dynamo view {ours}, Dynamo's KvRouter {theirs}: {pairs:?}"
+        );
+    }
+    assert!(pairs.iter().any(|(o, _, n)| *o > 0 && o < n), "some overlap is partial: {pairs:?}");
+    assert!(pairs.iter().any(|(o, _, _)| *o == 0), "some prompt was evicted or never held: {pairs:?}");
+    call(json!({"op": "quit"}));
+    let _ = child.wait();
+}

@@ -1,6 +1,7 @@
 //! The fleet simulation end to end on a small configuration: policy ordering,
-//! false hits, trace replay, bad input, the files of `--out` and the host-tier
-//! copy counters against the copy log.
+//! false hits, late events and predicted blocks, UUID reuse, the pixels a
+//! router pays to hash, trace replay, bad input, the files of `--out` and the
+//! host-tier copy counters against the copy log.
 
 use indicatif::ProgressBar;
 use kvcore_tools::sim::{ChatConfig, PolicyKind, SimConfig, chat_workload, mooncake_workload, simulate};
@@ -9,25 +10,52 @@ fn small_chat() -> ChatConfig {
     ChatConfig { sessions: 80, seed: 11, ..Default::default() }
 }
 
-/// On a small image chat workload, the oracle must do at least as well as our
-/// content-keyed router, which must beat round-robin and never be wrong about
-/// a cache, while the text-only router is wrong on some image blocks. Method:
-/// run every policy on the same arrivals and read the report's figures, which
-/// come from the engines' own admissions.
+/// One pass per policy: no sweep, no predicted-blocks passes.
+fn main_table_only(config: SimConfig) -> SimConfig {
+    SimConfig { sweep_delays_ms: vec![], with_predictions: false, ..config }
+}
+
+/// On a small image chat workload with events delayed by the default 5 ms,
+/// every KV-aware router beats round-robin; the text-only router is wrong on
+/// image blocks more often than either kvcore router; the oracle is never
+/// wrong; only the policies that hash pixels pay for it, for exactly the
+/// images they hash; and every batch the engines published reached the
+/// wire-fed routers. Method: run every policy on the same arrivals (UUIDs
+/// reused for other pixels at 30 %) and read the report's figures, which come
+/// from the engines' own admissions.
 #[test]
 fn policies_order_and_false_hits() {
-    let workload = chat_workload(&small_chat()).unwrap();
-    let config = SimConfig { blocks_device: 512, blocks_host: 512, ..Default::default() };
+    let workload = chat_workload(&ChatConfig { uuid_pixel_swap: 0.3, ..small_chat() }).unwrap();
+    let config = main_table_only(SimConfig { blocks_device: 512, blocks_host: 512, ..Default::default() });
     let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
-    assert_eq!(runs.len(), 5);
+    assert_eq!(runs.len(), 7);
     let get = |p: PolicyKind| report.policy(p).unwrap();
-    let (rr, text, ours, oracle) =
-        (get(PolicyKind::RoundRobin), get(PolicyKind::KvTextOnly), get(PolicyKind::KvOurs), get(PolicyKind::Oracle));
-    assert!(oracle.hit_rate >= ours.hit_rate, "oracle {} < ours {}", oracle.hit_rate, ours.hit_rate);
-    assert!(ours.hit_rate > rr.hit_rate, "ours {} <= round-robin {}", ours.hit_rate, rr.hit_rate);
-    assert_eq!(ours.false_hits, Some(0), "ours believed a block its engine did not hold");
-    assert!(text.false_hits.unwrap() > 0, "text-only keying should be fooled by equal placeholders");
+    let (rr, text, dynamo, uuid, pixels, oracle) = (
+        get(PolicyKind::RoundRobin),
+        get(PolicyKind::KvTextOnly),
+        get(PolicyKind::Dynamo),
+        get(PolicyKind::KvUuid),
+        get(PolicyKind::KvPixels),
+        get(PolicyKind::Oracle),
+    );
+    assert!(oracle.hit_rate > rr.hit_rate, "oracle {} <= round-robin {}", oracle.hit_rate, rr.hit_rate);
+    assert!(pixels.hit_rate > rr.hit_rate, "pixels {} <= round-robin {}", pixels.hit_rate, rr.hit_rate);
+    assert!(uuid.hit_rate > rr.hit_rate, "uuid {} <= round-robin {}", uuid.hit_rate, rr.hit_rate);
+    assert!(dynamo.hit_rate > rr.hit_rate, "dynamo {} <= round-robin {}", dynamo.hit_rate, rr.hit_rate);
+    let fh = |p: &kvcore_tools::sim::PolicySummary| p.false_hits.unwrap();
+    assert!(fh(text) > fh(pixels) && fh(text) > fh(uuid), "text-only keying should be fooled by equal placeholders");
+    assert_eq!(oracle.false_hits, Some(0), "the oracle reads the engines");
     assert_eq!(rr.false_hits, None, "round-robin holds no belief");
+    // Only the policies that hash pixels pay for it, for the images they hash.
+    let images: u64 = workload.requests.iter().map(|r| r.images.len() as u64).sum();
+    let without_uuid: u64 =
+        workload.requests.iter().flat_map(|r| &r.images).filter(|i| i.uuid.is_none()).count() as u64;
+    assert_eq!(pixels.hashed_images, images);
+    assert_eq!((uuid.hashed_images, dynamo.hashed_images), (without_uuid, without_uuid));
+    assert_eq!((text.hashed_images, oracle.hashed_images), (0, 0));
+    for p in [dynamo, uuid, pixels] {
+        assert_eq!(p.batches_lost, 0, "{}: every published batch reached the router", p.policy);
+    }
     // Every request was served by some worker and the counts add up.
     for p in &report.policies {
         assert_eq!(p.requests_per_worker.iter().sum::<u64>(), workload.requests.len() as u64);
@@ -41,12 +69,40 @@ fn policies_order_and_false_hits() {
 #[test]
 fn runs_are_deterministic() {
     let workload = chat_workload(&ChatConfig { sessions: 20, ..Default::default() }).unwrap();
-    let config = SimConfig { policies: vec![PolicyKind::LeastLoaded, PolicyKind::KvOurs], ..Default::default() };
+    let config = SimConfig {
+        policies: vec![PolicyKind::LeastLoaded, PolicyKind::KvUuid, PolicyKind::Dynamo],
+        sweep_delays_ms: vec![20.0],
+        ..Default::default()
+    };
     let (a, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
     let (b, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
     for (x, y) in a.policies.iter().zip(&b.policies) {
         assert_eq!((x.cached_tokens, x.ttft_p99_ms, x.events), (y.cached_tokens, y.ttft_p99_ms, y.events));
     }
+    assert_eq!(a.sweep, b.sweep);
+    assert_eq!(a.predicted.len(), 2);
+}
+
+/// Late events cost hits, and predicted blocks win them back: when a
+/// session's next turn follows 100 ms after the last (sooner than the events
+/// of a busy worker arrive), kvcore's router by pixels hits less when events
+/// take 100 ms than when they take none, and with its own decisions recorded
+/// as predicted blocks it hits more at 100 ms than without. Method: the sweep
+/// of one run, read from the report.
+#[test]
+fn late_events_and_predicted_blocks() {
+    let workload =
+        chat_workload(&ChatConfig { sessions: 60, think_time_ms: 100.0, seed: 5, ..Default::default() }).unwrap();
+    let config =
+        SimConfig { policies: vec![PolicyKind::KvPixels], sweep_delays_ms: vec![0.0, 100.0], ..Default::default() };
+    let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let at = |delay: f64, predict: bool| {
+        report.sweep.iter().find(|p| p.delay_ms == delay && p.predict == predict).unwrap().clone()
+    };
+    let (now, late, late_pred) = (at(0.0, false), at(100.0, false), at(100.0, true));
+    assert!(late.hit_rate < now.hit_rate, "100 ms {} >= 0 ms {}", late.hit_rate, now.hit_rate);
+    assert!(late_pred.hit_rate > late.hit_rate, "with predictions {} <= without {}", late_pred.hit_rate, late.hit_rate);
+    assert!(report.predicted[0].predicted_blocks_used > 0);
 }
 
 /// Replaying a small trace in the Mooncake format: repeated block ids are hits
@@ -79,6 +135,7 @@ fn mooncake_replay_small_trace() {
     };
     let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
     assert_eq!(report.policies[0].cached_tokens, 1024 + 512);
+    assert!(report.sweep.is_empty(), "the oracle reads no events");
     let limited = mooncake_workload(&path, Some(1)).unwrap();
     assert_eq!(limited.requests.len(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -107,6 +164,10 @@ fn bad_input_is_reported() {
         SimConfig { policies: vec![], ..Default::default() },
         SimConfig { block_size_tokens: 0, ..Default::default() },
         SimConfig { base_port: Some(65_534), ..Default::default() },
+        SimConfig { delay_ms: -1.0, ..Default::default() },
+        SimConfig { sweep_delays_ms: vec![f64::NAN], ..Default::default() },
+        // Fixed ports serve one pass at a time.
+        SimConfig { base_port: Some(40_000), policies: vec![PolicyKind::KvUuid], ..Default::default() },
     ] {
         assert!(simulate(&workload, &config, &ProgressBar::hidden()).is_err());
     }
@@ -119,7 +180,11 @@ fn bad_input_is_reported() {
 #[test]
 fn out_dir_files() {
     let workload = chat_workload(&ChatConfig { sessions: 6, ..Default::default() }).unwrap();
-    let config = SimConfig { policies: vec![PolicyKind::RoundRobin, PolicyKind::KvOurs], ..Default::default() };
+    let config = SimConfig {
+        policies: vec![PolicyKind::RoundRobin, PolicyKind::KvUuid],
+        sweep_delays_ms: vec![0.0, 50.0],
+        ..Default::default()
+    };
     let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
     let dir = std::env::temp_dir().join(format!("kvcore-sim-out-{}", std::process::id()));
     report.write(&dir, &workload, &runs).unwrap();
@@ -131,9 +196,14 @@ fn out_dir_files() {
     let line: serde_json::Value = serde_json::from_str(lines.lines().nth(with_image).unwrap()).unwrap();
     assert_eq!(line["token_ids"].as_array().unwrap().len(), workload.requests[with_image].prompt.len() as usize);
     assert_eq!(line["images"][0]["digest"].as_str().unwrap().len(), 64);
-    assert!(line["routed"]["kv-ours"]["worker"].as_u64().unwrap() < 4);
+    assert!(line["routed"]["kv-uuid"]["worker"].as_u64().unwrap() < 4);
     let svg = std::fs::read_to_string(dir.join("plot.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.contains("kv-ours"));
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.contains("kv-uuid"));
+    // The sweep: kv-uuid at 0, 5 (the default) and 50 ms, with and without predictions.
+    assert_eq!(summary["sweep"].as_array().unwrap().len(), 6);
+    let sweep = std::fs::read_to_string(dir.join("sweep.svg")).unwrap();
+    assert!(sweep.starts_with("<svg") && sweep.trim_end().ends_with("</svg>"));
+    assert_eq!(sweep.matches("<polyline").count(), 4, "two lines per panel");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -165,8 +235,12 @@ fn base_port_stream_is_visible_outside() {
     sub.connect(&format!("tcp://127.0.0.1:{base}")).unwrap();
     let handle = std::thread::spawn(move || {
         let workload = chat_workload(&ChatConfig { sessions: 30, ..Default::default() }).unwrap();
-        let config =
-            SimConfig { workers: 2, base_port: Some(base), policies: vec![PolicyKind::KvOurs], ..Default::default() };
+        let config = main_table_only(SimConfig {
+            workers: 2,
+            base_port: Some(base),
+            policies: vec![PolicyKind::KvUuid],
+            ..Default::default()
+        });
         simulate(&workload, &config, &ProgressBar::hidden()).unwrap().0
     });
     let frames = sub.recv_multipart(0).expect("a batch arrives on the fixed port");
@@ -176,9 +250,10 @@ fn base_port_stream_is_visible_outside() {
     let report = handle.join().unwrap();
     let ours = &report.policies[0];
     assert_eq!(ours.publishers, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
+    assert_eq!(ours.batches_lost, 0);
     let stats = ours.view_stats.as_ref().unwrap();
-    assert_eq!(stats["sync_timeouts"], 0);
-    assert!(stats["subscriber"]["batches_applied"].as_u64().unwrap() > 0);
+    assert_eq!(stats["undecodable_payloads"], 0);
+    assert!(stats["indexer"]["stored_blocks"].as_u64().unwrap() > 0, "{stats}");
 }
 
 /// On the real Mooncake conversation trace (when `../shared/data/traces/`
@@ -228,11 +303,15 @@ fn command_line() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("kv-ours") && stdout.contains("oracle"), "{stdout}");
-    for f in ["summary.json", "requests.jsonl", "plot.svg"] {
+    assert!(stdout.contains("kv-uuid") && stdout.contains("dynamo") && stdout.contains("oracle"), "{stdout}");
+    assert!(stdout.contains("delay sweep"), "{stdout}");
+    for f in ["summary.json", "requests.jsonl", "plot.svg", "sweep.svg"] {
         assert!(dir.join(f).exists(), "{f} missing");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+    let bad = std::process::Command::new(bin).args(["sim", "--uuid-reuse", "2"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--uuid-reuse"));
     let bad = std::process::Command::new(bin).args(["sim", "--policies", "best"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown policy \"best\""));
