@@ -13,7 +13,7 @@ use crate::error::RequestError;
 use crate::events::{BlockStored, EventQueue};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
-use crate::resources::{CommittedBlock, KvCache};
+use crate::resources::{CommittedBlock, KvCache, Scratch};
 use crate::tables::{RequestScope, Requests};
 use crate::tier::Tier;
 
@@ -62,6 +62,7 @@ pub fn commit_computed(
     config: &EngineConfig,
     cache: &mut KvCache,
     events: &mut EventQueue,
+    scratch: &mut Scratch,
 ) -> Result<(), RequestError> {
     let request = requests.rows.get_mut(id).ok_or(RequestError::UnknownRequest)?;
     let len = request.tokens.len() as u32;
@@ -75,8 +76,7 @@ pub fn commit_computed(
         request.blocks_committed = request.blocks_committed.max(full);
         return Ok(());
     }
-    let mut scratch = Vec::new();
-    let mut runs = Vec::new();
+    let Scratch { tokens: scratch, block_runs: runs, .. } = scratch;
     let mut group = StoredGroup {
         event: None,
         blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
@@ -90,8 +90,8 @@ pub fn commit_computed(
         let parent = if i == 0 { None } else { Some(request.keys[i as usize - 1]) };
         // The block's runs and keyed tokens, computed once for the key, the
         // page's token copy and the event.
-        runs_in_block(&request.runs, start, bs, &mut runs);
-        let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
+        runs_in_block(&request.runs, start, bs, runs);
+        let keyed = keyed_tokens(tokens, runs, config.image_placeholder_token_id, scratch);
         let key = if (i as usize) < request.keys.len() {
             request.keys[i as usize]
         } else {
@@ -106,7 +106,7 @@ pub fn commit_computed(
             depth: i,
             scope: request.scope,
             tokens: keyed,
-            images: &runs,
+            images: runs,
         };
         // The sibling lists serve partial reuse only, so without it none is kept.
         if !cache.index_block(request.blocks[i as usize], &block, config.partial_reuse) {
@@ -115,7 +115,7 @@ pub fn commit_computed(
             continue;
         }
         if events.enabled() {
-            group.push(key, parent, keyed, &runs, scope);
+            group.push(key, parent, keyed, runs, scope);
         }
     }
     group.flush(events);
