@@ -183,3 +183,66 @@ fn evicting_requests_allocate_nothing_without_events() {
         e.check_invariants();
     }
 }
+
+/// The C caller's loop on warm text requests, events on: admit, commit,
+/// finish, step (which moves the closed batches onto the handle) and a
+/// record drain into the caller's buffer allocate nothing once one request
+/// of the shape was served warm.
+#[test]
+fn c_api_warm_requests_allocate_nothing() {
+    use kvcore::ffi::{
+        kvc_admission, kvc_config, kvc_config_default, kvc_engine, kvc_engine_add_request, kvc_engine_commit,
+        kvc_engine_drain_events, kvc_engine_finish, kvc_engine_free, kvc_engine_new, kvc_engine_step, kvc_event,
+        kvc_request, kvc_status,
+    };
+    use std::mem::MaybeUninit;
+
+    let ok = |s: kvc_status| assert_eq!(s, kvc_status::Ok);
+    let tokens = prompt(7);
+    let mut config = MaybeUninit::<kvc_config>::uninit();
+    // SAFETY: every pointer is valid for the call; the engine is freed last.
+    unsafe {
+        ok(kvc_config_default(config.as_mut_ptr()));
+        let mut config = config.assume_init();
+        config.block_size_tokens = BLOCK;
+        config.blocks_device = 2 * PROMPT / BLOCK;
+        let mut e: *mut kvc_engine = std::ptr::null_mut();
+        ok(kvc_engine_new(&config, &mut e));
+        let request = kvc_request { tokens: tokens.as_ptr(), tokens_len: tokens.len(), ..std::mem::zeroed() };
+        let mut records = vec![std::mem::zeroed::<kvc_event>(); 4 * PROMPT as usize / BLOCK as usize];
+        // A debug build checks the engine's invariants at every step (see
+        // `serve`); the C handle's engine cannot be reached, so a twin driven
+        // by the same calls, in the same state, tells what that check takes.
+        let mut twin = engine(2, 0, true);
+        let twin_spec = spec(&tokens, &[0; 32], false);
+        let mut serve = || {
+            let a = twin.add_request(&twin_spec).expect("fits");
+            twin.commit(a.id, PROMPT as u64).expect("live");
+            twin.finish(a.id).expect("live");
+            twin.step();
+            twin.drain_events();
+            let ((), check) = allocations(|| twin.check_invariants());
+            let mut a = std::mem::zeroed::<kvc_admission>();
+            let mut copies = 0usize;
+            let mut drained = 0usize;
+            let ((), admit) = allocations(|| ok(kvc_engine_add_request(e, &request, &mut a)));
+            let ((), commit) = allocations(|| ok(kvc_engine_commit(e, a.request_id, PROMPT as u64)));
+            let ((), finish) = allocations(|| ok(kvc_engine_finish(e, a.request_id)));
+            let ((), step) = allocations(|| ok(kvc_engine_step(e, &mut copies)));
+            let ((), drain) =
+                allocations(|| ok(kvc_engine_drain_events(e, records.as_mut_ptr(), records.len(), &mut drained)));
+            assert_eq!(copies, 0);
+            let step = if cfg!(debug_assertions) { step - check } else { step };
+            (Calls { admit, commit, finish, step, drain }, drained)
+        };
+        let (_, stored) = serve();
+        assert!(stored > 0, "the cold request is advertised");
+        serve();
+        for round in 0..8 {
+            let (calls, drained) = serve();
+            assert_eq!(drained, 0, "a warm request stores nothing new");
+            assert_eq!(calls, Calls::default(), "C API, warm round {round}");
+        }
+        kvc_engine_free(e);
+    }
+}
