@@ -172,6 +172,7 @@ pub fn validate_request<'a>(
 /// computed and yields logits), takes references on the matched blocks
 /// (onboarding host blocks), and allocates the rest of the prompt. Either all
 /// of it happens or nothing does.
+#[allow(clippy::too_many_arguments, reason = "a system names every table and resource it touches")]
 pub fn admit_request(
     valid: ValidRequest<'_>,
     config: &EngineConfig,

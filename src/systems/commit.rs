@@ -95,7 +95,7 @@ pub fn commit_computed(
         let key = if (i as usize) < request.keys.len() {
             request.keys[i as usize]
         } else {
-            let k = block_key(&parent.unwrap_or(request.root), keyed, &runs);
+            let k = block_key(&parent.unwrap_or(request.root), keyed, runs);
             request.keys.push(k);
             k
         };
