@@ -30,8 +30,9 @@ pub struct RowBuffers {
     pub keys: Vec<BlockKey>,
 }
 
-/// The systems' reusable buffers (see the module docs). Every working buffer
-/// is empty between calls; only its capacity carries over.
+/// The systems' reusable buffers (see the module docs). Each call clears a
+/// working buffer before it fills it, so what one call left there means
+/// nothing to the next; only the capacity carries over.
 #[derive(Debug, Default)]
 pub struct Scratch {
     /// One block's keyed tokens (placeholders at image positions).
