@@ -113,6 +113,24 @@ pub struct TierScores {
     pub disk: u32,
 }
 
+/// What an event does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Stored,
+    Removed,
+    Cleared,
+}
+
+impl Kind {
+    fn of(data: &KvCacheEventData) -> Self {
+        match data {
+            KvCacheEventData::Stored(_) => Kind::Stored,
+            KvCacheEventData::Removed(_) => Kind::Removed,
+            KvCacheEventData::Cleared => Kind::Cleared,
+        }
+    }
+}
+
 /// Per-tier event counts.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 struct TierCounts {
@@ -127,7 +145,7 @@ pub struct DynamoView {
     tree: RadixTree,
     lower: LowerTierIndexers,
     runtime: tokio::runtime::Runtime,
-    lower_pending: bool,
+    lower_pending: Vec<RouterEvent>,
     config: KvRouterConfig,
     normalizer: ZmqEventNormalizer,
     book: Vec<Vec<Active>>,
@@ -167,7 +185,7 @@ impl DynamoView {
             runtime: tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("a current-thread runtime needs no resources"),
-            lower_pending: false,
+            lower_pending: Vec::new(),
             config: KvRouterConfig::default(),
             normalizer: ZmqEventNormalizer::new(block_size),
             book: vec![Vec::new(); workers],
@@ -229,8 +247,18 @@ impl DynamoView {
     /// (`ThreadPoolIndexer::flush_and_wait`), so that a query sees exactly
     /// the events whose delay has passed.
     fn flush_lower_tiers(&mut self) {
-        if !std::mem::take(&mut self.lower_pending) {
+        if self.lower_pending.is_empty() {
             return;
+        }
+        for event in std::mem::take(&mut self.lower_pending) {
+            // `ThreadPoolIndexer::apply_event`, as the crate's indexer calls
+            // it: enqueued on the tier's thread.
+            let (tier, kind) = (event.storage_tier, Kind::of(&event.event.data));
+            let ok = self.lower.get_or_create(tier).enqueue_event(event);
+            if let Err(e) = &ok {
+                self.reject(e);
+            }
+            self.count(tier, kind, ok.is_ok());
         }
         for indexer in self.lower.all() {
             if let Err(e) = self.runtime.block_on(indexer.flush_and_wait()) {
@@ -283,16 +311,13 @@ impl DynamoView {
         c.prefill_load_scale * ((prefill + self.last_isl) as f64 / bs - credit).max(0.0) + blocks as f64
     }
 
-    fn count(&mut self, tier: StorageTier, data: &KvCacheEventData, applied: bool) {
+    fn count(&mut self, tier: StorageTier, kind: Kind, applied: bool) {
         let c = self.tiers.entry(tier_name(tier)).or_default();
-        if !applied {
-            c.rejected += 1;
-            return;
-        }
-        match data {
-            KvCacheEventData::Stored(_) => c.stored += 1,
-            KvCacheEventData::Removed(_) => c.removed += 1,
-            KvCacheEventData::Cleared => c.cleared += 1,
+        match (applied, kind) {
+            (false, _) => c.rejected += 1,
+            (true, Kind::Stored) => c.stored += 1,
+            (true, Kind::Removed) => c.removed += 1,
+            (true, Kind::Cleared) => c.cleared += 1,
         }
     }
 
@@ -308,39 +333,34 @@ impl DynamoView {
             self.unsupported_domain += 1;
             return;
         };
-        let tier = event.storage_tier;
-        let data = event.event.data.clone();
-        if matches!(data, KvCacheEventData::Cleared) {
+        let (tier, kind) = (event.storage_tier, Kind::of(&event.event.data));
+        if kind == Kind::Cleared {
+            // After every lower-tier event delivered before it.
+            self.flush_lower_tiers();
             if targets_primary {
                 let ok = self.tree.apply_event(event.clone());
                 if let Err(e) = &ok {
                     self.reject(e);
                 }
-                self.count(StorageTier::Device, &data, ok.is_ok());
+                self.count(StorageTier::Device, kind, ok.is_ok());
             }
             for (t, indexer) in self.lower.entries() {
                 let ok = self.runtime.block_on(indexer.apply_event_and_wait(event.clone()));
                 if let Err(e) = &ok {
                     self.reject(e);
                 }
-                self.count(t, &data, ok.is_ok());
+                self.count(t, kind, ok.is_ok());
             }
         } else if targets_primary {
             let ok = self.tree.apply_event(event);
             if let Err(e) = &ok {
                 self.reject(e);
             }
-            self.count(tier, &data, ok.is_ok());
+            self.count(tier, kind, ok.is_ok());
         } else {
-            // `ThreadPoolIndexer::apply_event` as the crate's indexer calls
-            // it: enqueued on the tier's thread, applied before the next
-            // query (`flush_lower_tiers`).
-            let ok = self.lower.get_or_create(tier).enqueue_event(event);
-            if let Err(e) = &ok {
-                self.reject(e);
-            }
-            self.count(tier, &data, ok.is_ok());
-            self.lower_pending |= ok.is_ok();
+            // Held until the next query, which hands them to the tier's
+            // indexer in arrival order (`flush_lower_tiers`).
+            self.lower_pending.push(event);
         }
     }
 }
