@@ -43,7 +43,7 @@ pub const IMAGE_BYTES_PER_TOKEN: u64 = 32 * 32 * 3;
 
 /// [`TimingModel::default`]'s BLAKE3 cost: the median of [`measure_hash`] on
 /// the development machine (docs/benchmarks.md, "Simulation").
-pub const DEFAULT_HASH_NS_PER_BYTE: f64 = 0.155;
+pub const DEFAULT_HASH_NS_PER_BYTE: f64 = 0.153;
 
 /// Repetitions per image size in [`measure_hash`].
 pub const HASH_SAMPLES: usize = 15;
