@@ -455,6 +455,7 @@ impl CacheView for DynamoView {
             "events_filtered": self.filtered,
             "events_unsupported_domain": self.unsupported_domain,
             "events_by_tier": self.tiers,
+            "lower_tier_events_pending": self.lower_pending.len(),
             "rejections": self.rejections,
             "events_applied": self.tiers.values().map(|c| c.stored + c.removed + c.cleared).sum::<u64>(),
         }))
