@@ -7,7 +7,8 @@
 //!                                                         ──► RouterEvent::targets_primary
 //!                                     device ("GPU") ◄───────┴───► lower tier ("CPU" → HostPinned)
 //!                               RadixTree::apply_event            LowerTierIndexers::get_or_create(tier)
-//!                                                                   .apply_event_and_wait
+//!                                                                   .enqueue_event, then before a
+//!                                                                   query .flush_and_wait
 //!  request ──► RequestExtraInfo (one mm_hash per image) ──► compute_block_hash_for_seq
 //!          ──► RadixTree::find_match_details ──► query_lower_tiers_with_options (continued from
 //!              each worker's last device hash) ──► OverlapAnalysis::signals
