@@ -32,6 +32,7 @@
 //!   `decode_event_batch` into its raw events, then its `ZmqEventNormalizer`
 //!   turns them into placement events.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;
 use std::io::BufRead as _;
@@ -43,7 +44,7 @@ use std::time::Instant;
 
 use dynamo_kv_router::protocols::{
     BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData, WorkerWithDpRank,
+    KvCacheStoredBlockData, WorkerWithDpRank, compute_next_seq_hash,
 };
 use dynamo_kv_router::zmq_wire::{ZmqEventNormalizer, decode_event_batch};
 use dynamo_kv_router::{
@@ -53,8 +54,7 @@ use dynamo_kv_router::{
 use kvcore::wire::{
     EventForm, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, decode_payload, encode_payload,
 };
-use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, NoUuids, RouterKey, TokenRequest};
-use kvcore_router::{WorkerId, hash_request};
+use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, RouterKey, RouterScope, WorkerId};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
 use super::alloc::live_bytes;
@@ -187,10 +187,10 @@ enum Keys {
 /// Hashes a request the way `side` does before a lookup.
 fn hash_keys(side: Side, tokens: &[u32], block_size: u32) -> Keys {
     match side {
-        Side::Kvcore => {
-            let req = TokenRequest { tokens: tokens.to_vec(), images: Vec::new(), lora: None, cache_salt: None };
-            Keys::Kvcore(hash_request(&req, block_size, u32::MAX, &NoUuids).expect("text hashes").keys)
-        }
+        // Text from borrowed tokens, as Dynamo's function takes them; the
+        // scope's seed is computed in each call, as Dynamo's is from its
+        // options.
+        Side::Kvcore => Keys::Kvcore(RouterScope { block_size, lora: None, cache_salt: None }.text_keys(tokens)),
         _ => Keys::Dynamo(compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default())),
     }
 }
@@ -224,6 +224,50 @@ pub fn to_dynamo(worker: u64, id: u64, e: &WireEvent, block_size: u32) -> Option
         _ => return None,
     };
     Some(RouterEvent::new(worker, KvCacheEvent { event_id: id, data, dp_rank: 0 }))
+}
+
+/// Dynamo's events for `PositionalIndexer`'s lookups: as [`to_dynamo`], but
+/// each block's external hash replaced by Dynamo's own rolling sequence hash
+/// of the block hashes (`compute_next_seq_hash`), the parent's by the
+/// parent's. `PositionalIndexer::find_matches` recomputes that sequence hash
+/// from the request and accepts a stored block only where the two agree, so
+/// it never matches blocks stored under an engine's own hashes (vLLM's, or
+/// this workload's): it is built for events whose block hashes Dynamo
+/// computed. Removals are not converted (the lookup rows store only).
+pub fn to_dynamo_positional(events: &[(usize, WireEvent)], block_size: u32) -> Vec<RouterEvent> {
+    let mut seq_of: HashMap<(usize, i64), u64> = HashMap::new();
+    let mut out = Vec::new();
+    for (id, (w, e)) in events.iter().enumerate() {
+        let WireEvent::BlockStored(s) = e else { continue };
+        let Some(tokens) = s.token_ids.as_deref() else { continue };
+        let local = compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default());
+        let mut parent = s.parent_block_hash.and_then(|p| seq_of.get(&(*w, p)).copied());
+        if s.parent_block_hash.is_some() && parent.is_none() {
+            continue;
+        }
+        let parent_hash = parent.map(ExternalSequenceBlockHash);
+        let blocks = s
+            .block_hashes
+            .iter()
+            .zip(local)
+            .map(|(h, l)| {
+                let seq = match parent {
+                    None => l.0,
+                    Some(p) => compute_next_seq_hash(p, l),
+                };
+                parent = Some(seq);
+                seq_of.insert((*w, *h), seq);
+                KvCacheStoredBlockData {
+                    block_hash: ExternalSequenceBlockHash(seq),
+                    tokens_hash: l,
+                    mm_extra_info: None,
+                }
+            })
+            .collect();
+        let data = KvCacheEventData::Stored(KvCacheStoreData { parent_hash, start_position: None, blocks });
+        out.push(RouterEvent::new(*w as u64, KvCacheEvent { event_id: id as u64, data, dp_rank: 0 }));
+    }
+    out
 }
 
 /// A stream of stored events over a number of workers.
@@ -513,11 +557,19 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
 /// Lookup rows on one workload: the lookup alone (keys made untimed), the
 /// request hash alone, and both (a routing decision's index work).
 pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec<Row> {
+    let positional = to_dynamo_positional(&w.events, block_size);
     let indexes: Vec<Index> = Side::ALL
         .iter()
         .map(|s| {
             let mut ix = Index::new(*s, w.workers, block_size);
-            ix.apply(&w.events, block_size);
+            if *s == Side::Positional {
+                for ev in positional.iter().cloned() {
+                    ix.apply_dynamo(ev);
+                }
+                ix.flush();
+            } else {
+                ix.apply(&w.events, block_size);
+            }
             ix
         })
         .collect();
@@ -698,9 +750,10 @@ mod tests {
     use super::*;
 
     /// Both sides index the same events to the same answer: for a prefix
-    /// held by 4 of 8 workers, kvcore's overlaps and Dynamo's `RadixTree`
-    /// and CRTC scores name the same workers with the same prefix lengths
-    /// (the held half of the request), and every event converts.
+    /// held by 4 of 8 workers, kvcore's overlaps and Dynamo's `RadixTree`,
+    /// CRTC and `PositionalIndexer` scores name the same workers with the
+    /// same prefix lengths (the held half of the request), and every event
+    /// converts.
     #[test]
     fn both_sides_answer_alike() {
         let w = Workload::held(8, 4, 2, 256, 32);
@@ -725,5 +778,23 @@ mod tests {
             assert_eq!(theirs, ours, "{}", side.name());
         }
         assert_eq!(w.events.iter().filter_map(|(wk, e)| to_dynamo(*wk as u64, 0, e, 32)).count(), w.events.len());
+        // `PositionalIndexer` answers alike from events carrying Dynamo's
+        // sequence hashes, and matches nothing under the engine's hashes.
+        let positional = |evs: Vec<RouterEvent>| {
+            let mut d = Index::new(Side::Positional, w.workers, 32);
+            for ev in evs {
+                d.apply_dynamo(ev);
+            }
+            d.flush();
+            let Index::Positional(p) = &d else { unreachable!() };
+            let mut v: Vec<(u64, u32)> =
+                p.backend().find_matches(&local, false).scores.iter().map(|(k, v)| (k.worker_id, *v)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(positional(to_dynamo_positional(&w.events, 32)), ours);
+        let engine_hashes =
+            w.events.iter().enumerate().filter_map(|(i, (wk, e))| to_dynamo(*wk as u64, i as u64, e, 32));
+        assert_eq!(positional(engine_hashes.collect()), vec![]);
     }
 }
