@@ -28,6 +28,16 @@
 //! - A lookup answers, per worker, the longest held prefix: kvcore per tier
 //!   (device and any tier), Dynamo one count (`early_exit` off, as its
 //!   router calls it).
+//! - `PositionalIndexer` accepts a stored block in a lookup only where the
+//!   block's external hash equals Dynamo's own rolling sequence hash of the
+//!   request's block hashes, so it never matches events stored under an
+//!   engine's hashes (vLLM's, or these workloads'). Its lookup rows index
+//!   the events with those sequence hashes in place of the engine's
+//!   ([`to_dynamo_positional`]); its apply rows take the engine's hashes,
+//!   as the others do.
+//! - Request hashing: kvcore's [`RouterScope::text_keys`] from borrowed
+//!   tokens against `compute_block_hash_for_seq`, each computing its
+//!   scope's seed in the call, each returning a new `Vec` of keys.
 //! - Decode: kvcore decodes into its wire structs; Dynamo's
 //!   `decode_event_batch` into its raw events, then its `ZmqEventNormalizer`
 //!   turns them into placement events.
@@ -92,6 +102,9 @@ pub enum Side {
     /// Dynamo's `PositionalIndexer` (jump 32) in a `ThreadPoolIndexer` of one
     /// thread.
     Positional,
+    /// Dynamo's `ConcurrentRadixTreeCompressed` in a `ThreadPoolIndexer` of
+    /// several threads (only in [`thread_rows`], not in [`Side::ALL`]).
+    CrtcPool,
 }
 
 impl Side {
@@ -105,6 +118,7 @@ impl Side {
             Side::Radix => "RadixTree",
             Side::Crtc => "CRTC",
             Side::Positional => "Positional",
+            Side::CrtcPool => "CRTC pool",
         }
     }
 }
@@ -128,7 +142,13 @@ impl Index {
             Side::Radix => Index::Radix(Box::new(RadixTree::new())),
             Side::Crtc => Index::Crtc(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, block_size)),
             Side::Positional => Index::Positional(ThreadPoolIndexer::new(PositionalIndexer::new(32), 1, block_size)),
+            Side::CrtcPool => Self::crtc_pool(1, block_size),
         }
+    }
+
+    /// CRTC in a `ThreadPoolIndexer` of `threads` threads.
+    fn crtc_pool(threads: usize, block_size: u32) -> Self {
+        Index::Crtc(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), threads, block_size))
     }
 
     /// Applies decoded events (Dynamo's side converts and hashes them first).
@@ -641,6 +661,69 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
         },
     );
     vec![lookup, hash, both]
+}
+
+/// One kvcore thread against `ThreadPoolIndexer<CRTC>` with `threads`
+/// threads: fresh apply from decoded events (kvcore on the calling thread;
+/// Dynamo's caller makes and hashes the events, as in [`apply_rows`], and
+/// the pool's threads apply them, each worker's events on one thread), and
+/// lookups (each a single call on the calling thread, on both sides). The
+/// pool's figure is what that many threads give; kvcore's router has no
+/// threaded or sharded ingest, so its side is one thread.
+pub fn thread_rows(w: &Workload, block_size: u32, n: usize, iters: usize, threads: usize) -> Vec<Row> {
+    let sides = [Side::Kvcore, Side::CrtcPool];
+    let make = |side: Side| match side {
+        Side::CrtcPool => Index::crtc_pool(threads, block_size),
+        _ => Index::new(side, w.workers, block_size),
+    };
+    let blocks = w.blocks as f64;
+    let mut kept: Vec<Option<Index>> = vec![None, None];
+    let apply = rounds(
+        format!("fresh apply, one kvcore thread against CRTC with {threads} threads, {}", w.name),
+        "M blocks/s",
+        true,
+        n,
+        &sides,
+        |side| {
+            let slot = &mut kept[(side == Side::CrtcPool) as usize];
+            *slot = None;
+            let mut ix = make(side);
+            let t = Instant::now();
+            ix.apply(&w.events, block_size);
+            let s = t.elapsed().as_secs_f64();
+            *slot = Some(ix);
+            blocks / s / 1e6
+        },
+    );
+    let indexes: Vec<Index> = kept.into_iter().map(|k| k.expect("filled by the apply rounds")).collect();
+    let keys = [hash_keys(Side::Kvcore, &w.request, block_size), hash_keys(Side::CrtcPool, &w.request, block_size)];
+    let matched = [indexes[0].lookup(&keys[0]), indexes[1].lookup(&keys[1])];
+    assert_eq!(matched[0], matched[1], "both sides match the same workers");
+    let lookup = rounds(
+        format!("lookup, one kvcore thread against CRTC with {threads} threads (one call each), {}", w.name),
+        "µs",
+        false,
+        n,
+        &sides,
+        |side| {
+            let i = (side == Side::CrtcPool) as usize;
+            let (ix, k) = (&indexes[i], &keys[i]);
+            for _ in 0..iters.min(50) {
+                black_box(ix.lookup(k));
+            }
+            let mut ns: Vec<f64> = (0..iters.div_ceil(16))
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..16 {
+                        black_box(ix.lookup(k));
+                    }
+                    t.elapsed().as_nanos() as f64 / 16.0
+                })
+                .collect();
+            median(&mut ns) / 1000.0
+        },
+    );
+    vec![apply, lookup]
 }
 
 /// Decode + apply from payload bytes, one event a payload (map form, token
