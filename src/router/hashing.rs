@@ -137,15 +137,15 @@ impl RouterScope {
 /// Appends the chained keys of `tokens`' full blocks of `block_size`
 /// (at least 1), from `seed`.
 fn text_keys_into(seed: RouterKey, tokens: &[u32], block_size: usize, keys: &mut Vec<RouterKey>) {
-    let blocks = tokens.chunks_exact(block_size);
-    keys.reserve(blocks.len());
     // Borrowed as bytes on little-endian targets: `scratch` stays empty.
     let mut scratch = Vec::new();
     let mut parent = seed;
-    for block in blocks {
+    // `extend` from an iterator of known length: one capacity check, not
+    // one a block.
+    keys.extend(tokens.chunks_exact(block_size).map(|block| {
         parent = chain(parent, content_hash(block, &[], &mut scratch));
-        keys.push(parent);
-    }
+        parent
+    }));
 }
 
 /// Token ids as the little-endian bytes that are hashed. Borrows on

@@ -425,6 +425,79 @@ impl Workload {
         })
     }
 
+    /// The chat simulation's stream (`kvcore sim`'s default workload,
+    /// `ChatConfig::default()`): request `i` of the first `requests` stored
+    /// by worker `i % workers`, each full block of its prompt that the
+    /// worker does not hold yet stored in parent-linked events of up to 16
+    /// blocks, engine hashes chained over the tokens. The request looked up
+    /// is the next one. Images enter both sides as the placeholder ids at
+    /// their positions (no image metadata: Dynamo's text hash and kvcore's
+    /// keys then see the same tokens).
+    pub fn chat(requests: usize, workers: usize, block_size: u32) -> Self {
+        use crate::sim::workload::{ChatConfig, chat_workload};
+        let chat = chat_workload(&ChatConfig::default()).expect("the default chat workload is valid");
+        let bs = block_size as usize;
+        let mut held: Vec<ahash::AHashSet<i64>> = vec![Default::default(); workers];
+        let (mut events, mut blocks, mut request) = (Vec::new(), 0, Vec::new());
+        for (i, r) in chat.requests.iter().enumerate() {
+            let tokens = r.prompt.tokens();
+            if i == requests {
+                request = tokens.into_owned();
+                break;
+            }
+            let w = i % workers;
+            let (mut prev, mut parent): (u64, Option<i64>) = (0, None);
+            let mut pending: Vec<(i64, &[u32])> = Vec::new();
+            let flush =
+                |pending: &mut Vec<(i64, &[u32])>, parent: Option<i64>, events: &mut Vec<(usize, WireEvent)>| {
+                    if pending.is_empty() {
+                        return;
+                    }
+                    events.push((
+                        w,
+                        WireEvent::BlockStored(WireBlockStored {
+                            block_hashes: pending.iter().map(|p| p.0).collect(),
+                            parent_block_hash: parent,
+                            token_ids: Some(pending.iter().flat_map(|p| p.1.iter().copied()).collect()),
+                            block_size,
+                            medium: Some("GPU".into()),
+                            ..Default::default()
+                        }),
+                    ));
+                    pending.clear();
+                };
+            let mut event_parent = None;
+            for block in tokens.chunks_exact(bs) {
+                let mut buf = Vec::with_capacity(8 + bs * 4);
+                buf.extend_from_slice(&prev.to_le_bytes());
+                block.iter().for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
+                prev = xxhash_rust::xxh3::xxh3_64(&buf);
+                let h = prev as i64;
+                if held[w].insert(h) {
+                    if pending.is_empty() {
+                        event_parent = parent;
+                    }
+                    pending.push((h, block));
+                    blocks += 1;
+                    if pending.len() == 16 {
+                        flush(&mut pending, event_parent, &mut events);
+                    }
+                } else {
+                    flush(&mut pending, event_parent, &mut events);
+                }
+                parent = Some(h);
+            }
+            flush(&mut pending, event_parent, &mut events);
+        }
+        Self {
+            name: format!("chat simulation, {requests} requests, {workers} workers"),
+            workers,
+            events,
+            blocks,
+            request,
+        }
+    }
+
     /// One `BlockRemoved` per stored event, in reverse order.
     pub fn removals(&self) -> Vec<(usize, WireEvent)> {
         self.events

@@ -356,8 +356,11 @@ pub struct BenchArgs {
     /// Requests of the trace stored.
     #[arg(long, default_value_t = 1000)]
     trace_requests: usize,
+    /// Requests of the chat simulation's stream stored (`chat` rows).
+    #[arg(long, default_value_t = 2000)]
+    chat_requests: usize,
     /// Only these native row groups, comma separated: apply, lookup, decode,
-    /// memory, trace (default all).
+    /// trace, chat, memory (default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// With `--native`: also compare one kvcore thread against Dynamo's
@@ -447,6 +450,15 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
         }
         for w in &loads {
             for r in thread_rows(w, bs, n, args.iters, args.threads) {
+                print_native(&r);
+            }
+        }
+    }
+    if want("chat") {
+        for workers in [4usize, 64] {
+            let w = Workload::chat(args.chat_requests, workers, bs);
+            println!("{}: {} events, {} blocks", w.name, w.events.len(), w.blocks);
+            for r in apply_rows(&w, bs, n).into_iter().chain(lookup_rows(&w, bs, n, args.iters)) {
                 print_native(&r);
             }
         }
