@@ -174,7 +174,7 @@ impl<'a> ByteSource<'a> {
             1 => {
                 let n = 1 + self.u8() % 4;
                 let keys = (0..n).map(|_| self.key()).collect();
-                KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium: self.medium() })
+                KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium: self.medium(), group: None })
             }
             _ => KvEvent::BlockStored(self.stored(event_seq)),
         }
@@ -226,6 +226,7 @@ impl<'a> ByteSource<'a> {
             medium: self.medium(),
             images,
             block_images: block_images.into(),
+            group: None,
         }
     }
 }

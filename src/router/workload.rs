@@ -101,6 +101,7 @@ impl EventWorkload {
                     WireEvent::BlockRemoved(WireBlockRemoved {
                         block_hashes: s.block_hashes.iter().rev().copied().collect(),
                         medium: s.medium.clone(),
+                        group_idx: s.group_idx,
                     }),
                 )),
                 _ => None,

@@ -95,6 +95,9 @@ struct Fields {
     cache_salt: Option<String>,
     block_mm_infos: Option<Vec<Option<WireMmInfo>>>,
     image_routing: Option<ImageRoutingV1>,
+    group_idx: Option<i64>,
+    kv_cache_spec_kind: Option<String>,
+    kv_cache_spec_sliding_window: Option<i64>,
 }
 
 /// The fewest bytes an event can take (`[""]`, an unknown type).
@@ -421,6 +424,9 @@ fn build_event(f: Fields) -> Result<WireEvent> {
                 cache_salt: f.cache_salt,
                 block_mm_infos: f.block_mm_infos,
                 image_routing: f.image_routing,
+                group_idx: f.group_idx,
+                kv_cache_spec_kind: f.kv_cache_spec_kind,
+                kv_cache_spec_sliding_window: f.kv_cache_spec_sliding_window,
             })
         }
         "BlockRemoved" => WireEvent::BlockRemoved(WireBlockRemoved {
@@ -428,6 +434,7 @@ fn build_event(f: Fields) -> Result<WireEvent> {
                 .block_hashes
                 .ok_or(DecodeError::Missing { event: "BlockRemoved", field: "block_hashes" })?,
             medium: f.medium,
+            group_idx: f.group_idx,
         }),
         "AllBlocksCleared" => WireEvent::AllBlocksCleared,
         _ => WireEvent::Unknown { name },

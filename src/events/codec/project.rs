@@ -16,6 +16,7 @@ pub fn wire_event(event: &KvEvent, opts: &EncodeOptions) -> WireEvent {
         KvEvent::BlockRemoved(e) => WireEvent::BlockRemoved(WireBlockRemoved {
             block_hashes: e.keys.iter().map(|k| k.wire_hash().0).collect(),
             medium: Some(e.medium.as_str().to_owned()),
+            group_idx: e.group.map(|g| i64::from(g.index)),
         }),
         KvEvent::AllBlocksCleared(_) => WireEvent::AllBlocksCleared,
     }
@@ -89,5 +90,8 @@ fn wire_stored(e: &BlockStored, opts: &EncodeOptions) -> WireBlockStored {
         cache_salt: e.cache_salt.as_deref().map(str::to_owned),
         block_mm_infos,
         image_routing,
+        group_idx: e.group.map(|g| i64::from(g.index)),
+        kv_cache_spec_kind: e.group.map(|g| g.kind.as_str().to_owned()),
+        kv_cache_spec_sliding_window: e.group.and_then(|g| g.kind.window_tokens()).map(i64::from),
     }
 }

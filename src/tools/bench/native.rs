@@ -372,6 +372,7 @@ impl Workload {
                     WireEvent::BlockRemoved(WireBlockRemoved {
                         block_hashes: s.block_hashes.iter().rev().copied().collect(),
                         medium: s.medium.clone(),
+                        group_idx: s.group_idx,
                     }),
                 )),
                 _ => None,

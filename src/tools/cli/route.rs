@@ -690,6 +690,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
                 WireEvent::BlockRemoved(kvcore::wire::WireBlockRemoved {
                     block_hashes: s.block_hashes.iter().rev().copied().collect(),
                     medium: s.medium.clone(),
+                    group_idx: s.group_idx,
                 }),
             )),
             _ => None,
