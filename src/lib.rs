@@ -51,6 +51,7 @@ pub mod fuzzing;
 // which Rust cannot check; every unsafe block there names its invariant.
 #[allow(unsafe_code, reason = "kernel launches and driver calls need unsafe; each block has a SAFETY comment")]
 pub mod gpu;
+mod group;
 mod ids;
 mod keys;
 mod outbound;
@@ -77,6 +78,7 @@ pub use error::{AdmitError, ConfigError, RequestError};
 pub use events::profile::HashProfile;
 pub use events::publisher::{HEARTBEAT_MS_DEFAULT, PublishError, Publisher, PublisherConfig, PublisherStats};
 pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventImage, EventImageRun, KvEvent};
+pub use group::{GroupKind, KIND_FULL_ATTENTION, KIND_SLIDING_WINDOW, KvGroup};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{
     BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_key, key_of_block,

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Tier};
+use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvGroup, Tier};
 use crate::keys::{BlockKey, ImageDigest};
 
 /// The events of one closed step.
@@ -83,21 +83,30 @@ impl EventQueue {
         self.open.push(KvEvent::BlockStored(e));
     }
 
-    /// Records a removal, merged into the previous event when that is a
-    /// removal in the same tier (one event per burst of evictions).
+    /// Records a removal of a single-group engine, merged into the previous
+    /// event when that is a removal in the same tier (one event per burst of
+    /// evictions).
     pub fn push_removed(&mut self, key: BlockKey, medium: Tier) {
+        self.push_removed_in(key, medium, None);
+    }
+
+    /// Records a removal from `group` (`None`: the single group of an engine
+    /// that names none), merged into the previous event when that is a
+    /// removal in the same tier and group.
+    pub fn push_removed_in(&mut self, key: BlockKey, medium: Tier, group: Option<KvGroup>) {
         if !self.enabled {
             return;
         }
         self.open_entries += 1;
         if let Some(KvEvent::BlockRemoved(last)) = self.open.last_mut()
             && last.medium == medium
+            && last.group == group
         {
             last.keys.push(key);
             return;
         }
         let event_seq = self.next_seq();
-        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys: vec![key], medium }));
+        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys: vec![key], medium, group }));
     }
 
     /// Records a cache reset.
