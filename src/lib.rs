@@ -38,7 +38,6 @@ mod config;
 mod engine;
 mod error;
 mod events;
-mod group;
 // The C ABI needs raw pointers; every `unsafe` block there names its invariant.
 #[allow(unsafe_code, reason = "the C ABI (src/ffi) is one of the two places allowed to hold unsafe code")]
 pub mod ffi;
@@ -72,7 +71,6 @@ pub use capabilities::{
 pub use config::{
     EVENTS_PER_STEP_MIN, EngineConfig, GROUPS_LIMIT, GroupConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX, WINDOW_TOKENS_LIMIT,
 };
-pub use group::{GroupKind, KvGroup};
 pub use engine::{Admission, CachedBlock, Engine, GroupUsage, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
 pub use events::profile::HashProfile;

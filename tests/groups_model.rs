@@ -18,11 +18,17 @@
 //!   pages that running requests' tables name, so a released block is not
 //!   held, and a released block that was cached stays cached (reusable);
 //!
+//! - the events: replaying every group's `BlockStored` and `BlockRemoved`
+//!   (each naming its group and kind) gives, after each step, exactly the
+//!   blocks and tiers each group holds;
+//!
 //! and `Engine::check_invariants` runs after every operation.
 
 use std::collections::{HashMap, HashSet};
 
-use kvcore::{BlockKey, Engine, EngineConfig, GroupConfig, GroupKind, KeyScope, RequestId, RequestSpec, Tier};
+use kvcore::{
+    BlockKey, Engine, EngineConfig, GroupConfig, GroupKind, KeyScope, KvEvent, KvGroup, RequestId, RequestSpec, Tier,
+};
 use kvcore::{block_key, root_key};
 use proptest::prelude::*;
 
@@ -156,6 +162,9 @@ fn check_tables(engine: &Engine, windows: &[(u32, u32)], running: &[Running]) {
 fn run_ops(windows: &[(u32, u32)], host: u32, ops: Vec<Op>) {
     let mut engine = Engine::new(config(windows, host, 24)).expect("valid config");
     let mut running: Vec<Running> = Vec::new();
+    let kinds: Vec<GroupKind> = config(windows, host, 24).effective_groups().iter().map(|g| g.kind).collect();
+    // What each group's events say it holds: key -> tier.
+    let mut advertised: Vec<HashMap<BlockKey, Tier>> = vec![HashMap::new(); kinds.len()];
     for op in ops {
         match op {
             Op::Admit { family, shared, tail } => {
@@ -256,6 +265,33 @@ fn run_ops(windows: &[(u32, u32)], host: u32, ops: Vec<Op>) {
             }
             Op::Step => {
                 let copies = engine.step();
+                for event in engine.drain_events() {
+                    let group = |g: Option<KvGroup>| {
+                        let g = g.expect("a hybrid engine's block events name their group");
+                        assert_eq!(g.kind, kinds[g.index as usize], "an event names its group's kind");
+                        g.index as usize
+                    };
+                    match event {
+                        KvEvent::BlockStored(e) => {
+                            let g = group(e.group);
+                            for key in e.keys {
+                                assert!(advertised[g].insert(key, e.medium).is_none(), "group {g}: stored once");
+                            }
+                        }
+                        KvEvent::BlockRemoved(e) => {
+                            let g = group(e.group);
+                            for key in e.keys {
+                                assert_eq!(advertised[g].remove(&key), Some(e.medium), "group {g}: removed as stored");
+                            }
+                        }
+                        KvEvent::AllBlocksCleared(_) => advertised.iter_mut().for_each(HashMap::clear),
+                    }
+                }
+                for (g, held) in advertised.iter().enumerate() {
+                    let cached: HashMap<BlockKey, Tier> =
+                        engine.cached_blocks_group(g).map(|b| (b.key, b.page.medium)).collect();
+                    assert_eq!(&cached, held, "group {g}: the events say what the group holds");
+                }
                 for c in &copies {
                     assert!((c.group as usize) < engine.groups(), "a copy names a group the engine has");
                     let pages = config(windows, host, 24).effective_groups()[c.group as usize];

@@ -167,6 +167,12 @@ impl KvCache {
         self.null_page
     }
 
+    /// The group this cache holds, as its events name it (`None` when the
+    /// engine names no group).
+    pub fn group(&self) -> Option<KvGroup> {
+        self.group
+    }
+
     /// The group's index in the engine (0 when the engine names no group).
     pub fn group_index(&self) -> u32 {
         self.group.map_or(0, |g| g.index)
@@ -282,6 +288,7 @@ impl KvCache {
         let content = self.content_of(id);
         let mut e = BlockStored::start(content.parent, self.block_size, b.medium, self.scopes.get(content.scope), 1);
         e.push_block(b.key.expect("indexed blocks have keys"), self.blocks.tokens(b), content.images.as_slice());
+        e.group = self.group;
         e
     }
 }
@@ -415,7 +422,7 @@ impl KvCache {
         if listed_after {
             self.pool.lru(to).push_back(&mut self.blocks.rows, id);
         }
-        events.push_removed(key, from.medium);
+        events.push_removed_in(key, from.medium, self.group);
         if events.enabled() {
             events.push_stored(self.stored_event(id));
         }
@@ -434,7 +441,7 @@ impl KvCache {
         self.pool.lru(medium).remove(&mut self.blocks.rows, id);
         self.index.remove(&key);
         self.release_row(id);
-        events.push_removed(key, medium);
+        events.push_removed_in(key, medium, self.group);
     }
 
     /// Queues the copy of a partial reuse: the first `tokens` tokens of

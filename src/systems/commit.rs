@@ -10,7 +10,7 @@
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
-use crate::events::{BlockStored, EventQueue};
+use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
 use crate::resources::{CommittedBlock, KvGroups, window_first_block};
@@ -26,6 +26,8 @@ struct StoredGroup {
     blocks_hint: usize,
     block_size: u32,
     medium: Tier,
+    /// The group the blocks are in, as the events name it.
+    group: Option<KvGroup>,
 }
 
 impl StoredGroup {
@@ -37,9 +39,13 @@ impl StoredGroup {
         runs: &[ImageRun],
         scope: &RequestScope,
     ) {
-        let (blocks_hint, block_size, medium) = (self.blocks_hint, self.block_size, self.medium);
+        let (blocks_hint, block_size, medium, group) = (self.blocks_hint, self.block_size, self.medium, self.group);
         self.event
-            .get_or_insert_with(|| BlockStored::start(parent, block_size, medium, scope, blocks_hint))
+            .get_or_insert_with(|| {
+                let mut e = BlockStored::start(parent, block_size, medium, scope, blocks_hint);
+                e.group = group;
+                e
+            })
             .push_block(key, tokens, runs);
     }
 
@@ -91,6 +97,7 @@ pub fn commit_computed(
         blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
         block_size: bs,
         medium: Tier::Device,
+        group: cache.group(),
     };
     let scope = &cache.scopes().get(request.scope).clone();
     for i in request.blocks_committed..full {
@@ -129,7 +136,13 @@ pub fn commit_computed(
     }
     group.flush(events);
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
-        let mut run = StoredGroup { event: None, blocks_hint: group.blocks_hint, block_size: bs, medium: Tier::Device };
+        let mut run = StoredGroup {
+            event: None,
+            blocks_hint: group.blocks_hint,
+            block_size: bs,
+            medium: Tier::Device,
+            group: w.cache.group(),
+        };
         for i in request.blocks_committed..full {
             let start = i * bs;
             runs_in_block(&request.runs, start, bs, &mut runs);
