@@ -331,3 +331,35 @@ proptest! {
         run_ops(&[(5, 12), (13, 20)], 6, ops);
     }
 }
+
+/// A hybrid engine's call log records its groups and replays: the replay
+/// builds the same groups (its report names them) and every call answers as
+/// logged, block tables of every group included. Method: record a fixed
+/// serving script into a file, replay it with `kvcore::replay_calls`.
+#[test]
+fn a_hybrid_call_log_replays() {
+    let windows = [(5, 12), (13, 20)];
+    let config = config(&windows, 6, 24);
+    let mut engine = Engine::new(config.clone()).expect("valid config");
+    let dir = std::env::temp_dir().join(format!("kvcore-groups-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("calls.kvclog");
+    engine.record_calls_to_file(&path).unwrap();
+    let prompt: Vec<u32> = (0..23).collect();
+    for round in 0..4u32 {
+        let a = engine.add_request(&RequestSpec { tokens: &prompt, ..RequestSpec::default() }).unwrap();
+        engine.commit(a.id, 23).unwrap();
+        engine.grow(a.id, &[100 + round, 101, 102, 103, 104]).unwrap();
+        engine.commit(a.id, 28).unwrap();
+        engine.step();
+        engine.finish(a.id).unwrap();
+        engine.evict(usize::from(round == 2) * 3);
+        engine.step();
+    }
+    let calls = engine.stop_recording().unwrap();
+    let report = kvcore::replay_calls(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(report.config, config, "the log carries the groups");
+    assert_eq!(report.divergence, None, "every call answers as logged");
+    assert_eq!(report.calls_matched, calls);
+}
