@@ -282,3 +282,51 @@ impl EngineConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hybrid(groups: Vec<GroupConfig>) -> EngineConfig {
+        EngineConfig {
+            blocks_device: groups.iter().map(|g| g.blocks_device).sum(),
+            blocks_host: groups.iter().map(|g| g.blocks_host).sum(),
+            groups,
+            ..EngineConfig::default()
+        }
+    }
+
+    fn full(blocks_device: u32) -> GroupConfig {
+        GroupConfig { kind: GroupKind::FullAttention, blocks_device, blocks_host: 0 }
+    }
+
+    fn window(window_tokens: u32, blocks_device: u32) -> GroupConfig {
+        GroupConfig { kind: GroupKind::SlidingWindow { window_tokens }, blocks_device, blocks_host: 0 }
+    }
+
+    /// Each group rule refuses what it names, with a message naming it, and
+    /// accepts the recommended shape; method: one config per rule.
+    #[test]
+    fn group_rules_are_validated() {
+        let refused = |c: EngineConfig, what: &str| match c.validate() {
+            Err(ConfigError::Invalid(m)) => assert!(m.contains(what), "{m:?} names {what:?}"),
+            other => panic!("{c:?}: expected a refusal naming {what:?}, got {other:?}"),
+        };
+        assert_eq!(hybrid(vec![full(8), window(128, 4), window(4096, 4)]).validate(), Ok(()));
+        assert_eq!(hybrid(vec![full(8)]).validate(), Ok(()));
+        refused(hybrid(vec![window(128, 4), full(8)]), "group 0");
+        refused(hybrid(vec![full(8), full(8)]), "only group 0");
+        refused(hybrid(vec![full(8), window(0, 4)]), "window_tokens");
+        refused(hybrid(vec![full(8), window(WINDOW_TOKENS_LIMIT + 1, 4)]), "window_tokens");
+        refused(hybrid(vec![full(8), window(64, 1)]), "null page");
+        refused(hybrid(vec![full(0), window(64, 4)]), "at least 1");
+        refused(hybrid((0..17).map(|i| if i == 0 { full(4) } else { window(8, 2) }).collect()), "at most 16");
+        refused(EngineConfig { blocks_device: 13, ..hybrid(vec![full(8), window(64, 4)]) }, "sum");
+        refused(EngineConfig { blocks_host: 1, ..hybrid(vec![full(8), window(64, 4)]) }, "sum");
+        refused(EngineConfig { partial_reuse: true, ..hybrid(vec![full(8), window(64, 4)]) }, "partial_reuse");
+        // An empty list is one full-attention group with every page.
+        let c = EngineConfig::default();
+        assert_eq!(c.effective_groups(), vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: 4096, blocks_host: 0 }]);
+        assert!(!c.names_groups());
+    }
+}

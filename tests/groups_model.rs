@@ -363,3 +363,102 @@ fn a_hybrid_call_log_replays() {
     assert_eq!(report.divergence, None, "every call answers as logged");
     assert_eq!(report.calls_matched, calls);
 }
+
+/// Runs `ops` on two engines side by side: one configured without groups,
+/// one with a single full-attention group listed. Everything they answer is
+/// the same, and their events differ only in naming the group.
+fn one_listed_group_is_the_default(ops: Vec<Op>) {
+    let plain = EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: 24,
+        blocks_host: 6,
+        requests_max: 8,
+        tokens_per_request_max: 128,
+        ..EngineConfig::default()
+    };
+    let listed = EngineConfig {
+        groups: vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: 24, blocks_host: 6 }],
+        ..plain.clone()
+    };
+    let (mut a, mut b) = (Engine::new(plain).unwrap(), Engine::new(listed).unwrap());
+    let mut ids: Vec<(RequestId, RequestId, u32, u32)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Admit { family, shared, tail } => {
+                let mut tokens: Vec<u32> = (0..shared as u32).map(|i| 10 + family * 100 + i).collect();
+                tokens.extend(tail);
+                let spec = RequestSpec { tokens: &tokens, ..RequestSpec::default() };
+                match (a.add_request(&spec), b.add_request(&spec)) {
+                    (Ok(x), Ok(y)) => {
+                        assert_eq!((x.tokens_cached, x.tokens_onboarded), (y.tokens_cached, y.tokens_onboarded));
+                        assert_eq!(a.block_table(x.id).unwrap(), b.block_table_group(y.id, 0).unwrap());
+                        ids.push((x.id, y.id, tokens.len() as u32, x.tokens_cached));
+                    }
+                    (Err(x), Err(y)) => assert_eq!(x, y),
+                    (x, y) => panic!("{x:?} against {y:?}"),
+                }
+            }
+            Op::Grow { req, n } if !ids.is_empty() => {
+                let i = req % ids.len();
+                let grown: Vec<u32> = (0..n).map(|t| 50 + t).collect();
+                let (x, y) = (a.grow(ids[i].0, &grown), b.grow(ids[i].1, &grown));
+                assert_eq!(x, y);
+                if x.is_ok() {
+                    ids[i].2 += n;
+                }
+            }
+            Op::Commit { req, fraction } if !ids.is_empty() => {
+                let i = req % ids.len();
+                let (_, _, len, done) = ids[i];
+                let target = done + (len - done) * u32::from(fraction) / 4;
+                assert_eq!(a.commit(ids[i].0, u64::from(target)), b.commit(ids[i].1, u64::from(target)));
+                ids[i].3 = target;
+            }
+            Op::Finish { req } | Op::Cancel { req } if !ids.is_empty() => {
+                let (x, y, _, _) = ids.swap_remove(req % ids.len());
+                assert_eq!(a.finish(x), b.finish(y));
+            }
+            Op::Evict { n } => assert_eq!(a.evict(n), b.evict(n)),
+            Op::Clear => {
+                a.clear();
+                b.clear();
+            }
+            Op::Step => assert_eq!(a.step(), b.step()),
+            _ => {}
+        }
+        let strip = |events: Vec<KvEvent>, named: bool| -> Vec<KvEvent> {
+            events
+                .into_iter()
+                .map(|e| match e {
+                    KvEvent::BlockStored(mut s) => {
+                        assert_eq!(s.group.is_some(), named, "only a listed group is named");
+                        s.group = None;
+                        KvEvent::BlockStored(s)
+                    }
+                    KvEvent::BlockRemoved(mut r) => {
+                        assert_eq!(r.group.is_some(), named, "only a listed group is named");
+                        r.group = None;
+                        KvEvent::BlockRemoved(r)
+                    }
+                    other => other,
+                })
+                .collect()
+        };
+        assert_eq!(strip(a.drain_events(), false), strip(b.drain_events(), true));
+        assert_eq!(a.counters(), b.counters());
+        assert_eq!(a.cached_blocks().collect::<Vec<_>>(), b.cached_blocks().collect::<Vec<_>>());
+        b.check_invariants();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A configuration listing one full-attention group behaves as the
+    /// default configuration, event for event, except that it names its group.
+    #[test]
+    #[cfg_attr(miri, ignore = "proptest is too slow under miri")]
+    fn a_single_listed_group_matches_the_default(ops in prop::collection::vec(op_strategy(), 1..80)) {
+        one_listed_group_is_the_default(ops);
+    }
+}
