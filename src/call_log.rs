@@ -53,9 +53,9 @@
 use std::io::{self, BufRead, Read, Write};
 
 use crate::config::{EngineConfig, GroupConfig};
-use crate::group::GroupKind;
 use crate::events::KvEvent;
 use crate::events::codec::{EncodeOptions, encode_events};
+use crate::group::GroupKind;
 use crate::keys::ImageDigest;
 use crate::resources::{BlockCopy, Counters};
 use crate::systems::admit::{MmContent, RequestSpec};

@@ -261,7 +261,9 @@ impl EngineConfig {
         }
         for g in &self.groups {
             match g.kind {
-                GroupKind::FullAttention => check(g.blocks_device >= 1, "groups: a group's blocks_device must be at least 1")?,
+                GroupKind::FullAttention => {
+                    check(g.blocks_device >= 1, "groups: a group's blocks_device must be at least 1")?
+                }
                 GroupKind::SlidingWindow { window_tokens } => {
                     check(
                         (1..=WINDOW_TOKENS_LIMIT).contains(&window_tokens),
@@ -276,8 +278,14 @@ impl EngineConfig {
         }
         let device: u64 = self.groups.iter().map(|g| u64::from(g.blocks_device)).sum();
         let host: u64 = self.groups.iter().map(|g| u64::from(g.blocks_host)).sum();
-        check(device == u64::from(self.blocks_device), "groups: blocks_device must equal the sum of the groups' blocks_device")?;
-        check(host == u64::from(self.blocks_host), "groups: blocks_host must equal the sum of the groups' blocks_host")?;
+        check(
+            device == u64::from(self.blocks_device),
+            "groups: blocks_device must equal the sum of the groups' blocks_device",
+        )?;
+        check(
+            host == u64::from(self.blocks_host),
+            "groups: blocks_host must equal the sum of the groups' blocks_host",
+        )?;
         check(!self.partial_reuse, "groups: partial_reuse is not supported with groups")?;
         Ok(())
     }
@@ -326,7 +334,10 @@ mod tests {
         refused(EngineConfig { partial_reuse: true, ..hybrid(vec![full(8), window(64, 4)]) }, "partial_reuse");
         // An empty list is one full-attention group with every page.
         let c = EngineConfig::default();
-        assert_eq!(c.effective_groups(), vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: 4096, blocks_host: 0 }]);
+        assert_eq!(
+            c.effective_groups(),
+            vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: 4096, blocks_host: 0 }]
+        );
         assert!(!c.names_groups());
     }
 }

@@ -669,7 +669,11 @@ impl Engine {
                 *scope_refs.entry(c.scope).or_default() += 1;
             }
             for id in cache.scopes().ids() {
-                assert_eq!(cache.scopes().refs(id), scope_refs.get(&id).copied().unwrap_or(0), "invariant 6: scope refs");
+                assert_eq!(
+                    cache.scopes().refs(id),
+                    scope_refs.get(&id).copied().unwrap_or(0),
+                    "invariant 6: scope refs"
+                );
             }
             assert_eq!(cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
         }

@@ -69,7 +69,8 @@ pub use capabilities::{
     validated_family,
 };
 pub use config::{
-    EVENTS_PER_STEP_MIN, EngineConfig, GROUPS_LIMIT, GroupConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX, WINDOW_TOKENS_LIMIT,
+    EVENTS_PER_STEP_MIN, EngineConfig, GROUPS_LIMIT, GroupConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX,
+    WINDOW_TOKENS_LIMIT,
 };
 pub use engine::{Admission, CachedBlock, Engine, GroupUsage, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};

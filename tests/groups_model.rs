@@ -87,7 +87,8 @@ fn first_block(window: u32, computed: u32) -> u32 {
 }
 
 fn config(windows: &[(u32, u32)], host: u32, device_full: u32) -> EngineConfig {
-    let mut groups = vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: device_full, blocks_host: host }];
+    let mut groups =
+        vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: device_full, blocks_host: host }];
     groups.extend(windows.iter().map(|&(window_tokens, device)| GroupConfig {
         kind: GroupKind::SlidingWindow { window_tokens },
         blocks_device: device,
@@ -113,9 +114,10 @@ fn predicted_match(engine: &Engine, windows: &[(u32, u32)], keys: &[BlockKey], p
     (0..=full as u32)
         .rev()
         .find(|&k| {
-            windows.iter().enumerate().all(|(w, &(window, _))| {
-                (first_block(window, k * BS)..k).all(|i| held(w + 1, i as usize))
-            })
+            windows
+                .iter()
+                .enumerate()
+                .all(|(w, &(window, _))| (first_block(window, k * BS)..k).all(|i| held(w + 1, i as usize)))
         })
         .unwrap_or(0)
 }
@@ -184,7 +186,12 @@ fn run_ops(windows: &[(u32, u32)], host: u32, ops: Vec<Op>) {
                         } else {
                             assert!(a.tokens_cached <= predicted * BS, "reuse never exceeds what every group holds");
                         }
-                        running.push(Running { id: a.id, tokens, computed: a.tokens_cached, private: vec![HashSet::new(); windows.len()] });
+                        running.push(Running {
+                            id: a.id,
+                            tokens,
+                            computed: a.tokens_cached,
+                            private: vec![HashSet::new(); windows.len()],
+                        });
                     }
                     Err(_) => {
                         let after: Vec<_> = (0..engine.groups()).map(|g| engine.group_usage(g).unwrap()).collect();
@@ -224,8 +231,8 @@ fn run_ops(windows: &[(u32, u32)], host: u32, ops: Vec<Op>) {
                 // Blocks that fell out of a window this commit are released,
                 // and, being computed and indexed, stay cached in the group.
                 for (w, &(window, _)) in windows.iter().enumerate() {
-                    for b in (first_block(window, before)..first_block(window, target))
-                        .filter(|b| !r.private[w].contains(b))
+                    for b in
+                        (first_block(window, before)..first_block(window, target)).filter(|b| !r.private[w].contains(b))
                     {
                         assert!(
                             engine.cached_medium_group(&keys[b as usize], w + 1).is_some(),

@@ -36,8 +36,9 @@ use crate::events::codec::decode_payload;
 use super::handle::kvc_engine;
 use super::lifecycle::{
     KVC_CONFIG_BLOCKS_DEVICE_LIMIT, KVC_CONFIG_BLOCKS_HOST_LIMIT, KVC_CONFIG_EVENT_BATCHES_LIMIT,
-    KVC_CONFIG_MM_ITEMS_LIMIT, KVC_CONFIG_REQUESTS_LIMIT, KVC_CONFIG_ROUTING_HINTS_LIMIT, kvc_config, kvc_group_config,
+    KVC_CONFIG_MM_ITEMS_LIMIT, KVC_CONFIG_REQUESTS_LIMIT, KVC_CONFIG_ROUTING_HINTS_LIMIT, kvc_config,
     kvc_config_default, kvc_engine_free, kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new,
+    kvc_group_config,
 };
 use super::publisher::{
     kvc_engine_drain_events_wire, kvc_engine_publisher_endpoint, kvc_engine_publisher_start,
@@ -47,7 +48,7 @@ use super::publisher::{
 use super::records::{kvc_block_copy, kvc_event};
 use super::request::{
     kvc_admission, kvc_bytes, kvc_engine_add_request, kvc_engine_block_table, kvc_engine_block_table_group,
-    kvc_engine_cancel, kvc_engine_commit, kvc_engine_finish, kvc_engine_grow, kvc_engine_group_usage,
+    kvc_engine_cancel, kvc_engine_commit, kvc_engine_finish, kvc_engine_group_usage, kvc_engine_grow,
     kvc_engine_request_info, kvc_engine_request_uuids, kvc_group_usage, kvc_image_item, kvc_request, kvc_request_info,
     kvc_token_run, kvc_uuid_entry, kvc_uuid_list,
 };

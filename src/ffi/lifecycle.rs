@@ -10,8 +10,8 @@ use std::ffi::c_char;
 
 use crate::capabilities::{self, Deployment, KvTransfer};
 use crate::config::{self, EngineConfig, GroupConfig};
-use crate::group::GroupKind;
 use crate::engine::Engine;
+use crate::group::GroupKind;
 
 use super::boundary::{
     ffi_boundary, optional_str, try_out, try_ref, try_slice, try_slice_out, with_engine, without_engine,

@@ -549,8 +549,13 @@ pub struct kvc_group_usage {
 
 impl From<GroupUsage> for kvc_group_usage {
     fn from(u: GroupUsage) -> Self {
-        let GroupUsage { pages_device, blocks_used_device, blocks_referenced, blocks_cached_device, blocks_cached_host } =
-            u;
+        let GroupUsage {
+            pages_device,
+            blocks_used_device,
+            blocks_referenced,
+            blocks_cached_device,
+            blocks_cached_host,
+        } = u;
         Self { pages_device, blocks_used_device, blocks_referenced, blocks_cached_device, blocks_cached_host }
     }
 }

@@ -372,7 +372,12 @@ impl BlockPool {
 /// A copy between (tier, page) pairs, for tests.
 #[cfg(test)]
 pub(crate) fn test_copy(src: (Tier, u32), dst: (Tier, u32), tokens: u32) -> BlockCopy {
-    BlockCopy { src: PageRef { medium: src.0, page: src.1 }, dst: PageRef { medium: dst.0, page: dst.1 }, tokens, group: 0 }
+    BlockCopy {
+        src: PageRef { medium: src.0, page: src.1 },
+        dst: PageRef { medium: dst.0, page: dst.1 },
+        tokens,
+        group: 0,
+    }
 }
 
 #[cfg(test)]

@@ -417,7 +417,10 @@ impl KvCache {
         self.blocks.move_page((from.medium, from.page), (dst.medium, dst.page));
         // An onboard's copy was set aside by its admission; an offload's
         // was checked against the room by its eviction.
-        self.queue_copy(BlockCopy { src: from, dst, tokens: self.block_size, group: self.group_index() }, to == Tier::Device);
+        self.queue_copy(
+            BlockCopy { src: from, dst, tokens: self.block_size, group: self.group_index() },
+            to == Tier::Device,
+        );
         self.pool.free(from.medium).release(from.page);
         if listed_after {
             self.pool.lru(to).push_back(&mut self.blocks.rows, id);

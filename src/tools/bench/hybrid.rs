@@ -83,7 +83,11 @@ pub fn engine_config(case: HybridCase, p: &HybridParams) -> EngineConfig {
     let window_tokens = case.window_tokens.unwrap_or(p.tokens_per_request_max);
     let groups = vec![
         GroupConfig { kind: GroupKind::FullAttention, blocks_device: p.pages_per_group, blocks_host: 0 },
-        GroupConfig { kind: GroupKind::SlidingWindow { window_tokens }, blocks_device: p.pages_per_group, blocks_host: 0 },
+        GroupConfig {
+            kind: GroupKind::SlidingWindow { window_tokens },
+            blocks_device: p.pages_per_group,
+            blocks_host: 0,
+        },
     ];
     EngineConfig {
         block_size_tokens: p.block_size_tokens,
@@ -132,9 +136,11 @@ pub fn run(workload: &Workload, case: HybridCase, p: &HybridParams) -> Result<Hy
                 live.swap_remove(i);
                 continue;
             }
-            let token = r.generated.get(l.generated as usize).copied().unwrap_or_else(|| {
-                text_token((r.id << 20) ^ u64::from(l.generated) ^ 0x5eed)
-            });
+            let token = r
+                .generated
+                .get(l.generated as usize)
+                .copied()
+                .unwrap_or_else(|| text_token((r.id << 20) ^ u64::from(l.generated) ^ 0x5eed));
             if l.tokens >= p.tokens_per_request_max || engine.grow(l.id, &[token]).is_err() {
                 // No room to grow (or at the length bound): the request ends here.
                 engine.finish(l.id).map_err(|e| e.to_string())?;
@@ -184,7 +190,10 @@ fn admit(engine: &mut Engine, r: &SimRequest) -> Result<(RequestId, u32, u32), k
     let items = r
         .images
         .iter()
-        .map(|i| MmItemSpec { content: MmContent::Digest(&i.digest.0), runs: vec![TokenRun { start: i.start, len: i.len }] })
+        .map(|i| MmItemSpec {
+            content: MmContent::Digest(&i.digest.0),
+            runs: vec![TokenRun { start: i.start, len: i.len }],
+        })
         .collect();
     let a = engine.add_request(&RequestSpec { tokens: &tokens, items, ..Default::default() })?;
     engine.commit(a.id, tokens.len() as u64).expect("the whole prompt is computable");

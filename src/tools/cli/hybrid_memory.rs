@@ -35,8 +35,11 @@ pub fn run(args: &HybridMemoryArgs) -> i32 {
             return 2;
         }
     };
-    let params =
-        HybridParams { block_size_tokens: args.block_size, pages_per_group: args.pages_per_group, ..HybridParams::default() };
+    let params = HybridParams {
+        block_size_tokens: args.block_size,
+        pages_per_group: args.pages_per_group,
+        ..HybridParams::default()
+    };
     println!(
         "chat workload: {} sessions, {} requests, {} prompt tokens; block size {}; two groups of {} device pages",
         args.sessions,
@@ -80,7 +83,9 @@ pub fn run(args: &HybridMemoryArgs) -> i32 {
         let total = r.groups[0].blocks_held_mean + r.groups[1].blocks_held_mean;
         match full_total {
             None => full_total = Some(total),
-            Some(full) => println!("{:<16} mean blocks held, both groups: {:.1}% of all full", name, 100.0 * total / full),
+            Some(full) => {
+                println!("{:<16} mean blocks held, both groups: {:.1}% of all full", name, 100.0 * total / full)
+            }
         }
     }
     0
