@@ -15,6 +15,7 @@ use crate::events::codec::{
 use crate::events::mirror::{Mirror, split_stored};
 use crate::events::wire::{WireBatch, WireEvent, WireMmInfo, WireMmObject};
 use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, EventImage, EventImageRun, KvEvent, Tier};
+use crate::group::{GroupKind, KvGroup};
 use crate::keys::{BlockKey, ImageDigest};
 
 /// Decode target: arbitrary bytes as a payload (and as a three-frame message).
@@ -70,7 +71,8 @@ pub fn roundtrip(data: &[u8]) {
     assert_eq!(snap.len(), mirror.len() + 1);
 }
 
-/// What `form` carries of a batch. The array form writes image identity into
+/// What `form` carries of a batch. The array form has no slot for a
+/// removal's group kind and window. It writes image identity into
 /// vLLM's `extra_keys`: one entry per block, the `mm_hash` of each object
 /// without its ranges, so ranges are dropped, the list is cut or padded to
 /// the blocks, a block without objects has none, and no object at all is no
@@ -81,6 +83,11 @@ fn carried(batch: &WireBatch, form: EventForm) -> WireBatch {
         return out;
     }
     for e in &mut out.events {
+        if let WireEvent::BlockRemoved(r) = e {
+            // A removal's kind and window have no slot in the array form.
+            r.kv_cache_spec_kind = None;
+            r.kv_cache_spec_sliding_window = None;
+        }
         let WireEvent::BlockStored(s) = e else { continue };
         let Some(infos) = s.block_mm_infos.take() else { continue };
         let mut v: Vec<Option<WireMmInfo>> = infos
@@ -158,6 +165,17 @@ impl<'a> ByteSource<'a> {
         Arc::from(String::from_utf8_lossy(&bytes).as_ref())
     }
 
+    /// No group most of the time (a zero byte, so past the end too), else a
+    /// full-attention or a sliding-window group.
+    fn group(&mut self) -> Option<KvGroup> {
+        let kind = match self.u8() % 4 {
+            0 => return None,
+            1 => GroupKind::FullAttention,
+            _ => GroupKind::SlidingWindow { window_tokens: self.varied_u32() },
+        };
+        Some(KvGroup { index: self.varied_u32(), kind })
+    }
+
     fn medium(&mut self) -> Tier {
         if self.bool() { Tier::Host } else { Tier::Device }
     }
@@ -174,7 +192,8 @@ impl<'a> ByteSource<'a> {
             1 => {
                 let n = 1 + self.u8() % 4;
                 let keys = (0..n).map(|_| self.key()).collect();
-                KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium: self.medium() })
+                let medium = self.medium();
+                KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium, group: self.group() })
             }
             _ => KvEvent::BlockStored(self.stored(event_seq)),
         }
@@ -214,6 +233,7 @@ impl<'a> ByteSource<'a> {
                 })
                 .collect();
         }
+        let medium = self.medium();
         BlockStored {
             event_seq,
             keys,
@@ -223,9 +243,10 @@ impl<'a> ByteSource<'a> {
             lora_id,
             lora_name,
             cache_salt,
-            medium: self.medium(),
+            medium,
             images,
             block_images: block_images.into(),
+            group: self.group(),
         }
     }
 }

@@ -50,6 +50,7 @@ pub mod fuzzing;
 // which Rust cannot check; every unsafe block there names its invariant.
 #[allow(unsafe_code, reason = "kernel launches and driver calls need unsafe; each block has a SAFETY comment")]
 pub mod gpu;
+mod group;
 mod ids;
 mod keys;
 mod outbound;
@@ -67,12 +68,16 @@ pub use capabilities::{
     Deployment, IMAGE_ROUTING_VERSION, ImageRoutingGates, KvTransfer, ModelFamily, VALIDATED_FAMILIES, model_info,
     validated_family,
 };
-pub use config::{EVENTS_PER_STEP_MIN, EngineConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX};
-pub use engine::{Admission, CachedBlock, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
+pub use config::{
+    EVENTS_PER_STEP_MIN, EngineConfig, GROUPS_LIMIT, GroupConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX,
+    WINDOW_TOKENS_LIMIT,
+};
+pub use engine::{Admission, CachedBlock, Engine, GroupUsage, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
 pub use events::profile::HashProfile;
 pub use events::publisher::{HEARTBEAT_MS_DEFAULT, PublishError, Publisher, PublisherConfig, PublisherStats};
 pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventImage, EventImageRun, KvEvent};
+pub use group::{GroupKind, KIND_FULL_ATTENTION, KIND_SLIDING_WINDOW, KvGroup};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{
     BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_key, key_of_block,

@@ -326,6 +326,8 @@ fn decodes_positional_events_of_older_producers() {
             lora_id: Some(4),
             medium: Some("CPU".into()),
             lora_name: Some("lora".into()),
+            group_idx: Some(0),
+            kv_cache_spec_kind: Some("full_attention".into()),
             ..Default::default()
         })
     );
@@ -622,4 +624,189 @@ proptest! {
     fn arbitrary_events_round_trip(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         kvcore::fuzzing::roundtrip(&bytes);
     }
+}
+
+/// A hybrid engine's stores and removals: the same chain in a full-attention
+/// group 0 and a sliding-window group 1 (window 8 tokens), then a removal
+/// from each group.
+fn hybrid_events() -> Vec<KvEvent> {
+    use kvcore::{BlockKey, BlockRemoved, BlockStored, GroupKind, KvGroup, Tier};
+    let full = KvGroup { index: 0, kind: GroupKind::FullAttention };
+    let window = KvGroup { index: 1, kind: GroupKind::SlidingWindow { window_tokens: 8 } };
+    let key = |b: u8| BlockKey([b; 32]);
+    let stored = |event_seq, group| {
+        KvEvent::BlockStored(BlockStored {
+            event_seq,
+            keys: vec![key(1), key(2)],
+            parent: None,
+            token_ids: (1..=8).collect(),
+            block_size: 4,
+            lora_id: None,
+            lora_name: None,
+            cache_salt: None,
+            medium: Tier::Device,
+            images: Vec::new(),
+            block_images: Default::default(),
+            group: Some(group),
+        })
+    };
+    vec![
+        stored(0, full),
+        stored(1, window),
+        KvEvent::BlockRemoved(BlockRemoved {
+            event_seq: 2,
+            keys: vec![key(1)],
+            medium: Tier::Device,
+            group: Some(window),
+        }),
+        KvEvent::BlockRemoved(BlockRemoved {
+            event_seq: 3,
+            keys: vec![key(2)],
+            medium: Tier::Device,
+            group: Some(full),
+        }),
+    ]
+}
+
+/// The map form names the group fields as vLLM 0.33 does (`group_idx`,
+/// `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`, the window omitted
+/// for full attention), on stores and removals alike; the array form puts
+/// them at vLLM's slots 9, 10 and 11 of `BlockStored` (8 a nil placeholder
+/// for `extra_keys`) and the group at slot 3 of `BlockRemoved`, with nothing
+/// after it. Both decode back to the projection.
+#[test]
+fn group_fields_sit_at_vllm_names_and_positions() {
+    let events = hybrid_events();
+    let mut map = Vec::new();
+    encode_events(&events, 1.0, None, &EncodeOptions::default(), &mut map);
+    let v = to_json(&mut &map[..]);
+    let ev = v[1].as_array().unwrap();
+    assert_eq!(ev[0]["group_idx"], 0);
+    assert_eq!(ev[0]["kv_cache_spec_kind"], "full_attention");
+    assert!(ev[0].get("kv_cache_spec_sliding_window").is_none(), "{}", ev[0]);
+    assert_eq!(ev[1]["group_idx"], 1);
+    assert_eq!(ev[1]["kv_cache_spec_kind"], "sliding_window");
+    assert_eq!(ev[1]["kv_cache_spec_sliding_window"], 8);
+    assert_eq!(ev[2]["type"], "BlockRemoved");
+    assert_eq!(ev[2]["group_idx"], 1);
+    assert_eq!(ev[2]["kv_cache_spec_kind"], "sliding_window");
+    assert_eq!(ev[2]["kv_cache_spec_sliding_window"], 8);
+    assert_eq!(ev[3]["group_idx"], 0);
+    assert_eq!(ev[3]["kv_cache_spec_kind"], "full_attention");
+
+    let mut arr = Vec::new();
+    let opts = EncodeOptions { form: EventForm::Array, token_ids: true };
+    encode_events(&events, 1.0, None, &opts, &mut arr);
+    let v = to_json(&mut &arr[..]);
+    let ev = v[1].as_array().unwrap();
+    let full = ev[0].as_array().unwrap();
+    assert_eq!(full.len(), 11, "ends after the kind: {}", ev[0]);
+    assert!(full[8].is_null(), "extra_keys placeholder");
+    assert_eq!((&full[9], &full[10]), (&0.into(), &"full_attention".into()));
+    let window = ev[1].as_array().unwrap();
+    assert_eq!(window.len(), 12, "{}", ev[1]);
+    assert_eq!((&window[9], &window[10], &window[11]), (&1.into(), &"sliding_window".into(), &8.into()));
+    for (i, group) in [(2, 1), (3, 0)] {
+        let r = ev[i].as_array().unwrap();
+        assert_eq!(r.len(), 4, "{}", ev[i]);
+        assert_eq!((&r[0], &r[2], &r[3]), (&"BlockRemoved".into(), &"GPU".into(), &group.into()));
+    }
+
+    for (bytes, form) in [(&map, EventForm::Map), (&arr, EventForm::Array)] {
+        let want: Vec<WireEvent> =
+            events.iter().map(|e| wire_event(e, &EncodeOptions { form, token_ids: true })).collect();
+        assert_eq!(decode_payload(bytes).unwrap().events, want, "{form:?}");
+        let WireEvent::BlockStored(s) = &want[1] else { panic!() };
+        assert_eq!(
+            (s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window),
+            (Some(1), Some("sliding_window"), Some(8))
+        );
+    }
+}
+
+/// A single-group engine's events name no group: no group key in the map
+/// form and no slot past the ones they used before groups existed.
+#[test]
+fn single_group_events_carry_no_group_field() {
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut bytes = Vec::new();
+        encode_events(&workload(), 1.0, None, &EncodeOptions { form, token_ids: true }, &mut bytes);
+        for ev in to_json(&mut &bytes[..])[1].as_array().unwrap() {
+            if let Some(m) = ev.as_object() {
+                assert!(m.keys().all(|k| !k.starts_with("group") && !k.starts_with("kv_cache_spec")), "{ev}");
+            } else {
+                let a = ev.as_array().unwrap();
+                let limit = if a[0] == "BlockRemoved" { 3 } else { 17 };
+                assert!(a.len() <= limit, "{ev}");
+                if a[0] == "BlockStored" && a.len() > 9 {
+                    assert!(a[9..12].iter().all(serde_json::Value::is_null), "{ev}");
+                }
+            }
+        }
+    }
+}
+
+/// The positional group slots are read by type: a list at 9 (vLLM 1.2
+/// appended `block_mm_infos` there), an integer at 10, a negative group or
+/// a string at 11 are skipped, not misread, and the event still decodes.
+/// In the map form a wrong type under a group name is a clear error.
+#[test]
+fn group_slots_of_other_shapes_are_skipped_not_misread() {
+    let stored = |p: &mut Vec<u8>, tail: &dyn Fn(&mut Vec<u8>)| {
+        mp::write_array_len(p, 3).unwrap();
+        mp::write_f64(p, 1.0).unwrap();
+        mp::write_array_len(p, 1).unwrap();
+        mp::write_array_len(p, 12).unwrap();
+        mp::write_str(p, "BlockStored").unwrap();
+        mp::write_array_len(p, 1).unwrap();
+        mp::write_uint(p, 7).unwrap();
+        mp::write_nil(p).unwrap();
+        mp::write_array_len(p, 1).unwrap();
+        mp::write_uint(p, 3).unwrap();
+        mp::write_uint(p, 1).unwrap();
+        mp::write_nil(p).unwrap();
+        mp::write_str(p, "GPU").unwrap();
+        mp::write_nil(p).unwrap();
+        mp::write_nil(p).unwrap();
+        tail(p);
+        mp::write_nil(p).unwrap();
+    };
+    let mut p = Vec::new();
+    stored(&mut p, &|p| {
+        mp::write_array_len(p, 1).unwrap(); // a block_mm_infos list at 9
+        mp::write_nil(p).unwrap();
+        mp::write_uint(p, 5).unwrap(); // an integer at 10
+        mp::write_str(p, "x").unwrap(); // a string at 11
+    });
+    let WireEvent::BlockStored(s) = &decode_payload(&p).unwrap().events[0] else { panic!() };
+    assert_eq!((s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window), (None, None, None));
+    let mut p = Vec::new();
+    stored(&mut p, &|p| {
+        mp::write_sint(p, -1).unwrap();
+        mp::write_str(p, "mamba").unwrap();
+        mp::write_uint(p, u64::from(u32::MAX) + 1).unwrap();
+    });
+    let WireEvent::BlockStored(s) = &decode_payload(&p).unwrap().events[0] else { panic!() };
+    assert_eq!(
+        (s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window),
+        (None, Some("mamba"), None)
+    );
+
+    let mut p = Vec::new();
+    mp::write_array_len(&mut p, 3).unwrap();
+    mp::write_f64(&mut p, 1.0).unwrap();
+    mp::write_array_len(&mut p, 1).unwrap();
+    mp::write_map_len(&mut p, 3).unwrap();
+    mp::write_str(&mut p, "type").unwrap();
+    mp::write_str(&mut p, "BlockRemoved").unwrap();
+    mp::write_str(&mut p, "block_hashes").unwrap();
+    mp::write_array_len(&mut p, 0).unwrap();
+    mp::write_str(&mut p, "group_idx").unwrap();
+    mp::write_str(&mut p, "zero").unwrap();
+    mp::write_nil(&mut p).unwrap();
+    assert!(
+        matches!(decode_payload(&p), Err(DecodeError::Unexpected { what: "group_idx", .. })),
+        "{:?}",
+        decode_payload(&p)
+    );
 }

@@ -32,15 +32,21 @@ fn decode_seeds() {
 }
 
 /// Round-trip seeds: each builds events that survive every encoding; together
-/// they reach stores with images, removals and clears.
+/// they reach stores with images, removals and clears, and stores and
+/// removals that name a KV cache group.
 #[test]
 fn roundtrip_seeds() {
     let seeds = seeds("roundtrip");
     assert!(seeds.len() >= 5, "the seed corpus is checked in");
-    let (mut images, mut removed, mut cleared) = (0, 0, 0);
+    let (mut images, mut removed, mut cleared, mut grouped) = (0, 0, 0, [0, 0]);
     for (_, bytes) in &seeds {
         kvcore::fuzzing::roundtrip(bytes);
         for e in ByteSource::new(bytes).events() {
+            match &e {
+                KvEvent::BlockStored(s) if s.group.is_some() => grouped[0] += 1,
+                KvEvent::BlockRemoved(r) if r.group.is_some() => grouped[1] += 1,
+                _ => {}
+            }
             match e {
                 KvEvent::BlockStored(s) if s.block_images.iter().any(|b| !b.is_empty()) => images += 1,
                 KvEvent::BlockRemoved(_) => removed += 1,
@@ -50,4 +56,5 @@ fn roundtrip_seeds() {
         }
     }
     assert!(images > 0 && removed > 0 && cleared > 0, "images {images} removed {removed} cleared {cleared}");
+    assert!(grouped[0] > 0 && grouped[1] > 0, "grouped stores and removals {grouped:?}");
 }

@@ -4,17 +4,19 @@
 //! dropped) to this mirror, so it can serve "give me the full current state"
 //! without touching the engine, whose owner is busy stepping. The mirror holds
 //! what the stream has *said*, which is exactly what a consumer needs to
-//! rebuild: one single-block `BlockStored` per advertised `(key, tier)`.
+//! rebuild: one single-block `BlockStored` per advertised `(group, key, tier)`
+//! (the group is `None` for a single-group engine).
 
 use std::collections::HashMap;
 
 use crate::events::{AllBlocksCleared, BlockImages, BlockStored, EventImageRun, KvEvent, Tier};
+use crate::group::KvGroup;
 use crate::keys::BlockKey;
 
 /// Advertised blocks, as single-block events.
 #[derive(Debug, Default)]
 pub struct Mirror {
-    blocks: HashMap<(BlockKey, Tier), MirrorBlock>,
+    blocks: HashMap<(Option<KvGroup>, BlockKey, Tier), MirrorBlock>,
 }
 
 #[derive(Debug)]
@@ -30,7 +32,7 @@ impl Mirror {
         Self::default()
     }
 
-    /// Advertised `(key, tier)` pairs.
+    /// Advertised `(group, key, tier)` entries.
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
@@ -42,15 +44,16 @@ impl Mirror {
                 KvEvent::BlockStored(s) => {
                     for block in split_stored(s) {
                         let depth = match block.parent {
-                            Some(p) => self.depth_of(&p).map_or(0, |d| d + 1),
+                            Some(p) => self.depth_of(block.group, &p).map_or(0, |d| d + 1),
                             None => 0,
                         };
-                        self.blocks.insert((block.keys[0], block.medium), MirrorBlock { depth, event: block });
+                        self.blocks
+                            .insert((block.group, block.keys[0], block.medium), MirrorBlock { depth, event: block });
                     }
                 }
                 KvEvent::BlockRemoved(r) => {
                     for k in &r.keys {
-                        self.blocks.remove(&(*k, r.medium));
+                        self.blocks.remove(&(r.group, *k, r.medium));
                     }
                 }
                 KvEvent::AllBlocksCleared(_) => self.blocks.clear(),
@@ -58,17 +61,18 @@ impl Mirror {
         }
     }
 
-    fn depth_of(&self, key: &BlockKey) -> Option<u32> {
-        [Tier::Device, Tier::Host].iter().find_map(|m| self.blocks.get(&(*key, *m)).map(|b| b.depth))
+    fn depth_of(&self, group: Option<KvGroup>, key: &BlockKey) -> Option<u32> {
+        [Tier::Device, Tier::Host].iter().find_map(|m| self.blocks.get(&(group, *key, *m)).map(|b| b.depth))
     }
 
     /// The full state: `AllBlocksCleared`, then one `BlockStored` per
-    /// advertised block, parents before children, device tier first. Every
+    /// advertised block, parents before children, then by group, device tier
+    /// first. Every
     /// `event_seq` is 0, as in `Engine::snapshot` (a snapshot is tagged with a
     /// batch sequence number instead).
     pub fn snapshot(&self) -> Vec<KvEvent> {
         let mut blocks: Vec<&MirrorBlock> = self.blocks.values().collect();
-        blocks.sort_by_key(|b| (b.depth, b.event.medium, b.event.keys[0]));
+        blocks.sort_by_key(|b| (b.depth, b.event.group, b.event.medium, b.event.keys[0]));
         let mut out = Vec::with_capacity(blocks.len() + 1);
         out.push(KvEvent::AllBlocksCleared(AllBlocksCleared { event_seq: 0 }));
         out.extend(blocks.into_iter().map(|b| KvEvent::BlockStored(BlockStored { event_seq: 0, ..b.event.clone() })));
@@ -115,6 +119,7 @@ pub fn split_stored(s: &BlockStored) -> Vec<BlockStored> {
                 b
             },
             images,
+            group: s.group,
         });
     }
     out

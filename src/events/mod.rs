@@ -20,6 +20,7 @@ pub use queue::{EventBatch, EventQueue};
 
 use std::sync::Arc;
 
+pub use crate::group::KvGroup;
 use crate::keys::{BlockKey, ImageDigest, ImageRun};
 use crate::tables::RequestScope;
 pub use crate::tier::Tier;
@@ -74,6 +75,9 @@ pub struct BlockStored {
     /// Per block, its image runs. Empty when no block holds an image;
     /// otherwise exactly one entry per block.
     pub block_images: BlockImages,
+    /// The KV cache group the blocks belong to; `None` for an engine with a
+    /// single group, whose events name no group (today's bytes).
+    pub group: Option<KvGroup>,
 }
 
 /// Building an event block by block, for the engine only (`pub(crate)`: the
@@ -102,6 +106,7 @@ impl BlockStored {
             medium,
             images: Vec::new(),
             block_images: BlockImages::new(),
+            group: None,
         }
     }
 
@@ -215,9 +220,12 @@ pub struct BlockRemoved {
     pub keys: Vec<BlockKey>,
     /// The tier.
     pub medium: Tier,
+    /// The KV cache group the blocks belonged to; `None` for an engine with
+    /// a single group (today's bytes).
+    pub group: Option<KvGroup>,
 }
 
-/// Every cached block was dropped (prefix cache reset).
+/// Every cached block of every group was dropped (prefix cache reset).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllBlocksCleared {
     /// Monotonic per engine.

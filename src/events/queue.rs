@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Tier};
+use crate::events::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvGroup, Tier};
 use crate::keys::{BlockKey, ImageDigest};
 
 /// The events of one closed step.
@@ -93,15 +93,18 @@ impl EventQueue {
         self.removals_expected = n;
     }
 
-    /// Records a removal, merged into the previous event when that is a
-    /// removal in the same tier (one event per burst of evictions).
-    pub fn push_removed(&mut self, key: BlockKey, medium: Tier) {
+    /// Records a removal from `group` (`None`: the single group of an engine
+    /// that names none), merged into the previous event when that is a
+    /// removal in the same tier and group (one event per burst of
+    /// evictions).
+    pub fn push_removed_in(&mut self, key: BlockKey, medium: Tier, group: Option<KvGroup>) {
         if !self.enabled {
             return;
         }
         self.open_entries += 1;
         if let Some(KvEvent::BlockRemoved(last)) = self.open.last_mut()
             && last.medium == medium
+            && last.group == group
         {
             last.keys.push(key);
             return;
@@ -109,7 +112,7 @@ impl EventQueue {
         let event_seq = self.next_seq();
         let mut keys = Vec::with_capacity(std::mem::take(&mut self.removals_expected).max(1));
         keys.push(key);
-        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium }));
+        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium, group }));
     }
 
     /// Records a cache reset.

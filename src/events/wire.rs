@@ -93,6 +93,15 @@ pub struct WireBlockStored {
     /// image run. `None` also when the event carried a version this decoder
     /// does not know (it is skipped, not fatal).
     pub image_routing: Option<ImageRoutingV1>,
+    /// The KV cache group of the blocks (vLLM's `group_idx`); `None` from a
+    /// single-group engine, which names no group.
+    pub group_idx: Option<u32>,
+    /// The group's kind (vLLM's `kv_cache_spec_kind`): `"full_attention"`,
+    /// `"sliding_window"` or another engine's name for another kind.
+    pub kv_cache_spec_kind: Option<String>,
+    /// A sliding-window group's window in tokens (vLLM's
+    /// `kv_cache_spec_sliding_window`).
+    pub kv_cache_spec_sliding_window: Option<u32>,
 }
 
 /// `BlockRemoved` as it travels.
@@ -102,6 +111,16 @@ pub struct WireBlockRemoved {
     pub block_hashes: Vec<i64>,
     /// The tier.
     pub medium: Option<String>,
+    /// The KV cache group the blocks belonged to (vLLM's `group_idx`);
+    /// `None` from a single-group engine.
+    pub group_idx: Option<u32>,
+    /// The group's kind. Map form only: vLLM's `BlockRemoved` has no such
+    /// field (its decoder ignores the key), Dynamo reads it by name, so a
+    /// removal filters by kind even when its group's stores were never seen.
+    pub kv_cache_spec_kind: Option<String>,
+    /// A sliding-window group's window in tokens. Map form only, as
+    /// `kv_cache_spec_kind`.
+    pub kv_cache_spec_sliding_window: Option<u32>,
 }
 
 /// One block's entry of `block_mm_infos`.

@@ -740,6 +740,7 @@ fn restore_events(ix: &Indexer, out: &Out, roots: &HashSet<i64>) -> Vec<WireEven
             events.push(WireEvent::BlockRemoved(WireBlockRemoved {
                 block_hashes: hashes,
                 medium: Some(medium_of(bit).into()),
+                ..Default::default()
             }));
         }
     }
@@ -773,6 +774,7 @@ fn restore_events(ix: &Indexer, out: &Out, roots: &HashSet<i64>) -> Vec<WireEven
                 cache_salt: b.cache_salt.clone(),
                 block_mm_infos: mm.clone().map(|m| vec![Some(m)]),
                 image_routing: routing.clone(),
+                ..Default::default()
             }));
         }
     }

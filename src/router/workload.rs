@@ -101,6 +101,9 @@ impl EventWorkload {
                     WireEvent::BlockRemoved(WireBlockRemoved {
                         block_hashes: s.block_hashes.iter().rev().copied().collect(),
                         medium: s.medium.clone(),
+                        group_idx: s.group_idx,
+                        kv_cache_spec_kind: s.kv_cache_spec_kind.clone(),
+                        kv_cache_spec_sliding_window: s.kv_cache_spec_sliding_window,
                     }),
                 )),
                 _ => None,

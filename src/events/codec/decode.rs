@@ -4,7 +4,10 @@
 //! [`Reader::cap`]).
 
 use super::error::{DecodeError, Result};
-use super::layout::{CACHE_SALT_TAG, POS_EXTRA_KEYS, POS_IMAGE_ROUTING, POS_LORA_NAME, mm_of_marker};
+use super::layout::{
+    CACHE_SALT_TAG, POS_EXTRA_KEYS, POS_GROUP_IDX, POS_IMAGE_ROUTING, POS_LORA_NAME, POS_REMOVED_GROUP_IDX,
+    POS_SLIDING_WINDOW, POS_SPEC_KIND, mm_of_marker,
+};
 use super::reader::Reader;
 use crate::events::wire::{
     IMAGE_ROUTING_VERSION, ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem,
@@ -95,6 +98,9 @@ struct Fields {
     cache_salt: Option<String>,
     block_mm_infos: Option<Vec<Option<WireMmInfo>>>,
     image_routing: Option<ImageRoutingV1>,
+    group_idx: Option<u32>,
+    kv_cache_spec_kind: Option<String>,
+    kv_cache_spec_sliding_window: Option<u32>,
 }
 
 /// The fewest bytes an event can take (`[""]`, an unknown type).
@@ -138,6 +144,11 @@ impl Reader<'_> {
                 "cache_salt" => f.cache_salt = self.opt_string("cache_salt")?,
                 "block_mm_infos" => f.block_mm_infos = self.mm_infos()?,
                 "image_routing" => f.image_routing = self.image_routing()?,
+                "group_idx" => f.group_idx = self.opt_u32("group_idx")?,
+                "kv_cache_spec_kind" => f.kv_cache_spec_kind = self.opt_string("kv_cache_spec_kind")?,
+                "kv_cache_spec_sliding_window" => {
+                    f.kv_cache_spec_sliding_window = self.opt_u32("kv_cache_spec_sliding_window")?;
+                }
                 _ => self.skip()?,
             }
         }
@@ -165,6 +176,14 @@ impl Reader<'_> {
                     extra_keys = Some(self.pos);
                     self.skip()?;
                 }
+                // The group slots are read by type, as Dynamo reads its
+                // tail: older producers put other values there (vLLM 1.2
+                // appended `block_mm_infos`), which are skipped, not misread.
+                ("BlockStored", POS_GROUP_IDX) | ("BlockRemoved", POS_REMOVED_GROUP_IDX) => {
+                    f.group_idx = self.u32_or_skip()?;
+                }
+                ("BlockStored", POS_SPEC_KIND) => f.kv_cache_spec_kind = self.string_or_skip()?,
+                ("BlockStored", POS_SLIDING_WINDOW) => f.kv_cache_spec_sliding_window = self.u32_or_skip()?,
                 ("BlockStored", POS_IMAGE_ROUTING) => f.image_routing = self.image_routing()?,
                 _ => self.skip()?,
             }
@@ -247,6 +266,36 @@ impl Reader<'_> {
         }
         let any = infos.iter().any(Option::is_some);
         Ok((salt, any.then_some(infos)))
+    }
+
+    /// An optional u32 (nil is `None`); any other type or a value out of
+    /// range is an error.
+    fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>> {
+        if self.nil()? {
+            return Ok(None);
+        }
+        self.u32(what).map(Some)
+    }
+
+    /// A u32 when the next value is an integer in range; anything else
+    /// (nil, another type, a negative or too large integer) is skipped and
+    /// read as `None`.
+    fn u32_or_skip(&mut self) -> Result<Option<u32>> {
+        if matches!(self.peek()?, 0x00..=0x7f | 0xcc..=0xd3 | 0xe0..=0xff) {
+            return Ok(u32::try_from(self.int("group field")?).ok());
+        }
+        self.skip()?;
+        Ok(None)
+    }
+
+    /// A string when the next value is one; anything else is skipped and
+    /// read as `None`.
+    fn string_or_skip(&mut self) -> Result<Option<String>> {
+        if matches!(self.peek()?, 0xa0..=0xbf | 0xd9 | 0xda | 0xdb) {
+            return Ok(Some(self.str("kv_cache_spec_kind")?.to_owned()));
+        }
+        self.skip()?;
+        Ok(None)
     }
 
     fn hashes(&mut self) -> Result<Vec<i64>> {
@@ -421,6 +470,9 @@ fn build_event(f: Fields) -> Result<WireEvent> {
                 cache_salt: f.cache_salt,
                 block_mm_infos: f.block_mm_infos,
                 image_routing: f.image_routing,
+                group_idx: f.group_idx,
+                kv_cache_spec_kind: f.kv_cache_spec_kind,
+                kv_cache_spec_sliding_window: f.kv_cache_spec_sliding_window,
             })
         }
         "BlockRemoved" => WireEvent::BlockRemoved(WireBlockRemoved {
@@ -428,6 +480,9 @@ fn build_event(f: Fields) -> Result<WireEvent> {
                 .block_hashes
                 .ok_or(DecodeError::Missing { event: "BlockRemoved", field: "block_hashes" })?,
             medium: f.medium,
+            group_idx: f.group_idx,
+            kv_cache_spec_kind: f.kv_cache_spec_kind,
+            kv_cache_spec_sliding_window: f.kv_cache_spec_sliding_window,
         }),
         "AllBlocksCleared" => WireEvent::AllBlocksCleared,
         _ => WireEvent::Unknown { name },

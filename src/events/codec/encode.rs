@@ -3,7 +3,8 @@
 //! property of its content alone.
 
 use super::layout::{
-    CACHE_SALT_TAG, EncodeOptions, EventForm, POS_EXTRA_KEYS, POS_IMAGE_ROUTING, POS_LORA_NAME, mm_marker,
+    CACHE_SALT_TAG, EncodeOptions, EventForm, POS_EXTRA_KEYS, POS_GROUP_IDX, POS_IMAGE_ROUTING, POS_LORA_NAME,
+    POS_REMOVED_GROUP_IDX, POS_SLIDING_WINDOW, POS_SPEC_KIND, mm_marker,
 };
 use super::project::wire_event;
 use super::write::{
@@ -11,7 +12,9 @@ use super::write::{
     put_uint,
 };
 use crate::events::KvEvent;
-use crate::events::wire::{IMAGE_ROUTING_VERSION, ImageRoutingV1, WireBatch, WireBlockStored, WireEvent, WireMmInfo};
+use crate::events::wire::{
+    IMAGE_ROUTING_VERSION, ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireMmInfo,
+};
 
 /// Encodes typed events as one payload `[ts, events, data_parallel_rank]`,
 /// appending to `out`.
@@ -52,20 +55,17 @@ fn put_event(out: &mut Vec<u8>, e: &WireEvent, form: EventForm) {
     match (e, form) {
         (WireEvent::BlockStored(s), EventForm::Map) => put_stored_map(out, s),
         (WireEvent::BlockStored(s), EventForm::Array) => put_stored_array(out, s),
-        (WireEvent::BlockRemoved(r), EventForm::Map) => {
-            put_map_len(out, 3);
-            put_str(out, "type");
-            put_str(out, "BlockRemoved");
-            put_str(out, "block_hashes");
-            put_hashes(out, &r.block_hashes);
-            put_str(out, "medium");
-            put_opt_str(out, r.medium.as_deref());
-        }
+        (WireEvent::BlockRemoved(r), EventForm::Map) => put_removed_map(out, r),
         (WireEvent::BlockRemoved(r), EventForm::Array) => {
-            put_array_len(out, 3);
+            // vLLM 0.33's slots: the group at 3, nothing of the kind (see
+            // POS_REMOVED_GROUP_IDX); a removal of no group keeps 3 fields.
+            put_array_len(out, if r.group_idx.is_some() { POS_REMOVED_GROUP_IDX + 1 } else { 3 });
             put_str(out, "BlockRemoved");
             put_hashes(out, &r.block_hashes);
             put_opt_str(out, r.medium.as_deref());
+            if let Some(g) = r.group_idx {
+                put_uint(out, g.into());
+            }
         }
         (WireEvent::AllBlocksCleared, EventForm::Map) => {
             put_map_len(out, 1);
@@ -88,12 +88,49 @@ fn put_event(out: &mut Vec<u8>, e: &WireEvent, form: EventForm) {
     }
 }
 
+/// The group fields of an event in map form, each omitted when unset (as
+/// vLLM's `omit_defaults` does): `group_idx`, `kv_cache_spec_kind`,
+/// `kv_cache_spec_sliding_window`. Returns nothing; [`group_fields`] counts.
+fn put_group_map(out: &mut Vec<u8>, group_idx: Option<u32>, kind: Option<&str>, window: Option<u32>) {
+    if let Some(g) = group_idx {
+        put_str(out, "group_idx");
+        put_uint(out, g.into());
+    }
+    if let Some(k) = kind {
+        put_str(out, "kv_cache_spec_kind");
+        put_str(out, k);
+    }
+    if let Some(w) = window {
+        put_str(out, "kv_cache_spec_sliding_window");
+        put_uint(out, w.into());
+    }
+}
+
+/// How many of the three group fields are set.
+fn group_fields(group_idx: Option<u32>, kind: Option<&str>, window: Option<u32>) -> usize {
+    usize::from(group_idx.is_some()) + usize::from(kind.is_some()) + usize::from(window.is_some())
+}
+
+fn put_removed_map(out: &mut Vec<u8>, r: &WireBlockRemoved) {
+    let (g, k, w) = (r.group_idx, r.kv_cache_spec_kind.as_deref(), r.kv_cache_spec_sliding_window);
+    put_map_len(out, 3 + group_fields(g, k, w));
+    put_str(out, "type");
+    put_str(out, "BlockRemoved");
+    put_str(out, "block_hashes");
+    put_hashes(out, &r.block_hashes);
+    put_str(out, "medium");
+    put_opt_str(out, r.medium.as_deref());
+    put_group_map(out, g, k, w);
+}
+
 fn put_stored_map(out: &mut Vec<u8>, s: &WireBlockStored) {
+    let (g, k, w) = (s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window);
     let fields = 7
         + usize::from(s.token_ids.is_some())
         + usize::from(s.cache_salt.is_some())
         + usize::from(s.block_mm_infos.is_some())
-        + usize::from(s.image_routing.is_some());
+        + usize::from(s.image_routing.is_some())
+        + group_fields(g, k, w);
     put_map_len(out, fields);
     put_str(out, "type");
     put_str(out, "BlockStored");
@@ -121,6 +158,7 @@ fn put_stored_map(out: &mut Vec<u8>, s: &WireBlockStored) {
         put_str(out, "block_mm_infos");
         put_mm_infos(out, infos);
     }
+    put_group_map(out, g, k, w);
     if let Some(r) = &s.image_routing {
         put_str(out, "image_routing");
         put_image_routing(out, r);
@@ -130,10 +168,19 @@ fn put_stored_map(out: &mut Vec<u8>, s: &WireBlockStored) {
 fn put_stored_array(out: &mut Vec<u8>, s: &WireBlockStored) {
     // The reference layout (layout.rs): the seven core fields always, then
     // `extra_keys` when the event has a LoRA name, a salt or image
-    // identity, and `image_routing` past vLLM's last slot when set.
+    // identity, the group fields at vLLM's slots 9-11 when set, and
+    // `image_routing` past vLLM's last slot when set. The array ends after
+    // its last set field; every earlier slot is written (nil when unset),
+    // because a positional reader counts slots.
     let extra_keys = s.lora_name.is_some() || s.cache_salt.is_some() || s.block_mm_infos.is_some();
     let len = if s.image_routing.is_some() {
         POS_IMAGE_ROUTING + 1
+    } else if s.kv_cache_spec_sliding_window.is_some() {
+        POS_SLIDING_WINDOW + 1
+    } else if s.kv_cache_spec_kind.is_some() {
+        POS_SPEC_KIND + 1
+    } else if s.group_idx.is_some() {
+        POS_GROUP_IDX + 1
     } else if extra_keys {
         POS_EXTRA_KEYS + 1
     } else {
@@ -158,9 +205,18 @@ fn put_stored_array(out: &mut Vec<u8>, s: &WireBlockStored) {
             put_nil(out);
         }
     }
+    if len > POS_GROUP_IDX {
+        put_opt_int(out, s.group_idx.map(i64::from));
+    }
+    if len > POS_SPEC_KIND {
+        put_opt_str(out, s.kv_cache_spec_kind.as_deref());
+    }
+    if len > POS_SLIDING_WINDOW {
+        put_opt_int(out, s.kv_cache_spec_sliding_window.map(i64::from));
+    }
     if len > POS_IMAGE_ROUTING {
-        // group_idx .. lookahead_token_ids: vLLM's, unset.
-        for _ in POS_EXTRA_KEYS + 1..POS_IMAGE_ROUTING {
+        // locality .. lookahead_token_ids: vLLM's, unset.
+        for _ in POS_SLIDING_WINDOW + 1..POS_IMAGE_ROUTING {
             put_nil(out);
         }
         match &s.image_routing {

@@ -39,6 +39,20 @@ impl Default for EncodeOptions {
 // image identity travel in `extra_keys`, as Dynamo reads them there, and
 // `image_routing` after the last slot either of them defines.
 
+/// Position of `group_idx` in the array form of `BlockStored`.
+pub(super) const POS_GROUP_IDX: usize = 9;
+/// Position of `kv_cache_spec_kind` in the array form of `BlockStored`.
+pub(super) const POS_SPEC_KIND: usize = 10;
+/// Position of `kv_cache_spec_sliding_window` in the array form of
+/// `BlockStored`.
+pub(super) const POS_SLIDING_WINDOW: usize = 11;
+/// Position of `group_idx` in the array form of `BlockRemoved` (vLLM 0.33:
+/// `block_hashes, medium, group_idx, locality, ownership`). The kind and the
+/// window have no slot there: Dynamo's positional parser would read them at
+/// 4 and 5, where vLLM puts `locality` and `ownership`, so kvcore writes
+/// neither and a positional consumer learns a group's kind from its stores.
+pub(super) const POS_REMOVED_GROUP_IDX: usize = 3;
+
 /// Position of `lora_name` in the array form.
 pub(super) const POS_LORA_NAME: usize = 7;
 /// Position of `extra_keys` in the array form.

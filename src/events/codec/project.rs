@@ -16,6 +16,13 @@ pub fn wire_event(event: &KvEvent, opts: &EncodeOptions) -> WireEvent {
         KvEvent::BlockRemoved(e) => WireEvent::BlockRemoved(WireBlockRemoved {
             block_hashes: e.keys.iter().map(|k| k.wire_hash().0).collect(),
             medium: Some(e.medium.as_str().to_owned()),
+            group_idx: e.group.map(|g| g.index),
+            // The array form has no slot for a removal's kind (layout.rs).
+            kv_cache_spec_kind: e.group.filter(|_| opts.form == EventForm::Map).map(|g| g.kind.as_str().to_owned()),
+            kv_cache_spec_sliding_window: e
+                .group
+                .filter(|_| opts.form == EventForm::Map)
+                .and_then(|g| g.kind.window_tokens()),
         }),
         KvEvent::AllBlocksCleared(_) => WireEvent::AllBlocksCleared,
     }
@@ -89,5 +96,8 @@ fn wire_stored(e: &BlockStored, opts: &EncodeOptions) -> WireBlockStored {
         cache_salt: e.cache_salt.as_deref().map(str::to_owned),
         block_mm_infos,
         image_routing,
+        group_idx: e.group.map(|g| g.index),
+        kv_cache_spec_kind: e.group.map(|g| g.kind.as_str().to_owned()),
+        kv_cache_spec_sliding_window: e.group.and_then(|g| g.kind.window_tokens()),
     }
 }

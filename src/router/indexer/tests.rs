@@ -42,7 +42,11 @@ fn holder_index_grows_four_fold_past_the_worker_bound() {
 }
 
 fn removed(hashes: &[i64], medium: &str) -> WireEvent {
-    WireEvent::BlockRemoved(WireBlockRemoved { block_hashes: hashes.to_vec(), medium: Some(medium.into()) })
+    WireEvent::BlockRemoved(WireBlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: Some(medium.into()),
+        ..Default::default()
+    })
 }
 
 fn keys_of(tokens: &[u32]) -> Vec<RouterKey> {

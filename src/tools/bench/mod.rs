@@ -9,6 +9,7 @@
 //! latest figures are in docs/benchmarks.md ("Engine core").
 
 pub mod alloc;
+pub mod hybrid;
 pub mod native;
 
 use std::hint::black_box;
