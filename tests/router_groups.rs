@@ -1,0 +1,219 @@
+//! The router's KV cache groups: a prefix is reusable on a worker only when
+//! its full-attention group holds every block and each sliding-window group
+//! holds the blocks covering the last window before the match point.
+//!
+//! Method: hand-built wire events of a hybrid engine (a full-attention group
+//! 0 and a sliding-window group 1 over the same chain, as every group shares
+//! the block keys) go through the real codec into an [`Indexer`] and
+//! [`GroupViews`]; requests are hashed with the router's own recipe and the
+//! overlaps are compared with what each worker's groups hold.
+
+use kvcore::wire::{EventForm, WireBlockRemoved, WireBlockStored, WireEvent, decode_payload};
+use kvcore_router::{GroupViews, Indexer, IndexerConfig, NoUuids, Overlap, TokenRequest, WorkerId, hash_request};
+
+const BS: u32 = 4;
+const BLOCKS: usize = 8;
+
+fn tokens() -> Vec<u32> {
+    (100..100 + BLOCKS as u32 * BS).collect()
+}
+
+fn hash(i: usize) -> i64 {
+    1000 + i as i64
+}
+
+/// `BlockStored` of blocks `range` of the chain, in `group` (`None`: no
+/// group fields), on `medium`.
+fn stored(range: std::ops::Range<usize>, group: Option<(u32, &str, Option<u32>)>, medium: &str) -> WireEvent {
+    let t = tokens();
+    WireEvent::BlockStored(WireBlockStored {
+        block_hashes: range.clone().map(hash).collect(),
+        parent_block_hash: range.start.checked_sub(1).map(hash),
+        token_ids: Some(t[range.start * BS as usize..range.end * BS as usize].to_vec()),
+        block_size: BS,
+        medium: Some(medium.into()),
+        group_idx: group.map(|g| g.0),
+        kv_cache_spec_kind: group.map(|g| g.1.to_owned()),
+        kv_cache_spec_sliding_window: group.and_then(|g| g.2),
+        ..Default::default()
+    })
+}
+
+/// `BlockRemoved` of `blocks` from group `group_idx`, naming only the group
+/// (as the positional form does) when `kind` is `None`.
+fn removed(blocks: &[usize], group_idx: Option<u32>, kind: Option<(&str, Option<u32>)>, medium: &str) -> WireEvent {
+    WireEvent::BlockRemoved(WireBlockRemoved {
+        block_hashes: blocks.iter().map(|&i| hash(i)).collect(),
+        medium: Some(medium.into()),
+        group_idx,
+        kv_cache_spec_kind: kind.map(|k| k.0.to_owned()),
+        kv_cache_spec_sliding_window: kind.and_then(|k| k.1),
+    })
+}
+
+const FULL: Option<(u32, &str, Option<u32>)> = Some((0, "full_attention", None));
+/// A window of 8 tokens: two blocks before the match point.
+const WINDOW: Option<(u32, &str, Option<u32>)> = Some((1, "sliding_window", Some(8)));
+
+/// The events through the real codec, in `form`, as a subscriber sees them.
+fn through_wire(events: Vec<WireEvent>, form: EventForm) -> Vec<WireEvent> {
+    let batch = kvcore::wire::WireBatch { ts: 0.0, events, data_parallel_rank: None };
+    let mut bytes = Vec::new();
+    kvcore::wire::encode_payload(&batch, form, &mut bytes);
+    decode_payload(&bytes).expect("decodes").events
+}
+
+struct Fleet {
+    main: Indexer,
+    groups: GroupViews,
+}
+
+impl Fleet {
+    fn new() -> Self {
+        Self {
+            main: Indexer::new(IndexerConfig { block_size: BS, ..Default::default() }),
+            groups: GroupViews::new(BS, 1 << 16),
+        }
+    }
+
+    fn worker(&mut self, name: &str, events: Vec<WireEvent>, form: EventForm) -> WorkerId {
+        let w = self.main.add_worker(name);
+        self.feed(w, events, form);
+        w
+    }
+
+    fn feed(&mut self, w: WorkerId, events: Vec<WireEvent>, form: EventForm) {
+        for e in through_wire(events, form) {
+            self.groups.apply(&mut self.main, w, &e);
+        }
+    }
+
+    fn scores(&self) -> Vec<(u32, u32, u32)> {
+        let keys =
+            hash_request(&TokenRequest { tokens: tokens(), ..Default::default() }, BS, 0, &NoUuids).unwrap().keys;
+        let mut v: Vec<(u32, u32, u32)> = self
+            .groups
+            .find_matches(&self.main, &keys)
+            .iter()
+            .map(|o: &Overlap| (o.worker.0, o.device_blocks, o.any_tier_blocks))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// The scenario of the requirement, in both forms: a worker whose groups
+/// hold everything scores all 8 blocks; one whose sliding-window group lost
+/// the two blocks before the end scores 6 (k = 8 and 7 need block 6 or 7;
+/// k = 6 needs 4 and 5, held); one whose sliding-window group lost only
+/// blocks 0-3, outside the last window, still scores 8; a single-group
+/// engine's stream (no group fields) scores 8 from its one group.
+#[test]
+fn a_prefix_is_reusable_only_where_every_group_holds_it() {
+    for form in [EventForm::Map, EventForm::Array] {
+        let mut f = Fleet::new();
+        let both = || vec![stored(0..BLOCKS, FULL, "GPU"), stored(0..BLOCKS, WINDOW, "GPU")];
+        f.worker("all", both(), form);
+        let mut lost_end = both();
+        lost_end.push(removed(&[6, 7], Some(1), None, "GPU"));
+        f.worker("lost-end", lost_end, form);
+        let mut lost_old = both();
+        lost_old.push(removed(&[0, 1, 2, 3], Some(1), None, "GPU"));
+        f.worker("lost-old", lost_old, form);
+        f.worker("single", vec![stored(0..BLOCKS, None, "GPU")], form);
+        assert_eq!(f.scores(), vec![(0, 8, 8), (1, 6, 6), (2, 8, 8), (3, 8, 8)], "{form:?}");
+        // The main group's view is what Dynamo indexes: all 8 everywhere.
+        let main: Vec<u32> = f
+            .main
+            .find_matches(
+                &hash_request(&TokenRequest { tokens: tokens(), ..Default::default() }, BS, 0, &NoUuids).unwrap().keys,
+            )
+            .iter()
+            .map(|o| o.device_blocks)
+            .collect();
+        assert_eq!(main, vec![8, 8, 8, 8]);
+    }
+}
+
+/// Removals and clears act on the group they name: a removal from the
+/// sliding-window group leaves the full group's blocks, a removal from the
+/// full group cuts the prefix there whatever the window holds, a clear
+/// empties both, and a removed worker scores nothing.
+#[test]
+fn removals_and_clears_are_per_group() {
+    let mut f = Fleet::new();
+    let w = f.worker("w", vec![stored(0..BLOCKS, FULL, "GPU"), stored(0..BLOCKS, WINDOW, "GPU")], EventForm::Map);
+    let v = f.worker("v", vec![stored(0..BLOCKS, FULL, "GPU"), stored(0..BLOCKS, WINDOW, "GPU")], EventForm::Map);
+    f.feed(w, vec![removed(&[7], Some(1), Some(("sliding_window", Some(8))), "GPU")], EventForm::Map);
+    assert_eq!(f.main.worker_blocks(w, kvcore::Tier::Device).len(), BLOCKS, "the full group keeps block 7");
+    assert_eq!(f.groups.group_blocks(w, 1, kvcore::Tier::Device).len(), BLOCKS - 1);
+    // k = 8 needs 6, 7; k = 7 needs 5, 6: 7.
+    assert_eq!(f.scores(), vec![(0, 7, 7), (1, 8, 8)]);
+    f.feed(v, vec![removed(&[3], Some(0), None, "GPU")], EventForm::Array);
+    assert_eq!(f.scores(), vec![(0, 7, 7), (1, 3, 3)]);
+    f.feed(w, vec![WireEvent::AllBlocksCleared], EventForm::Array);
+    assert!(f.groups.group_blocks(w, 1, kvcore::Tier::Device).is_empty());
+    assert_eq!(f.scores(), vec![(1, 3, 3)]);
+    f.main.remove_worker(v);
+    f.groups.remove_worker(v);
+    assert_eq!(f.scores(), vec![]);
+}
+
+/// A worker that names a sliding-window group but holds nothing in it
+/// reuses nothing; one whose window blocks sit on the host tier only keeps
+/// its any-tier prefix and loses its device prefix.
+#[test]
+fn the_window_group_constrains_each_tier() {
+    let mut f = Fleet::new();
+    let mut only_full = vec![stored(0..BLOCKS, FULL, "GPU"), stored(0..1, WINDOW, "GPU")];
+    only_full.push(removed(&[0], Some(1), None, "GPU"));
+    f.worker("window-empty", only_full, EventForm::Array);
+    f.worker("window-host", vec![stored(0..BLOCKS, FULL, "GPU"), stored(0..BLOCKS, WINDOW, "CPU")], EventForm::Map);
+    assert_eq!(f.scores(), vec![(1, 0, 8)]);
+}
+
+/// The sliding-window group is keyed through the main group's view, so it
+/// stays exact when it holds a chain whose start it never held (a snapshot
+/// after the engine released the old blocks sends them with a parent the
+/// group does not hold) and when its stores arrive before the main group's.
+#[test]
+fn window_blocks_without_their_parents_still_count() {
+    let mut f = Fleet::new();
+    f.worker("tail-only", vec![stored(0..BLOCKS, FULL, "GPU"), stored(5..BLOCKS, WINDOW, "GPU")], EventForm::Map);
+    let late = f.worker("window-first", vec![stored(6..BLOCKS, WINDOW, "GPU")], EventForm::Map);
+    // Before the main group names group 0, nothing is reusable.
+    assert_eq!(f.scores(), vec![(0, 8, 8)]);
+    f.feed(late, vec![stored(0..BLOCKS, FULL, "GPU")], EventForm::Map);
+    assert_eq!(f.scores(), vec![(0, 8, 8), (1, 8, 8)]);
+    // Main-group blocks keyed late (parent stored after the children) key
+    // the window's blocks too.
+    let mut g = Fleet::new();
+    let w = g.worker("late", vec![stored(6..BLOCKS, WINDOW, "GPU"), stored(2..BLOCKS, FULL, "GPU")], EventForm::Map);
+    assert_eq!(g.scores(), vec![]);
+    g.feed(w, vec![stored(0..2, FULL, "GPU")], EventForm::Map);
+    assert_eq!(g.scores(), vec![(0, 8, 8)]);
+    assert!(g.groups.counters().blocks_resolved_late >= 2);
+}
+
+/// Kinds the rule does not cover are ignored and counted, as is a group
+/// whose kind no store has named yet (a positional removal names the index
+/// alone); neither changes a score.
+#[test]
+fn unknown_kinds_and_unlearned_groups_are_ignored() {
+    let mut f = Fleet::new();
+    let w = f.worker(
+        "w",
+        vec![
+            stored(0..BLOCKS, FULL, "GPU"),
+            stored(0..2, Some((2, "mamba", None)), "GPU"),
+            removed(&[0], Some(3), None, "GPU"),
+        ],
+        EventForm::Array,
+    );
+    assert_eq!(f.scores(), vec![(0, 8, 8)]);
+    let c = f.groups.counters();
+    assert_eq!((c.events_ignored_kind, c.events_unlearned_group), (1, 1));
+    let (main, groups) = f.groups.worker_groups(w);
+    assert_eq!(main, Some(0));
+    assert_eq!(groups, vec![(2, kvcore_router::GroupRole::Ignored)]);
+}
