@@ -8,11 +8,14 @@
 //!
 //! ```text
 //! full attention        blocks 0 .. k                       (all of them)
-//! sliding window W      blocks (k·B − W) / B .. k            (the last W tokens before token k·B)
+//! sliding window W      blocks (k·B + 1 − W) / B .. k        (the W − 1 tokens before token k·B)
 //! ```
 //!
 //! with `B` the block size and the division rounding down (a window that
-//! starts inside a block needs that whole block).
+//! starts inside a block needs that whole block). Token `k·B`, the first one
+//! computed after the match, attends to itself and the `W − 1` tokens before
+//! it: vLLM's rule, and the engine's admission rule (`window_first_block`),
+//! so that the router scores what the engine will reuse.
 //!
 //! Why this shape:
 //! - The main group (the first full-attention group a worker names, or the
@@ -439,7 +442,7 @@ impl GroupViews {
 
 /// The largest `k <= k_max` such that the group holds every block `i` of
 /// `[first(k), k)` (`held[i]`), where `first(k)` is the block of token
-/// `k·block_size − window` (0 for a window of every token, `None`).
+/// `k·block_size + 1 − window` (0 for a window of every token, `None`).
 fn reusable(held: &[bool], k_max: u32, block_size: u32, window: Option<u32>) -> u32 {
     // run[i]: consecutive held blocks ending at i.
     let k_max = (k_max as usize).min(held.len());
@@ -453,7 +456,7 @@ fn reusable(held: &[bool], k_max: u32, block_size: u32, window: Option<u32>) -> 
         let first = match window {
             None => 0,
             Some(w) => {
-                ((k as u64 * u64::from(block_size)).saturating_sub(u64::from(w)) / u64::from(block_size)) as usize
+                ((k as u64 * u64::from(block_size) + 1).saturating_sub(u64::from(w)) / u64::from(block_size)) as usize
             }
         };
         let need = (k - first) as u32;
@@ -489,18 +492,20 @@ fn tier_bit(tier: Tier) -> u8 {
 mod tests {
     use super::reusable;
 
-    /// The window rule by hand: blocks of 4 tokens, a window of 6 tokens
-    /// needs the two blocks before the match point (tokens 2..8 for k = 2),
-    /// a window of 4 exactly one, a window of every token all of them.
+    /// The window rule by hand, blocks of 4 tokens: token `4k` reads the
+    /// `W − 1` tokens before it, so a window of 4 needs one block before
+    /// the match point, a window of 9 two (tokens 8..16 for k = 4), a
+    /// window of 10 three, a window of 1 none, full attention all of them.
     #[test]
     fn reusable_prefix_follows_the_window_rule() {
         let held = [false, false, true, true, false, true];
-        assert_eq!(reusable(&held, 6, 4, Some(4)), 6, "block 5 alone covers the last 4 tokens before 24");
+        assert_eq!(reusable(&held, 6, 4, Some(4)), 6, "block 5 alone covers the 3 tokens before 24");
         assert_eq!(reusable(&held, 5, 4, Some(4)), 4, "k=5 needs block 4, missing; k=4 needs block 3");
         assert_eq!(reusable(&held, 4, 4, Some(6)), 4, "k=4 needs blocks 2 and 3");
-        assert_eq!(reusable(&held, 4, 4, Some(9)), 0, "k=4 needs blocks 1-3; every smaller k needs 0 or 1");
+        assert_eq!(reusable(&held, 4, 4, Some(9)), 4, "k=4 needs tokens 8..16: blocks 2 and 3");
+        assert_eq!(reusable(&held, 4, 4, Some(10)), 0, "k=4 needs blocks 1-3; every smaller k needs block 0 or 1");
         assert_eq!(reusable(&held, 6, 4, None), 0, "full attention needs block 0");
         assert_eq!(reusable(&[true, true, true], 3, 4, None), 3);
-        assert_eq!(reusable(&held, 6, 4, Some(0)), 6, "a window of nothing needs no block");
+        assert_eq!(reusable(&held, 6, 4, Some(1)), 6, "a window of one token needs no block before it");
     }
 }
