@@ -275,6 +275,26 @@ impl GroupViews {
         GroupRoute::Group(index)
     }
 
+    /// Whether an event of `worker` belongs to its main group (or names no
+    /// group, or is not a block event), given what has been learned so far;
+    /// it does not learn.
+    pub fn is_main_event(&self, worker: WorkerId, event: &WireEvent) -> bool {
+        let (group_idx, kind, window) = match event {
+            WireEvent::BlockStored(s) => (s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window),
+            WireEvent::BlockRemoved(r) => {
+                (r.group_idx, r.kv_cache_spec_kind.as_deref(), r.kv_cache_spec_sliding_window)
+            }
+            _ => return true,
+        };
+        match group_idx {
+            None => kind.is_none_or(|k| GroupRole::of_kind(k, window) == GroupRole::Full),
+            Some(i) => {
+                let main = self.workers.get(worker.0 as usize).and_then(|w| w.main);
+                main == Some(i) || (main.is_none() && i == 0)
+            }
+        }
+    }
+
     /// Applies one event of `worker`: the main group's to `main`, another
     /// group's to its view, a clear to both. Events of unknown or removed
     /// workers are ignored, as the indexer ignores them.
