@@ -55,6 +55,16 @@
 #define KVC_CONFIG_EVENT_BATCHES_LIMIT 65536
 
 /**
+ * Most entries of `kvc_config.groups` (16).
+ */
+#define KVC_CONFIG_GROUPS_LIMIT 16
+
+/**
+ * Largest `kvc_group_config.window_tokens` (2^24).
+ */
+#define KVC_CONFIG_WINDOW_TOKENS_LIMIT 16777216
+
+/**
  * Most batches `kvc_publisher_config.buffer_steps` may keep for replay.
  */
 #define KVC_PUBLISHER_BUFFER_STEPS_LIMIT (1 << 20)
@@ -87,7 +97,7 @@
 /**
  * Minor version of kvcore.
  */
-#define KVCORE_VERSION_MINOR 1
+#define KVCORE_VERSION_MINOR 2
 
 /**
  * Patch version of kvcore.
@@ -170,6 +180,10 @@ enum kvc_status
      * could not tell from the base model; nothing was admitted.
      */
     KVC_STATUS_LORA_NAME_REQUIRED = 112,
+    /**
+     * A KV cache group index past the engine's last group.
+     */
+    KVC_STATUS_UNKNOWN_GROUP = 113,
     /**
      * Not enough free or evictable KV blocks on the device.
      */
@@ -387,6 +401,31 @@ typedef uint32_t kvc_medium;
 #endif // __cplusplus
 
 /**
+ * What the layers of a KV cache group attend to.
+ */
+enum kvc_group_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+    /**
+     * Every earlier token (vLLM's `full_attention`).
+     */
+    KVC_GROUP_KIND_FULL_ATTENTION = 0,
+    /**
+     * The last `window_tokens` tokens (vLLM's `sliding_window`).
+     */
+    KVC_GROUP_KIND_SLIDING_WINDOW = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvc_group_kind kvc_group_kind;
+#else
+typedef uint32_t kvc_group_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * An engine. Opaque: create with `kvc_engine_new`, destroy with
  * `kvc_engine_free`.
  */
@@ -444,6 +483,32 @@ typedef struct kvc_device_bytes {
      */
     uint64_t len;
 } kvc_device_bytes;
+
+/**
+ * One KV cache group of a hybrid model: its kind and its share of the
+ * block budget, each group a paged pool of its own.
+ */
+typedef struct kvc_group_config {
+    /**
+     * A `kvc_group_kind` value.
+     */
+    uint32_t kind;
+    /**
+     * The window in tokens of a sliding-window group, in
+     * `1..=KVC_CONFIG_WINDOW_TOKENS_LIMIT`; 0 for full attention.
+     */
+    uint32_t window_tokens;
+    /**
+     * The group's device pages: at least 1, at least 2 for a sliding window,
+     * whose page 0 is its null page (never handed out; its block tables name
+     * it for the blocks a request released early, as vLLM's null block).
+     */
+    uint32_t blocks_device;
+    /**
+     * The group's pinned host pages; 0 gives the group no host tier.
+     */
+    uint32_t blocks_host;
+} kvc_group_config;
 
 /**
  * Engine configuration. Fill it with `kvc_config_default`, then change the
@@ -552,6 +617,21 @@ typedef struct kvc_config {
      * `kvc_engine_new`.
      */
     const char *kv_events_endpoint;
+    /**
+     * The KV cache groups of a hybrid model, `groups_len` of them in group
+     * order, or NULL with `groups_len` 0 (the default) for one
+     * full-attention group with `blocks_device` and `blocks_host` pages,
+     * whose events and copies name no group. With groups: group 0 is the
+     * one full-attention group, every other a sliding window, at most
+     * `KVC_CONFIG_GROUPS_LIMIT` groups, `blocks_device` and `blocks_host`
+     * the sums of the groups' pages, `partial_reuse` off. Copied by
+     * `kvc_engine_new`.
+     */
+    const struct kvc_group_config *groups;
+    /**
+     * Entries at `groups`.
+     */
+    size_t groups_len;
 } kvc_config;
 
 /**
@@ -845,6 +925,34 @@ typedef struct kvc_request_info {
 } kvc_request_info;
 
 /**
+ * What one KV cache group holds now (`kvc_engine_group_usage`).
+ */
+typedef struct kvc_group_usage {
+    /**
+     * Device pages that blocks may take (a sliding window's null page not
+     * counted).
+     */
+    uint32_t pages_device;
+    /**
+     * Device pages in use: held by requests or cached.
+     */
+    uint32_t blocks_used_device;
+    /**
+     * Device blocks that running requests hold (the rest of
+     * `blocks_used_device` is cache, evictable at any time).
+     */
+    uint32_t blocks_referenced;
+    /**
+     * Cached blocks on the device.
+     */
+    uint32_t blocks_cached_device;
+    /**
+     * Cached blocks on the host tier.
+     */
+    uint32_t blocks_cached_host;
+} kvc_group_usage;
+
+/**
  * A copy between two pages that the caller performs before the next forward
  * pass (offload, onboard, partial reuse).
  */
@@ -875,6 +983,12 @@ typedef struct kvc_block_copy {
      * launch; run the waves in increasing order.
      */
     uint32_t wave;
+    /**
+     * The KV cache group whose pool both pages are in (0 for an engine
+     * configured without groups): each group has pages of its own, so
+     * page `p` of two groups are two pages.
+     */
+    uint32_t group;
 } kvc_block_copy;
 
 /**
@@ -1112,7 +1226,8 @@ kvc_status kvc_engine_gpu_open(struct kvc_engine *engine, uint32_t ordinal);
  * must not overlap; a region may be a view into a larger tensor.
  *
  * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
- * `KVC_STATUS_INVALID_ARGUMENT` (geometry that does not divide evenly,
+ * `KVC_STATUS_INVALID_ARGUMENT` (an engine with several KV cache groups,
+ * whose copies the caller performs on each group's pool; geometry that does not divide evenly,
  * `blocks` other than `blocks_device`, a region outside CUDA's allocations,
  * overlapping regions, non-zero `reserved`, a pool already attached, or
  * requests already admitted); `KVC_STATUS_GPU_UNAVAILABLE` (no GPU open);
@@ -1495,6 +1610,41 @@ kvc_status kvc_engine_request_info(struct kvc_engine *engine, uint64_t request_i
  * `uint32_t` (or NULL with `len` 0); `n_out` is NULL or valid for one write.
  */
 kvc_status kvc_engine_block_table(struct kvc_engine *engine, uint64_t request_id, uint32_t *pages, size_t len, size_t *n_out);
+
+/**
+ * Copies a request's block table in KV cache group `group` into `pages`, as
+ * `kvc_engine_block_table` does for group 0 (which this call gives for
+ * `group` 0): one device page of that group's pool per block, as many
+ * entries as group 0's table. A sliding-window group names its null page,
+ * page 0 of its pool (never handed out, as vLLM's null block), for the
+ * blocks that fell out of the window and were released; attention kernels
+ * read it only where the window masks it.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_UNKNOWN_ID`;
+ * `KVC_STATUS_UNKNOWN_GROUP` (`group` past the engine's last group);
+ * `KVC_STATUS_BUFFER_TOO_SMALL`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `pages` is valid for writing `len`
+ * `uint32_t` (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+ */
+kvc_status kvc_engine_block_table_group(struct kvc_engine *engine, uint64_t request_id, uint32_t group, uint32_t *pages, size_t len, size_t *n_out);
+
+/**
+ * Writes what KV cache group `group` holds now into `*usage_out`: an
+ * engine configured without groups has group 0 only.
+ *
+ * Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+ * `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_UNKNOWN_GROUP`;
+ * `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+ *
+ * # Safety
+ *
+ * `engine` is NULL or a live engine; `usage_out` is NULL or valid for one write.
+ */
+kvc_status kvc_engine_group_usage(struct kvc_engine *engine, uint32_t group, struct kvc_group_usage *usage_out);
 
 /**
  * Appends generated tokens to a request and allocates the blocks they need.

@@ -91,6 +91,8 @@ inline const char *status_name(kvc_status status) noexcept {
             return "KVC_STATUS_ENGINE_BUSY";
         case KVC_STATUS_LORA_NAME_REQUIRED:
             return "KVC_STATUS_LORA_NAME_REQUIRED";
+        case KVC_STATUS_UNKNOWN_GROUP:
+            return "KVC_STATUS_UNKNOWN_GROUP";
         case KVC_STATUS_OUT_OF_BLOCKS:
             return "KVC_STATUS_OUT_OF_BLOCKS";
         case KVC_STATUS_TOO_MANY_REQUESTS:
@@ -132,6 +134,8 @@ inline const char *status_name(kvc_status status) noexcept {
 }
 
 // The default configuration (kvc_config_default); change fields, then build an Engine.
+// For a hybrid model set `groups` and `groups_len` (see with_groups), which
+// kvc_engine_new copies.
 inline kvc_config default_config() {
     kvc_config c;
     kvc_status s = kvc_config_default(&c);
@@ -139,6 +143,20 @@ inline kvc_config default_config() {
         throw Error(s, "kvc_config_default");
     }
     return c;
+}
+
+// Points `config` at `groups` (group 0 full attention, the others sliding
+// windows) and sets its page totals to the groups' sums. `groups` must
+// outlive the Engine's construction only (kvc_engine_new copies it).
+inline void with_groups(kvc_config &config, const std::vector<kvc_group_config> &groups) {
+    config.groups = groups.data();
+    config.groups_len = groups.size();
+    config.blocks_device = 0;
+    config.blocks_host = 0;
+    for (const kvc_group_config &g : groups) {
+        config.blocks_device += g.blocks_device;
+        config.blocks_host += g.blocks_host;
+    }
 }
 
 // The UUID list of a request: absent (std::nullopt) when it was given none;
@@ -387,6 +405,26 @@ public:
             check(kvc_engine_block_table(engine_, request_id, pages.data(), pages.size(), &n));
         }
         return pages;
+    }
+
+    // The request's block table in KV cache group `group` (group 0 is
+    // block_table's): a sliding window names its null page, page 0, for the
+    // blocks that fell out of it.
+    std::vector<uint32_t> block_table(uint64_t request_id, uint32_t group) {
+        size_t n = 0;
+        check(kvc_engine_block_table_group(engine_, request_id, group, nullptr, 0, &n));
+        std::vector<uint32_t> pages(n);
+        if (n != 0) {
+            check(kvc_engine_block_table_group(engine_, request_id, group, pages.data(), pages.size(), &n));
+        }
+        return pages;
+    }
+
+    // What KV cache group `group` holds now.
+    kvc_group_usage group_usage(uint32_t group) {
+        kvc_group_usage u{};
+        check(kvc_engine_group_usage(engine_, group, &u));
+        return u;
     }
 
     void grow(uint64_t request_id, const std::vector<uint32_t> &tokens) {

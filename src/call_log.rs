@@ -7,12 +7,16 @@
 //! logged calls must answer the same; `replay.rs` does that and names the
 //! first call whose answer differs.
 //!
-//! Format, version 1. Integers marked *varint* are unsigned LEB128 (seven
-//! bits a byte, low bits first); a *digest* is 8 bytes, little-endian.
+//! Format, version 2 (a reader also reads version 1, whose header ends after
+//! the 15 config varints: no groups). Integers marked *varint* are unsigned
+//! LEB128 (seven bits a byte, low bits first); a *digest* is 8 bytes,
+//! little-endian.
 //!
 //! ```text
-//! header  "KVCCALLS" (8 bytes), version (u16 LE = 1), the config:
-//!         15 varints in EngineConfig's field order (bools as 0 or 1)
+//! header  "KVCCALLS" (8 bytes), version (u16 LE = 2), the config:
+//!         15 varints in EngineConfig's field order (bools as 0 or 1), then
+//!         the groups: varint count, each 4 varints (kind 0 = full attention
+//!         / 1 = sliding window, window tokens, device pages, host pages)
 //! record  kind (u8), arguments (per kind), output count (u8),
 //!         then per output: what it covers (u8), digest
 //! bytes   varint length, then the bytes
@@ -31,7 +35,8 @@
 //!
 //! Outputs (the byte that says what a digest covers, [`OutputKind`]): 1 the
 //! call's result (admission or error, evicted count), 2 the request's block
-//! table, 3 the counters and gauges, 4 the step's block copies, 5 the events
+//! table (one output per group: group 0's, then each sliding window's, its
+//! null page where a block was released), 3 the counters and gauges, 4 the step's block copies, 5 the events
 //! (the closed batch, the drained batches' sequence ranges, a snapshot).
 //! A digest is XXH3-64 (seed 0) of a byte string this file builds; events
 //! enter it in their wire encoding (`kvcore::wire::encode_events`, map form,
@@ -47,9 +52,10 @@
 
 use std::io::{self, BufRead, Read, Write};
 
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, GroupConfig};
 use crate::events::KvEvent;
 use crate::events::codec::{EncodeOptions, encode_events};
+use crate::group::GroupKind;
 use crate::keys::ImageDigest;
 use crate::resources::{BlockCopy, Counters};
 use crate::systems::admit::{MmContent, RequestSpec};
@@ -59,7 +65,7 @@ use crate::tables::TokenRun;
 pub const CALL_LOG_MAGIC: [u8; 8] = *b"KVCCALLS";
 
 /// The format version this build writes and reads.
-pub const CALL_LOG_VERSION: u16 = 1;
+pub const CALL_LOG_VERSION: u16 = 2;
 
 /// Bytes buffered before a write reaches the sink.
 const BUFFER_BYTES: usize = 64 * 1024;
@@ -247,6 +253,7 @@ fn put_config(out: &mut Vec<u8>, c: &EngineConfig) {
         runs_per_item_max,
         routing_hints_max,
         event_batches_max,
+        ref groups,
     } = *c;
     for v in [
         block_size_tokens as u64,
@@ -266,6 +273,17 @@ fn put_config(out: &mut Vec<u8>, c: &EngineConfig) {
         event_batches_max as u64,
     ] {
         put_varint(out, v);
+    }
+    put_varint(out, groups.len() as u64);
+    for g in groups {
+        let GroupConfig { kind, blocks_device, blocks_host } = *g;
+        let (code, window) = match kind {
+            GroupKind::FullAttention => (0, 0),
+            GroupKind::SlidingWindow { window_tokens } => (1, window_tokens),
+        };
+        for v in [code, window, blocks_device, blocks_host] {
+            put_varint(out, u64::from(v));
+        }
     }
 }
 
@@ -464,6 +482,10 @@ impl CallLog {
             for v in [c.src.medium as u64, c.src.page as u64, c.dst.medium as u64, c.dst.page as u64, c.tokens as u64] {
                 put_varint(&mut self.scratch, v);
             }
+            // A copy of group 0 is digested as before groups existed.
+            if c.group != 0 {
+                put_varint(&mut self.scratch, u64::from(c.group));
+            }
         }
         self.output(OutputKind::Copies);
     }
@@ -649,7 +671,7 @@ impl<R: BufRead> CallLogReader<R> {
             return Err(fail(0, "no KVCCALLS magic"));
         }
         let version = u16::from_le_bytes([magic[8], magic[9]]);
-        if version != CALL_LOG_VERSION {
+        if version != CALL_LOG_VERSION && version != 1 {
             return Err(fail(8, &format!("format version {version}; this build reads {CALL_LOG_VERSION}")));
         }
         offset += 10;
@@ -687,7 +709,34 @@ impl<R: BufRead> CallLogReader<R> {
             runs_per_item_max: u32_of(12)?,
             routing_hints_max: u32_of(13)?,
             event_batches_max: u32_of(14)?,
+            groups: Vec::new(),
         };
+        let mut config = config;
+        let read = |input: &mut R, offset: &mut u64| {
+            read_varint(input, offset).map_err(|e| match e {
+                ReadFail::Io(e) => CallLogError::Io(e),
+                ReadFail::Truncated => fail(*offset, "the header ends early"),
+                ReadFail::Format(w) => fail(*offset, &w),
+            })
+        };
+        // Version 1 ends the header with the 15 fields: no group list.
+        let groups = if version == 1 { 0 } else { read(&mut input, &mut offset)? };
+        if groups > crate::config::GROUPS_LIMIT as u64 {
+            return Err(fail(offset, &format!("{groups} groups in the config")));
+        }
+        for _ in 0..groups {
+            let mut g = [0u32; 4];
+            for v in &mut g {
+                *v = u32::try_from(read(&mut input, &mut offset)?)
+                    .map_err(|_| fail(offset, "a group field is out of range"))?;
+            }
+            let kind = match g[0] {
+                0 => GroupKind::FullAttention,
+                1 => GroupKind::SlidingWindow { window_tokens: g[1] },
+                k => return Err(fail(offset, &format!("group kind {k}"))),
+            };
+            config.groups.push(GroupConfig { kind, blocks_device: g[2], blocks_host: g[3] });
+        }
         Ok(Self { input, offset, config, truncated_at: None })
     }
 

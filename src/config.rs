@@ -7,6 +7,7 @@
 //! an error instead of ending the process.
 
 use crate::error::ConfigError;
+use crate::group::GroupKind;
 
 /// Qwen2-VL / Qwen3-VL image placeholder token (`<|image_pad|>`).
 pub const QWEN_IMAGE_PAD_TOKEN: u32 = 151_655;
@@ -65,6 +66,29 @@ pub struct EngineConfig {
     /// without a copy. The same bound applies to the batches closed early
     /// by [`EngineConfig::events_per_step_max`].
     pub event_batches_max: u32,
+    /// The KV cache groups of a hybrid model, in group order (the index of
+    /// each is its `group_idx` on the wire). Empty: one full-attention group
+    /// with `blocks_device` and `blocks_host` pages, the engine of a model
+    /// that is not hybrid, which names no group anywhere (events, copies and
+    /// pages exactly as before groups existed). Otherwise group 0 is the one
+    /// full-attention group, every other group a sliding window, and
+    /// `blocks_device` / `blocks_host` are the sums of the groups' pages
+    /// (see [`EngineConfig::validate`]).
+    pub groups: Vec<GroupConfig>,
+}
+
+/// One KV cache group: the layers that share one paged pool, what they
+/// attend to, and the group's share of the block budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Full attention, or a sliding window of `window_tokens`.
+    pub kind: GroupKind,
+    /// The group's device pages. A sliding-window group keeps its page 0 as
+    /// its null page (never handed out; its block tables name it for blocks
+    /// released early), so it needs at least 2.
+    pub blocks_device: u32,
+    /// The group's pinned host pages; 0 gives the group no host tier.
+    pub blocks_host: u32,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +109,7 @@ impl Default for EngineConfig {
             runs_per_item_max: 64,
             routing_hints_max: 4096,
             event_batches_max: 1024,
+            groups: Vec::new(),
         }
     }
 }
@@ -111,6 +136,10 @@ pub const REQUESTS_LIMIT: u32 = 1 << 20;
 pub const MM_ITEMS_LIMIT: u32 = 1 << 20;
 /// Largest `routing_hints_max` (the hint table is reserved up front).
 pub const ROUTING_HINTS_LIMIT: u32 = 1 << 20;
+/// Most KV cache groups in one configuration.
+pub const GROUPS_LIMIT: usize = 16;
+/// Largest sliding window, in tokens.
+pub const WINDOW_TOKENS_LIMIT: u32 = 1 << 24;
 /// Largest `event_batches_max`.
 pub const EVENT_BATCHES_LIMIT: u32 = 1 << 16;
 /// Fewest block entries the open step's events may hold before the engine
@@ -119,6 +148,26 @@ pub const EVENTS_PER_STEP_MIN: usize = 4096;
 
 /// Bounds derived from the configuration rather than set in it.
 impl EngineConfig {
+    /// The groups the engine runs: the configured list, or one
+    /// full-attention group with every page when the list is empty.
+    pub fn effective_groups(&self) -> Vec<GroupConfig> {
+        if self.groups.is_empty() {
+            vec![GroupConfig {
+                kind: GroupKind::FullAttention,
+                blocks_device: self.blocks_device,
+                blocks_host: self.blocks_host,
+            }]
+        } else {
+            self.groups.clone()
+        }
+    }
+
+    /// Whether the engine names its groups (in events and copies): a
+    /// configuration that lists groups does, an empty list does not.
+    pub fn names_groups(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
     /// Most block entries (a key stored or removed counts one, a clear one)
     /// that the open step's events hold after any call:
     /// `max(4096, 2 * (blocks_device + blocks_host))`, twice what a step
@@ -163,6 +212,17 @@ impl EngineConfig {
     /// | `runs_per_item_max` | `1..=2^32-1` |
     /// | `routing_hints_max` | `0..=2^20` |
     /// | `event_batches_max` | `0..=2^16` |
+    /// | `groups` | empty, or `2..=16` groups: group 0 full attention, every other a sliding window |
+    /// | a group's `blocks_device` | at least 1 (full attention), 2 (sliding window: page 0 is its null page) |
+    /// | a sliding window's `window_tokens` | `1..=2^24` |
+    /// | `blocks_device`, `blocks_host` with groups | the sums of the groups' pages |
+    /// | `partial_reuse` with groups | off |
+    ///
+    /// One full-attention group, not several: Dynamo 1.6.1 takes the blocks
+    /// of every full-attention group for its main index, so a second one
+    /// would advertise blocks under the first one's name. A single group
+    /// given explicitly is allowed and means what an empty list means,
+    /// except that its events name their group.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let check = |ok: bool, what: &'static str| if ok { Ok(()) } else { Err(ConfigError::Invalid(what)) };
         check(
@@ -185,6 +245,99 @@ impl EngineConfig {
         check(self.runs_per_item_max >= 1, "runs_per_item_max must be at least 1")?;
         check(self.routing_hints_max <= ROUTING_HINTS_LIMIT, "routing_hints_max must be at most 2^20")?;
         check(self.event_batches_max <= EVENT_BATCHES_LIMIT, "event_batches_max must be at most 2^16")?;
+        self.validate_groups()
+    }
+
+    fn validate_groups(&self) -> Result<(), ConfigError> {
+        let check = |ok: bool, what: &'static str| if ok { Ok(()) } else { Err(ConfigError::Invalid(what)) };
+        let Some(first) = self.groups.first() else { return Ok(()) };
+        check(self.groups.len() <= GROUPS_LIMIT, "groups: at most 16 groups")?;
+        check(first.kind == GroupKind::FullAttention, "groups: group 0 must be the full-attention group")?;
+        for g in &self.groups[1..] {
+            check(
+                matches!(g.kind, GroupKind::SlidingWindow { .. }),
+                "groups: only group 0 may be full attention (Dynamo takes every full-attention group as its main index)",
+            )?;
+        }
+        for g in &self.groups {
+            match g.kind {
+                GroupKind::FullAttention => {
+                    check(g.blocks_device >= 1, "groups: a group's blocks_device must be at least 1")?
+                }
+                GroupKind::SlidingWindow { window_tokens } => {
+                    check(
+                        (1..=WINDOW_TOKENS_LIMIT).contains(&window_tokens),
+                        "groups: window_tokens must be in 1..=2^24",
+                    )?;
+                    check(
+                        g.blocks_device >= 2,
+                        "groups: a sliding-window group's blocks_device must be at least 2 (page 0 is its null page)",
+                    )?;
+                }
+            }
+        }
+        let device: u64 = self.groups.iter().map(|g| u64::from(g.blocks_device)).sum();
+        let host: u64 = self.groups.iter().map(|g| u64::from(g.blocks_host)).sum();
+        check(
+            device == u64::from(self.blocks_device),
+            "groups: blocks_device must equal the sum of the groups' blocks_device",
+        )?;
+        check(
+            host == u64::from(self.blocks_host),
+            "groups: blocks_host must equal the sum of the groups' blocks_host",
+        )?;
+        check(!self.partial_reuse, "groups: partial_reuse is not supported with groups")?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hybrid(groups: Vec<GroupConfig>) -> EngineConfig {
+        EngineConfig {
+            blocks_device: groups.iter().map(|g| g.blocks_device).sum(),
+            blocks_host: groups.iter().map(|g| g.blocks_host).sum(),
+            groups,
+            ..EngineConfig::default()
+        }
+    }
+
+    fn full(blocks_device: u32) -> GroupConfig {
+        GroupConfig { kind: GroupKind::FullAttention, blocks_device, blocks_host: 0 }
+    }
+
+    fn window(window_tokens: u32, blocks_device: u32) -> GroupConfig {
+        GroupConfig { kind: GroupKind::SlidingWindow { window_tokens }, blocks_device, blocks_host: 0 }
+    }
+
+    /// Each group rule refuses what it names, with a message naming it, and
+    /// accepts the recommended shape; method: one config per rule.
+    #[test]
+    fn group_rules_are_validated() {
+        let refused = |c: EngineConfig, what: &str| match c.validate() {
+            Err(ConfigError::Invalid(m)) => assert!(m.contains(what), "{m:?} names {what:?}"),
+            other => panic!("{c:?}: expected a refusal naming {what:?}, got {other:?}"),
+        };
+        assert_eq!(hybrid(vec![full(8), window(128, 4), window(4096, 4)]).validate(), Ok(()));
+        assert_eq!(hybrid(vec![full(8)]).validate(), Ok(()));
+        refused(hybrid(vec![window(128, 4), full(8)]), "group 0");
+        refused(hybrid(vec![full(8), full(8)]), "only group 0");
+        refused(hybrid(vec![full(8), window(0, 4)]), "window_tokens");
+        refused(hybrid(vec![full(8), window(WINDOW_TOKENS_LIMIT + 1, 4)]), "window_tokens");
+        refused(hybrid(vec![full(8), window(64, 1)]), "null page");
+        refused(hybrid(vec![full(0), window(64, 4)]), "at least 1");
+        refused(hybrid((0..17).map(|i| if i == 0 { full(4) } else { window(8, 2) }).collect()), "at most 16");
+        refused(EngineConfig { blocks_device: 13, ..hybrid(vec![full(8), window(64, 4)]) }, "sum");
+        refused(EngineConfig { blocks_host: 1, ..hybrid(vec![full(8), window(64, 4)]) }, "sum");
+        refused(EngineConfig { partial_reuse: true, ..hybrid(vec![full(8), window(64, 4)]) }, "partial_reuse");
+        // An empty list is one full-attention group with every page.
+        let c = EngineConfig::default();
+        assert_eq!(
+            c.effective_groups(),
+            vec![GroupConfig { kind: GroupKind::FullAttention, blocks_device: 4096, blocks_host: 0 }]
+        );
+        assert!(!c.names_groups());
     }
 }

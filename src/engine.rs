@@ -33,7 +33,7 @@ use crate::events::{EventBatch, EventQueue, KvEvent};
 use crate::ids::FfiId;
 use crate::ids::{BlockId, RequestId, ScopeId};
 use crate::keys::BlockKey;
-use crate::resources::{BlockCopy, Counters, KvCache, PageRef, RoutingHints};
+use crate::resources::{BlockCopy, Counters, KvCache, KvGroups, PageRef, RoutingHints};
 use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
 use crate::tables::{MmItems, Requests};
 use crate::tier::Tier;
@@ -66,13 +66,39 @@ pub struct CachedBlock {
     pub page: PageRef,
 }
 
+/// What one KV cache group holds ([`Engine::group_usage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupUsage {
+    /// Device pages that blocks may take (a sliding-window group's null page
+    /// not counted).
+    pub pages_device: u32,
+    /// Device pages in use: referenced blocks and cached ones.
+    pub blocks_used_device: u32,
+    /// Device blocks that running requests hold: what the group needs now;
+    /// the rest of `blocks_used_device` is cache, evictable at any time.
+    pub blocks_referenced: u32,
+    /// Cached (indexed) blocks on the device.
+    pub blocks_cached_device: u32,
+    /// Cached blocks on the host tier.
+    pub blocks_cached_host: u32,
+}
+
+/// The pages of a sliding-window table: the group's null page where a block
+/// was released.
+fn window_pages<'a>(cache: &'a KvCache, blocks: &'a [Option<BlockId>]) -> impl Iterator<Item = u32> + 'a {
+    let null = cache.null_page().expect("a sliding-window group has a null page");
+    blocks.iter().map(move |b| b.map_or(null, |b| cache.block(b).page))
+}
+
 /// One KV-cache engine: requests, blocks, items, and the events they produce.
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
     requests: Requests,
     items: MmItems,
-    cache: KvCache,
+    /// One block cache per KV cache group (one for an engine that is not
+    /// hybrid).
+    groups: KvGroups,
     hints: RoutingHints,
     events: EventQueue,
     counters: Counters,
@@ -96,13 +122,7 @@ impl Engine {
         Ok(Self {
             requests: Requests::try_with_capacity(config.requests_max as usize).ok_or(oom("request table"))?,
             items: MmItems::try_with_capacity(config.mm_items_max as usize).ok_or(oom("image item table"))?,
-            cache: KvCache::try_new(
-                config.block_size_tokens,
-                config.blocks_device,
-                config.blocks_host,
-                config.copies_per_step_max(),
-            )
-            .ok_or(oom("block tables"))?,
+            groups: KvGroups::try_new(&config).ok_or(oom("block tables"))?,
             hints: RoutingHints::try_with_capacity(config.routing_hints_max as usize)
                 .ok_or(oom("routing-hint table"))?,
             events: EventQueue::new(
@@ -158,7 +178,7 @@ impl Engine {
             &self.config,
             &mut self.requests,
             &mut self.items,
-            &mut self.cache,
+            &mut self.groups,
             &mut self.events,
             &mut self.counters,
         )?;
@@ -181,7 +201,7 @@ impl Engine {
             id,
             tokens,
             &self.config,
-            &mut self.cache,
+            &mut self.groups,
             &mut self.events,
             &mut self.counters,
         );
@@ -202,7 +222,7 @@ impl Engine {
             id,
             tokens_computed,
             &self.config,
-            &mut self.cache,
+            &mut self.groups,
             &mut self.events,
         );
         self.log_call(CallKind::Commit, |log, _| {
@@ -215,7 +235,7 @@ impl Engine {
 
     /// Ends a request normally, releasing its blocks (cached ones stay matchable).
     pub fn finish(&mut self, id: RequestId) -> Result<(), RequestError> {
-        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache);
+        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups);
         self.log_call(CallKind::Finish, |log, _| {
             log.arg(id.to_ffi());
             log.out_result(result.as_ref().map(|()| &[][..]));
@@ -225,7 +245,7 @@ impl Engine {
 
     /// Ends a request early. Blocks it fully computed stay cached; the rest are freed.
     pub fn cancel(&mut self, id: RequestId) -> Result<(), RequestError> {
-        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.cache);
+        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups);
         self.log_call(CallKind::Cancel, |log, _| {
             log.arg(id.to_ffi());
             log.out_result(result.as_ref().map(|()| &[][..]));
@@ -235,7 +255,7 @@ impl Engine {
 
     /// Evicts up to `n` unreferenced cached device blocks; returns how many.
     pub fn evict(&mut self, n: usize) -> usize {
-        let evicted = evict::evict_device_blocks(&mut self.cache, n, &mut self.events, &mut self.counters);
+        let evicted = evict::evict_device_blocks(&mut self.groups, n, &mut self.events, &mut self.counters);
         self.log_call(CallKind::Evict, |log, _| {
             log.arg(n as u64);
             log.out_result::<CallLogError>(Ok(&[evicted as u64]));
@@ -245,7 +265,7 @@ impl Engine {
 
     /// Resets the prefix cache (`AllBlocksCleared`).
     pub fn clear(&mut self) {
-        clear::clear_cache(&mut self.cache, &mut self.events);
+        clear::clear_cache(&mut self.groups, &mut self.events);
         self.log_call(CallKind::Clear, |_, _| {});
     }
 
@@ -253,7 +273,7 @@ impl Engine {
     /// forward pass and makes the step's events drainable.
     pub fn step(&mut self) -> Vec<BlockCopy> {
         let (copies, batch) =
-            systems::run_step(self.step_index, &mut self.cache, &mut self.hints, &mut self.events, &mut self.counters);
+            systems::run_step(self.step_index, &mut self.groups, &mut self.hints, &mut self.events, &mut self.counters);
         if let Some(log) = &mut self.call_log {
             log.begin(CallKind::Step);
             log.out_copies(&copies);
@@ -314,7 +334,7 @@ impl Engine {
     /// (it stays drainable too). The publisher's snapshot mirror is seeded
     /// with the current cache state, so snapshots are complete at once.
     pub fn attach_publisher(&mut self, mut publisher: Publisher) {
-        let snapshot = snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters);
+        let snapshot = snapshot::snapshot_events(&self.groups, &mut self.hints, &mut self.counters);
         self.log_call(CallKind::AttachPublisher, |log, _| log.out_events(None, &snapshot));
         publisher.prime(snapshot);
         self.publisher = Some(publisher);
@@ -349,7 +369,7 @@ impl Engine {
     /// Block copies queued for the next step: at most
     /// [`EngineConfig::copies_per_step_max`].
     pub fn copies_queued(&self) -> usize {
-        self.cache.copies_queued()
+        self.groups.copies_queued()
     }
 
     /// Closed batches waiting for a drain: at most `event_batches_max`.
@@ -380,7 +400,7 @@ impl Engine {
     /// with UUID hints resolved now. Every `event_seq` is 0: a snapshot is
     /// tagged with the batch sequence number it is consistent with.
     pub fn snapshot(&mut self) -> Vec<KvEvent> {
-        let events = snapshot::snapshot_events(&self.cache, &mut self.hints, &mut self.counters);
+        let events = snapshot::snapshot_events(&self.groups, &mut self.hints, &mut self.counters);
         self.log_call(CallKind::Snapshot, |log, _| log.out_events(None, &events));
         events
     }
@@ -445,7 +465,12 @@ impl Engine {
 
     fn log_block_table(&self, log: &mut CallLog, id: RequestId) {
         match self.requests.rows.get(id) {
-            Some(r) => log.out_block_table(r.blocks.iter().map(|b| self.cache.block(*b).page)),
+            Some(r) => {
+                log.out_block_table(r.blocks.iter().map(|b| self.groups.main.block(*b).page));
+                for (w, table) in self.groups.windows.iter().zip(&r.windows) {
+                    log.out_block_table(window_pages(&w.cache, &table.blocks));
+                }
+            }
             None => log.out_block_table(std::iter::empty()),
         }
     }
@@ -454,7 +479,7 @@ impl Engine {
         let (blocks_cached_device, blocks_cached_host) = self.blocks_cached();
         Gauges {
             requests_live: self.requests.rows.len() as u64,
-            blocks_free_device: self.cache.free_pages(Tier::Device) as u64,
+            blocks_free_device: self.groups.main.free_pages(Tier::Device) as u64,
             blocks_cached_device: blocks_cached_device as u64,
             blocks_cached_host: blocks_cached_host as u64,
             step_index: self.step_index,
@@ -478,10 +503,47 @@ impl Engine {
         })
     }
 
-    /// Device pages of a request's blocks, in order (its block table).
+    /// Device pages of a request's blocks, in order (its block table), in
+    /// group 0 (the only group of an engine that is not hybrid).
     pub fn block_table(&self, id: RequestId) -> Result<Vec<u32>, RequestError> {
         let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
-        Ok(r.blocks.iter().map(|b| self.cache.block(*b).page).collect())
+        Ok(r.blocks.iter().map(|b| self.groups.main.block(*b).page).collect())
+    }
+
+    /// A request's block table in group `group`: one device page per block,
+    /// as long as [`Engine::block_table`]. A sliding-window group names its
+    /// null page (page 0, which it never hands out, as vLLM's null block) for
+    /// the blocks that fell out of the window and were released.
+    pub fn block_table_group(&self, id: RequestId, group: usize) -> Result<Vec<u32>, RequestError> {
+        let r = self.requests.rows.get(id).ok_or(RequestError::UnknownRequest)?;
+        match group {
+            0 => Ok(r.blocks.iter().map(|b| self.groups.main.block(*b).page).collect()),
+            g => {
+                let groups = self.groups.count();
+                let w = self.groups.windows.get(g - 1).ok_or(RequestError::UnknownGroup { group, groups })?;
+                Ok(window_pages(&w.cache, &r.windows[g - 1].blocks).collect())
+            }
+        }
+    }
+
+    /// KV cache groups (1 for an engine that is not hybrid).
+    pub fn groups(&self) -> usize {
+        self.groups.count()
+    }
+
+    /// What group `group` holds now, or `None` past the last group.
+    pub fn group_usage(&self, group: usize) -> Option<GroupUsage> {
+        let cache = self.groups.get(group)?;
+        let pages_device = cache.pages_device() - u32::from(cache.null_page().is_some());
+        let used = pages_device as usize - cache.free_pages(Tier::Device);
+        let cached_device = cache.indexed().len() - cache.lru_len(Tier::Host);
+        Some(GroupUsage {
+            pages_device,
+            blocks_used_device: used as u32,
+            blocks_referenced: (used - cache.lru_len(Tier::Device)) as u32,
+            blocks_cached_device: cached_device as u32,
+            blocks_cached_host: cache.lru_len(Tier::Host) as u32,
+        })
     }
 
     /// Counters.
@@ -494,22 +556,29 @@ impl Engine {
         self.requests.rows.len()
     }
 
-    /// Free device pages.
+    /// Free device pages of group 0.
     pub fn blocks_free_device(&self) -> usize {
-        self.cache.free_pages(Tier::Device)
+        self.groups.main.free_pages(Tier::Device)
     }
 
-    /// Cached (indexed) blocks per tier: (device, host).
+    /// Cached (indexed) blocks per tier of group 0: (device, host).
     pub fn blocks_cached(&self) -> (usize, usize) {
         // Every cached host block is in the host LRU (host blocks are never
         // referenced between steps).
-        let host = self.cache.lru_len(Tier::Host);
-        (self.cache.indexed().len() - host, host)
+        let host = self.groups.main.lru_len(Tier::Host);
+        (self.groups.main.indexed().len() - host, host)
     }
 
-    /// Whether `key` is cached, and in which tier.
+    /// Whether `key` is cached in group 0, and in which tier.
     pub fn cached_medium(&self, key: &BlockKey) -> Option<Tier> {
-        self.cache.lookup(key).map(|b| self.cache.block(b).medium)
+        self.cached_medium_group(key, 0)
+    }
+
+    /// Whether `key` is cached in group `group`, and in which tier (`None`
+    /// also past the last group).
+    pub fn cached_medium_group(&self, key: &BlockKey, group: usize) -> Option<Tier> {
+        let cache = self.groups.get(group)?;
+        cache.lookup(key).map(|b| cache.block(b).medium)
     }
 
     /// Every cached block (each key the engine advertises, once) with the
@@ -520,11 +589,17 @@ impl Engine {
     /// pages', never the index's hash order, so two engines given the same
     /// calls list the same blocks in the same order.
     pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
-        let mut blocks: Vec<CachedBlock> = self
-            .cache
+        self.cached_blocks_group(0)
+    }
+
+    /// [`Engine::cached_blocks`] of group `group` (nothing past the last
+    /// group).
+    pub fn cached_blocks_group(&self, group: usize) -> impl ExactSizeIterator<Item = CachedBlock> + '_ {
+        let Some(cache) = self.groups.get(group) else { return Vec::new().into_iter() };
+        let mut blocks: Vec<CachedBlock> = cache
             .indexed()
             .map(|(key, id)| {
-                let b = self.cache.block(id);
+                let b = cache.block(id);
                 CachedBlock { key: *key, page: PageRef { medium: b.medium, page: b.page } }
             })
             .collect();
@@ -536,47 +611,72 @@ impl Engine {
     /// one broken.
     ///
     /// 1. Each block's reference count equals the number of live requests
-    ///    holding it.
-    /// 2. The block side's own invariants (`KvCache::check_invariants`: pages,
-    ///    LRUs, index, content, sibling lists, marked copy pages).
+    ///    holding it, in every group.
+    /// 2. The block side's own invariants in every group
+    ///    (`KvCache::check_invariants`: pages, LRUs, index, content, sibling
+    ///    lists, marked copy pages).
     /// 3. The request table's invariants.
     /// 4. Every item row belongs to a live request that lists it.
     /// 5. The routing-hint table's invariants.
     /// 6. Each scope's reference count equals the requests and advertised
     ///    blocks that name it, and no scope outlives its last reference.
     /// 7. The open step's events are below their bound.
+    /// 8. Every request has a table per sliding window, and has released
+    ///    exactly the blocks before the first one its next token reads.
     pub fn check_invariants(&self) {
-        let mut refs: ahash::AHashMap<BlockId, u32> = ahash::AHashMap::new();
-        for r in self.requests.rows.values() {
-            for b in &r.blocks {
-                *refs.entry(*b).or_default() += 1;
+        for (g, cache) in self.groups.iter().enumerate() {
+            let mut refs: ahash::AHashMap<BlockId, u32> = ahash::AHashMap::new();
+            for r in self.requests.rows.values() {
+                if g == 0 {
+                    for b in &r.blocks {
+                        *refs.entry(*b).or_default() += 1;
+                    }
+                } else {
+                    for b in r.windows[g - 1].blocks.iter().flatten() {
+                        *refs.entry(*b).or_default() += 1;
+                    }
+                }
+            }
+            for (id, b) in cache.blocks() {
+                assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
+            }
+            cache.check_invariants();
+        }
+        for (id, r) in &self.requests.rows {
+            assert_eq!(r.windows.len(), self.groups.windows.len(), "invariant 8: {id:?} has a table per window");
+            for (w, table) in self.groups.windows.iter().zip(&r.windows) {
+                let first = crate::resources::window_first_block(
+                    w.window_tokens,
+                    r.tokens_computed,
+                    self.config.block_size_tokens,
+                );
+                assert_eq!(table.released, first, "invariant 8: {id:?} holds exactly its window's blocks");
             }
         }
-        for (id, b) in self.cache.blocks() {
-            assert_eq!(b.ref_count, refs.get(&id).copied().unwrap_or(0), "invariant 1: ref count of {id:?}");
-        }
-        self.cache.check_invariants();
         self.requests.check_invariants(self.config.block_size_tokens, self.config.block_reuse);
         for (id, item) in &self.items.rows {
             let owner = self.requests.rows.get(item.request).expect("invariant 4: item owner is live");
             assert!(owner.items.contains(&id), "invariant 4: owner lists its item");
         }
         self.hints.check_invariants();
-        let mut scope_refs: ahash::AHashMap<ScopeId, u32> = ahash::AHashMap::new();
-        for r in self.requests.rows.values() {
-            *scope_refs.entry(r.scope).or_default() += 1;
+        for (g, cache) in self.groups.iter().enumerate() {
+            let mut scope_refs: ahash::AHashMap<ScopeId, u32> = ahash::AHashMap::new();
+            for r in self.requests.rows.values() {
+                let scope = if g == 0 { r.scope } else { r.windows[g - 1].scope };
+                *scope_refs.entry(scope).or_default() += 1;
+            }
+            for (_, c) in cache.contents() {
+                *scope_refs.entry(c.scope).or_default() += 1;
+            }
+            for id in cache.scopes().ids() {
+                assert_eq!(
+                    cache.scopes().refs(id),
+                    scope_refs.get(&id).copied().unwrap_or(0),
+                    "invariant 6: scope refs"
+                );
+            }
+            assert_eq!(cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
         }
-        for (_, c) in self.cache.contents() {
-            *scope_refs.entry(c.scope).or_default() += 1;
-        }
-        for id in self.cache.scopes().ids() {
-            assert_eq!(
-                self.cache.scopes().refs(id),
-                scope_refs.get(&id).copied().unwrap_or(0),
-                "invariant 6: scope refs"
-            );
-        }
-        assert_eq!(self.cache.scopes().len(), scope_refs.len(), "invariant 6: no orphan scope");
         assert!(
             self.events.open_entries() < self.config.events_per_step_max(),
             "invariant 7: {} entries in the open step",

@@ -164,4 +164,12 @@ pub enum RequestError {
         /// Blocks that could be had.
         available: usize,
     },
+    /// A group index past the engine's last group.
+    #[error("no KV cache group {group}: the engine has {groups}")]
+    UnknownGroup {
+        /// The group asked for.
+        group: usize,
+        /// Groups the engine has.
+        groups: usize,
+    },
 }

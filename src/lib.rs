@@ -68,8 +68,11 @@ pub use capabilities::{
     Deployment, IMAGE_ROUTING_VERSION, ImageRoutingGates, KvTransfer, ModelFamily, VALIDATED_FAMILIES, model_info,
     validated_family,
 };
-pub use config::{EVENTS_PER_STEP_MIN, EngineConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX};
-pub use engine::{Admission, CachedBlock, Engine, MmContent, MmItemSpec, RequestInfo, RequestSpec};
+pub use config::{
+    EVENTS_PER_STEP_MIN, EngineConfig, GROUPS_LIMIT, GroupConfig, QWEN_IMAGE_PAD_TOKEN, UUID_HINT_BYTES_MAX,
+    WINDOW_TOKENS_LIMIT,
+};
+pub use engine::{Admission, CachedBlock, Engine, GroupUsage, MmContent, MmItemSpec, RequestInfo, RequestSpec};
 pub use error::{AdmitError, ConfigError, RequestError};
 pub use events::profile::HashProfile;
 pub use events::publisher::{HEARTBEAT_MS_DEFAULT, PublishError, Publisher, PublisherConfig, PublisherStats};

@@ -35,6 +35,8 @@ fn c_api_seeds() {
         ("kvc_engine_drain_events_wire", "OK"),
         ("kvc_engine_drain_events_wire", "BUFFER_TOO_SMALL"),
         ("kvc_engine_publisher_start", "OK"),
+        ("kvc_engine_block_table_group", "OK"),
+        ("kvc_engine_group_usage", "OK"),
     ];
     for (function, status) in reached {
         assert!(total.count(function, status) > 0, "no seed reaches {function} -> {status}: {:#?}", total.calls);

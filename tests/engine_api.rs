@@ -385,7 +385,7 @@ fn partial_reuse_copies_the_shared_tokens() {
     assert_ne!(b_pages[1], a_pages[1], "the partial block is a fresh page");
     let copies = e.step();
     let gpu = |page| PageRef { medium: kvcore::Tier::Device, page };
-    assert_eq!(copies, vec![BlockCopy { src: gpu(a_pages[1]), dst: gpu(b_pages[1]), tokens: 2 }]);
+    assert_eq!(copies, vec![BlockCopy { src: gpu(a_pages[1]), dst: gpu(b_pages[1]), tokens: 2, group: 0 }]);
     assert_eq!(e.request_info(b.id).unwrap().tokens_computed, 6);
     assert_eq!(e.counters().blocks_partially_reused, 1);
     // The partial block is committed normally once the rest is computed.

@@ -85,7 +85,7 @@ fn random_copies(rng: &mut StdRng, g: &BlockGeometry, dev: u32, host: u32, n: us
             };
             let tokens =
                 if rng.random_bool(0.6) { g.tokens_per_block } else { rng.random_range(1..=g.tokens_per_block) };
-            BlockCopy { src: pick(rng), dst: pick(rng), tokens }
+            BlockCopy { src: pick(rng), dst: pick(rng), tokens, group: 0 }
         })
         .collect()
 }
@@ -149,7 +149,7 @@ fn waves_are_conflict_free_and_bad_copies_are_refused() {
             }
         }
     }
-    let full = |src, dst| BlockCopy { src, dst, tokens: 4 };
+    let full = |src, dst| BlockCopy { src, dst, tokens: 4, group: 0 };
     let g_copy = full(page(Tier::Device, 0), page(Tier::Host, 0));
     assert!(plan_copy_waves(&[g_copy], &g, 6, None).is_err(), "host copy without a host tier");
     assert!(
@@ -191,8 +191,8 @@ fn engine_gpu_refuses_without_an_open_gpu() {
     let e = unsafe { g.attach(&engine, pool) }.unwrap_err();
     assert!(not_open(&e), "{e}");
     let copies = [
-        BlockCopy { src: page(Tier::Device, 1), dst: page(Tier::Host, 0), tokens: 4 },
-        BlockCopy { src: page(Tier::Host, 2), dst: page(Tier::Device, 3), tokens: 2 },
+        BlockCopy { src: page(Tier::Device, 1), dst: page(Tier::Host, 0), tokens: 4, group: 0 },
+        BlockCopy { src: page(Tier::Host, 2), dst: page(Tier::Device, 3), tokens: 2, group: 0 },
     ];
     g.set_pending(&copies);
     assert!(matches!(g.copy_pending(), Err(GpuError::NotAttached)));
@@ -486,11 +486,13 @@ mod device {
                         src: page(Tier::Device, dev[i]),
                         dst: page(Tier::Host, even[i]),
                         tokens: 16,
+                        group: 0,
                     });
                     copies.push(BlockCopy {
                         src: page(Tier::Host, odd[i]),
                         dst: page(Tier::Device, dev[80 + i]),
                         tokens: 16,
+                        group: 0,
                     });
                 }
                 let waves = plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
@@ -544,11 +546,13 @@ mod device {
                     src: page(Tier::Device, dperm[i]),
                     dst: page(Tier::Host, hperm[i]),
                     tokens: tokens(&mut rng),
+                    group: 0,
                 });
                 copies.push(BlockCopy {
                     src: page(Tier::Host, hperm[64 + i]),
                     dst: page(Tier::Device, dperm[64 + i]),
                     tokens: tokens(&mut rng),
+                    group: 0,
                 });
             }
             let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
@@ -667,11 +671,13 @@ mod staged {
                     src: page(Tier::Device, perm[i as usize]),
                     dst: page(Tier::Host, i),
                     tokens: 16,
+                    group: 0,
                 });
                 copies.push(BlockCopy {
                     src: page(Tier::Host, 64 + i),
                     dst: page(Tier::Device, perm[64 + i as usize]),
                     tokens: 16,
+                    group: 0,
                 });
             }
             let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();
@@ -747,12 +753,14 @@ mod staged {
                         src: page(Tier::Device, perm[i]),
                         dst: page(Tier::Host, out_pages[i]),
                         tokens: 16,
+                        group: 0,
                     });
                 }
                 copies.push(BlockCopy {
                     src: page(Tier::Host, in_pages[i]),
                     dst: page(Tier::Device, perm[64 + i]),
                     tokens: 16,
+                    group: 0,
                 });
             }
             let waves = kvcore::gpu::plan_copy_waves(&copies, &g, dev_n, Some(host_n)).unwrap();

@@ -14,8 +14,9 @@
 #endif
 
 int main(void) {
-    /* kvc_event is a fixed-size record: 136 bytes, no padding, 8-aligned. */
-    int ok = sizeof(kvc_event) == 136 && _Alignof(kvc_event) == 8 && sizeof(kvc_block_copy) == 24;
+    /* kvc_event is a fixed-size record: 136 bytes, no padding, 8-aligned;
+     * kvc_block_copy 28 bytes (seven uint32_t). */
+    int ok = sizeof(kvc_event) == 136 && _Alignof(kvc_event) == 8 && sizeof(kvc_block_copy) == 28;
     if (!ok) {
         fprintf(stderr, "double_include: unexpected record layout\n");
         return 1;

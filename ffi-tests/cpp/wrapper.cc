@@ -305,8 +305,33 @@ static void shared_const_request() {
     CHECK(second->items[1].content_len == 2 && second->uuids[0].len == 5);
 }
 
+// A two-group engine through the wrapper: each group's table, the window's
+// null page once its blocks fall out of it, what each group holds, and an
+// unknown group thrown as kvc::Error.
+static void groups() {
+    kvc_config c = kvc::default_config();
+    c.block_size_tokens = 4;
+    const std::vector<kvc_group_config> list = {
+        {KVC_GROUP_KIND_FULL_ATTENTION, 0, 12, 0},
+        {KVC_GROUP_KIND_SLIDING_WINDOW, 4, 6, 0},
+    };
+    kvc::with_groups(c, list);
+    kvc::Engine engine(c);
+    kvc::Request request(std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+    kvc_admission a = engine.add(request);
+    CHECK(engine.block_table(a.request_id, 0) == engine.block_table(a.request_id));
+    engine.commit(a.request_id, 13);
+    const std::vector<uint32_t> window = engine.block_table(a.request_id, 1);
+    // The next token (position 13) reads tokens 10..13: blocks 2 and 3.
+    CHECK(window.size() == 4 && window[0] == 0 && window[1] == 0 && window[2] != 0 && window[3] != 0);
+    CHECK(engine.group_usage(0).blocks_referenced == 4 && engine.group_usage(1).blocks_referenced == 2);
+    CHECK(engine.group_usage(1).pages_device == 5);
+    expect_error([&] { engine.block_table(a.request_id, 2); }, KVC_STATUS_UNKNOWN_GROUP, __LINE__);
+}
+
 int main() {
     shared_const_request();
+    groups();
     serving_loop();
     status_names();
     gpu();

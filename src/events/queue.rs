@@ -83,16 +83,10 @@ impl EventQueue {
         self.open.push(KvEvent::BlockStored(e));
     }
 
-    /// Records a removal of a single-group engine, merged into the previous
-    /// event when that is a removal in the same tier (one event per burst of
-    /// evictions).
-    pub fn push_removed(&mut self, key: BlockKey, medium: Tier) {
-        self.push_removed_in(key, medium, None);
-    }
-
     /// Records a removal from `group` (`None`: the single group of an engine
     /// that names none), merged into the previous event when that is a
-    /// removal in the same tier and group.
+    /// removal in the same tier and group (one event per burst of
+    /// evictions).
     pub fn push_removed_in(&mut self, key: BlockKey, medium: Tier, group: Option<KvGroup>) {
         if !self.enabled {
             return;

@@ -38,6 +38,7 @@ use super::lifecycle::{
     KVC_CONFIG_BLOCKS_DEVICE_LIMIT, KVC_CONFIG_BLOCKS_HOST_LIMIT, KVC_CONFIG_EVENT_BATCHES_LIMIT,
     KVC_CONFIG_MM_ITEMS_LIMIT, KVC_CONFIG_REQUESTS_LIMIT, KVC_CONFIG_ROUTING_HINTS_LIMIT, kvc_config,
     kvc_config_default, kvc_engine_free, kvc_engine_last_error, kvc_engine_model_info, kvc_engine_new,
+    kvc_group_config,
 };
 use super::publisher::{
     kvc_engine_drain_events_wire, kvc_engine_publisher_endpoint, kvc_engine_publisher_start,
@@ -46,9 +47,10 @@ use super::publisher::{
 };
 use super::records::{kvc_block_copy, kvc_event};
 use super::request::{
-    kvc_admission, kvc_bytes, kvc_engine_add_request, kvc_engine_block_table, kvc_engine_cancel, kvc_engine_commit,
-    kvc_engine_finish, kvc_engine_grow, kvc_engine_request_info, kvc_engine_request_uuids, kvc_image_item, kvc_request,
-    kvc_request_info, kvc_token_run, kvc_uuid_entry, kvc_uuid_list,
+    kvc_admission, kvc_bytes, kvc_engine_add_request, kvc_engine_block_table, kvc_engine_block_table_group,
+    kvc_engine_cancel, kvc_engine_commit, kvc_engine_finish, kvc_engine_group_usage, kvc_engine_grow,
+    kvc_engine_request_info, kvc_engine_request_uuids, kvc_group_usage, kvc_image_item, kvc_request, kvc_request_info,
+    kvc_token_run, kvc_uuid_entry, kvc_uuid_list,
 };
 use super::status::kvc_status;
 use super::step::{
@@ -258,7 +260,13 @@ fn ptr_of<T>(v: &mut [T], null: bool) -> *mut T {
 /// small value or to an extreme (0, a limit and past it, `u32::MAX`). The
 /// fields whose limit reserves hundreds of MiB are never set to the limit
 /// itself, only past it (tests of `kvc_engine_new` cover the limits).
-fn config(b: &mut Bytes<'_>) -> kvc_config {
+///
+/// One configuration in eight whose offload flag byte has its bits 1..=3 set
+/// describes KV cache groups (`groups` points into `store`): most of them a
+/// valid hybrid configuration (full attention and sliding windows, totals
+/// the sums), the rest anything (kinds, windows, pages and totals from the
+/// bytes, a NULL list with a length).
+fn config(b: &mut Bytes<'_>, store: &mut Vec<kvc_group_config>) -> kvc_config {
     let mut c = default_config();
     c.block_size_tokens = 4;
     c.blocks_device = 16;
@@ -288,7 +296,11 @@ fn config(b: &mut Bytes<'_>) -> kvc_config {
     c.block_reuse = !b.one_in(8);
     c.kv_events = !b.one_in(8);
     c.partial_reuse = b.bool();
-    c.offload_first = b.bool();
+    let flags = b.u8();
+    c.offload_first = flags & 1 == 1;
+    if (flags >> 1) & 7 == 7 {
+        groups(b, &mut c, store);
+    }
     c.model_image_capable = b.bool();
     c.model_type = match b.u8() % 4 {
         0 => ptr::null(),
@@ -302,6 +314,39 @@ fn config(b: &mut Bytes<'_>) -> kvc_config {
         _ => c"tcp://127.0.0.1:70000".as_ptr(),
     };
     c
+}
+
+/// Fills `store` with the groups the bytes describe and points `c` at them.
+fn groups(b: &mut Bytes<'_>, c: &mut kvc_config, store: &mut Vec<kvc_group_config>) {
+    let n = 1 + usize::from(b.u8() % 4);
+    if b.one_in(4) {
+        for _ in 0..usize::from(b.u8() % 20) {
+            store.push(kvc_group_config {
+                kind: u32::from(b.u8() % 3),
+                window_tokens: [0, 1, 4, 33, u32::MAX][usize::from(b.u8() % 5)],
+                blocks_device: u32::from(b.u8() % 24),
+                blocks_host: u32::from(b.u8() % 8),
+            });
+        }
+        c.blocks_device = store.iter().map(|g| g.blocks_device).fold(0, u32::wrapping_add);
+        if b.one_in(3) {
+            c.blocks_device = c.blocks_device.wrapping_add(1);
+        }
+    } else {
+        for i in 0..n {
+            store.push(kvc_group_config {
+                kind: u32::from(i > 0),
+                window_tokens: if i > 0 { 1 + u32::from(b.u8() % 40) } else { 0 },
+                blocks_device: 2 + u32::from(b.u8() % 16),
+                blocks_host: u32::from(b.u8() % 4),
+            });
+        }
+        c.blocks_device = store.iter().map(|g| g.blocks_device).sum();
+        c.blocks_host = store.iter().map(|g| g.blocks_host).sum();
+        c.partial_reuse = false;
+    }
+    c.groups = if b.one_in(16) { ptr::null() } else { store.as_ptr() };
+    c.groups_len = store.len();
 }
 
 /// The default configuration as `kvc_config_default` writes it.
@@ -413,7 +458,10 @@ const UNTOUCHED: usize = 0xA5A5_A5A5;
 /// finding. Returns what was called, for the seed tests.
 pub fn c_api_calls(data: &[u8]) -> CallTally {
     let mut b = Bytes { data, pos: 0 };
-    let config = config(&mut b);
+    // The group list the config points to; kvc_engine_new copies it, and it
+    // lives as long as the run anyway.
+    let mut group_store = Vec::new();
+    let config = config(&mut b, &mut group_store);
     let trace = std::env::var_os("KVC_FUZZ_TRACE").is_some();
     let mut run = Run { engine: ptr::null_mut(), config, ids: Vec::new(), log: CallTally::default(), trace };
     if trace {
@@ -550,8 +598,41 @@ fn step(run: &mut Run, b: &mut Bytes<'_>) {
                 kvc_request_info { tokens: 1, prompt_len: 2, tokens_computed: 3, tokens_cached: 4, blocks: 5 };
             // SAFETY: live engine; `info` writable.
             let status = unsafe { kvc_engine_request_info(e, id, &mut info) };
-            if run.check("kvc_engine_request_info", status) {
+            let info_ok = run.check("kvc_engine_request_info", status);
+            if info_ok {
                 assert!(info.tokens_cached <= info.tokens_computed && info.tokens_computed <= info.tokens);
+            }
+            // The calls of a hybrid engine, only where one was configured
+            // (so that the bytes of the other seeds keep their meaning): a
+            // group's table, as long as group 0's, and its usage.
+            if run.config.groups_len > 0 {
+                let group = u32::from(b.u8() % 6);
+                let (mut pages, null, len) = buffer(b, 0u32);
+                let mut m = UNTOUCHED;
+                // SAFETY: live engine; `pages` NULL or holding `len` entries.
+                let status =
+                    unsafe { kvc_engine_block_table_group(e, id, group, ptr_of(&mut pages, null), len, &mut m) };
+                if run.check("kvc_engine_block_table_group", status) {
+                    assert!(!info_ok || m == info.blocks as usize, "every group's table is as long as group 0's");
+                } else {
+                    assert_eq!(m, UNTOUCHED);
+                }
+                let mut usage = kvc_group_usage {
+                    pages_device: 1,
+                    blocks_used_device: 2,
+                    blocks_referenced: 3,
+                    blocks_cached_device: 4,
+                    blocks_cached_host: 5,
+                };
+                let before = usage;
+                // SAFETY: live engine; `usage` writable.
+                let status = unsafe { kvc_engine_group_usage(e, group, &mut usage) };
+                if run.check("kvc_engine_group_usage", status) {
+                    assert!(usage.blocks_referenced <= usage.blocks_used_device, "held blocks are used pages");
+                    assert!(usage.blocks_used_device <= usage.pages_device, "used pages exist");
+                } else {
+                    assert_eq!(usage, before);
+                }
             }
         }
         14 => {

@@ -137,7 +137,8 @@ pub unsafe extern "C" fn kvc_engine_gpu_open(engine: *mut kvc_engine, ordinal: u
 /// must not overlap; a region may be a view into a larger tensor.
 ///
 /// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
-/// `KVC_STATUS_INVALID_ARGUMENT` (geometry that does not divide evenly,
+/// `KVC_STATUS_INVALID_ARGUMENT` (an engine with several KV cache groups,
+/// whose copies the caller performs on each group's pool; geometry that does not divide evenly,
 /// `blocks` other than `blocks_device`, a region outside CUDA's allocations,
 /// overlapping regions, non-zero `reserved`, a pool already attached, or
 /// requests already admitted); `KVC_STATUS_GPU_UNAVAILABLE` (no GPU open);
@@ -159,6 +160,14 @@ pub unsafe extern "C" fn kvc_engine_attach_kv_pool(engine: *mut kvc_engine, pool
             let bases: &[u64] = try_slice!(p.region_bases, p.regions as usize, "pool.region_bases");
             if p.reserved != 0 {
                 return Err(Failure::new(kvc_status::InvalidArgument, "`pool.reserved` must be 0"));
+            }
+            // One pool holds one group's pages: the copies of an engine with
+            // several groups name pages of several pools.
+            if st.engine.groups() > 1 {
+                return Err(Failure::new(
+                    kvc_status::InvalidArgument,
+                    "an engine with several KV cache groups performs its copies itself: each copy names its group's pool",
+                ));
             }
             let device =
                 DevicePool { region_bases: bases, planes: p.planes, block_bytes: p.block_bytes, blocks: p.blocks };

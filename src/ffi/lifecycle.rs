@@ -9,10 +9,13 @@
 use std::ffi::c_char;
 
 use crate::capabilities::{self, Deployment, KvTransfer};
-use crate::config::{self, EngineConfig};
+use crate::config::{self, EngineConfig, GroupConfig};
 use crate::engine::Engine;
+use crate::group::GroupKind;
 
-use super::boundary::{ffi_boundary, optional_str, try_out, try_ref, try_slice_out, with_engine, without_engine};
+use super::boundary::{
+    ffi_boundary, optional_str, try_out, try_ref, try_slice, try_slice_out, with_engine, without_engine,
+};
 use super::handle::kvc_engine;
 use super::publisher::check_endpoint;
 use super::status::{Failure, kvc_status};
@@ -34,6 +37,10 @@ pub const KVC_CONFIG_MM_ITEMS_LIMIT: u32 = 1_048_576;
 pub const KVC_CONFIG_ROUTING_HINTS_LIMIT: u32 = 1_048_576;
 /// Largest `kvc_config.event_batches_max` (2^16).
 pub const KVC_CONFIG_EVENT_BATCHES_LIMIT: u32 = 65_536;
+/// Most entries of `kvc_config.groups` (16).
+pub const KVC_CONFIG_GROUPS_LIMIT: usize = 16;
+/// Largest `kvc_group_config.window_tokens` (2^24).
+pub const KVC_CONFIG_WINDOW_TOKENS_LIMIT: u32 = 16_777_216;
 
 // The header's limits are the validator's.
 const _: () = {
@@ -45,6 +52,8 @@ const _: () = {
     assert!(KVC_CONFIG_MM_ITEMS_LIMIT == config::MM_ITEMS_LIMIT);
     assert!(KVC_CONFIG_ROUTING_HINTS_LIMIT == config::ROUTING_HINTS_LIMIT);
     assert!(KVC_CONFIG_EVENT_BATCHES_LIMIT == config::EVENT_BATCHES_LIMIT);
+    assert!(KVC_CONFIG_GROUPS_LIMIT == config::GROUPS_LIMIT);
+    assert!(KVC_CONFIG_WINDOW_TOKENS_LIMIT == config::WINDOW_TOKENS_LIMIT);
 };
 
 /// How KV data moves between workers (`kvc_config.kv_transfer_role`). Anything
@@ -132,6 +141,80 @@ pub struct kvc_config {
     /// "tcp://0.0.0.0:5557"), NUL-terminated UTF-8, or NULL for none. Copied by
     /// `kvc_engine_new`.
     pub kv_events_endpoint: *const c_char,
+    /// The KV cache groups of a hybrid model, `groups_len` of them in group
+    /// order, or NULL with `groups_len` 0 (the default) for one
+    /// full-attention group with `blocks_device` and `blocks_host` pages,
+    /// whose events and copies name no group. With groups: group 0 is the
+    /// one full-attention group, every other a sliding window, at most
+    /// `KVC_CONFIG_GROUPS_LIMIT` groups, `blocks_device` and `blocks_host`
+    /// the sums of the groups' pages, `partial_reuse` off. Copied by
+    /// `kvc_engine_new`.
+    pub groups: *const kvc_group_config,
+    /// Entries at `groups`.
+    pub groups_len: usize,
+}
+
+/// What the layers of a KV cache group attend to.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum kvc_group_kind {
+    /// Every earlier token (vLLM's `full_attention`).
+    FullAttention = 0,
+    /// The last `window_tokens` tokens (vLLM's `sliding_window`).
+    SlidingWindow = 1,
+}
+
+/// One KV cache group of a hybrid model: its kind and its share of the
+/// block budget, each group a paged pool of its own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kvc_group_config {
+    /// A `kvc_group_kind` value.
+    pub kind: u32,
+    /// The window in tokens of a sliding-window group, in
+    /// `1..=KVC_CONFIG_WINDOW_TOKENS_LIMIT`; 0 for full attention.
+    pub window_tokens: u32,
+    /// The group's device pages: at least 1, at least 2 for a sliding window,
+    /// whose page 0 is its null page (never handed out; its block tables name
+    /// it for the blocks a request released early, as vLLM's null block).
+    pub blocks_device: u32,
+    /// The group's pinned host pages; 0 gives the group no host tier.
+    pub blocks_host: u32,
+}
+
+/// Converts the C description of the groups.
+fn group_configs(c: &kvc_config) -> Result<Vec<GroupConfig>, Failure> {
+    let groups: &[kvc_group_config] = try_slice!(c.groups, c.groups_len, "config.groups");
+    if groups.len() > KVC_CONFIG_GROUPS_LIMIT {
+        return Err(Failure::new(
+            kvc_status::InvalidConfig,
+            format!("invalid engine config: {} groups, at most {KVC_CONFIG_GROUPS_LIMIT}", groups.len()),
+        ));
+    }
+    groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let kvc_group_config { kind, window_tokens, blocks_device, blocks_host } = *g;
+            let kind = match kind {
+                k if k == kvc_group_kind::FullAttention as u32 && window_tokens == 0 => GroupKind::FullAttention,
+                k if k == kvc_group_kind::FullAttention as u32 => {
+                    return Err(Failure::new(
+                        kvc_status::InvalidConfig,
+                        format!("invalid engine config: group {i} is full attention with window_tokens {window_tokens}; it must be 0"),
+                    ));
+                }
+                k if k == kvc_group_kind::SlidingWindow as u32 => GroupKind::SlidingWindow { window_tokens },
+                k => {
+                    return Err(Failure::new(
+                        kvc_status::InvalidConfig,
+                        format!("invalid engine config: group {i} has an unknown kind {k}"),
+                    ));
+                }
+            };
+            Ok(GroupConfig { kind, blocks_device, blocks_host })
+        })
+        .collect()
 }
 
 impl From<KvTransfer> for kvc_kv_transfer_role {
@@ -178,13 +261,14 @@ impl kvc_config {
             runs_per_item_max,
             routing_hints_max,
             event_batches_max,
+            groups,
         } = EngineConfig::default();
         let Deployment { model_type, model_image_capable, kv_events_endpoint, kv_transfer } = Deployment::default();
         // A default string would need storage that outlives the C struct; the
         // default deployment has none, which C reads as NULL.
         assert!(
-            model_type.is_none() && kv_events_endpoint.is_none(),
-            "the default deployment names no model type and no endpoint"
+            model_type.is_none() && kv_events_endpoint.is_none() && groups.is_empty(),
+            "the default deployment names no model type and no endpoint, the default config no group"
         );
         Self {
             block_size_tokens,
@@ -206,6 +290,8 @@ impl kvc_config {
             model_image_capable,
             model_type: std::ptr::null(),
             kv_events_endpoint: std::ptr::null(),
+            groups: std::ptr::null(),
+            groups_len: 0,
         }
     }
 }
@@ -232,7 +318,10 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         model_image_capable,
         model_type,
         kv_events_endpoint,
+        groups: _,
+        groups_len: _,
     } = *c;
+    let groups = group_configs(c)?;
     let kv_transfer = kvc_kv_transfer_role::kv_transfer(kv_transfer_role).ok_or_else(|| {
         Failure::new(kvc_status::InvalidConfig, format!("unknown kv_transfer_role {kv_transfer_role}"))
     })?;
@@ -252,6 +341,7 @@ fn engine_parts(c: &kvc_config) -> Result<(EngineConfig, Deployment), Failure> {
         runs_per_item_max,
         routing_hints_max,
         event_batches_max,
+        groups,
     };
     config.validate()?;
     let kv_events_endpoint = optional_str(kv_events_endpoint, "config.kv_events_endpoint")?;

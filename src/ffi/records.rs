@@ -114,6 +114,10 @@ pub struct kvc_block_copy {
     /// another copy of that wave writes, so each wave may run as one batched
     /// launch; run the waves in increasing order.
     pub wave: u32,
+    /// The KV cache group whose pool both pages are in (0 for an engine
+    /// configured without groups): each group has pages of its own, so
+    /// page `p` of two groups are two pages.
+    pub group: u32,
 }
 
 fn page_medium(p: PageRef) -> u32 {
@@ -127,7 +131,7 @@ pub(crate) fn block_copy_records(copies: &[BlockCopy]) -> impl Iterator<Item = k
     copies.iter().enumerate().map(move |(i, copy)| {
         // Spelled out without `..`: a field added to `BlockCopy` fails to
         // compile here until the record carries it.
-        let BlockCopy { src, dst, tokens } = *copy;
+        let BlockCopy { src, dst, tokens, group } = *copy;
         kvc_block_copy {
             src_medium: page_medium(src),
             src_page: src.page,
@@ -135,6 +139,7 @@ pub(crate) fn block_copy_records(copies: &[BlockCopy]) -> impl Iterator<Item = k
             dst_page: dst.page,
             tokens,
             wave: wave_ends.partition_point(|end| *end <= i) as u32,
+            group,
         }
     })
 }

@@ -11,7 +11,8 @@
 //! is answered with `KVC_STATUS_UNKNOWN_ID`, never undefined behaviour, and
 //! never aliases a newer request in the same slot.
 
-use crate::engine::{Admission, MmContent, MmItemSpec, RequestInfo, RequestSpec};
+use crate::engine::{Admission, GroupUsage, MmContent, MmItemSpec, RequestInfo, RequestSpec};
+use crate::error::RequestError;
 use crate::ids::{FfiId, RequestId};
 use crate::tables::TokenRun;
 
@@ -485,6 +486,105 @@ pub unsafe extern "C" fn kvc_engine_block_table(
             let table = st.engine.block_table(RequestId::from_ffi(request_id))?;
             fill_or_query(dst, pages.is_null(), &table, "block table")?;
             out.write(table.len());
+            Ok(())
+        })
+    })
+}
+
+/// Copies a request's block table in KV cache group `group` into `pages`, as
+/// `kvc_engine_block_table` does for group 0 (which this call gives for
+/// `group` 0): one device page of that group's pool per block, as many
+/// entries as group 0's table. A sliding-window group names its null page,
+/// page 0 of its pool (never handed out, as vLLM's null block), for the
+/// blocks that fell out of the window and were released; attention kernels
+/// read it only where the window masks it.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+/// `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_UNKNOWN_ID`;
+/// `KVC_STATUS_UNKNOWN_GROUP` (`group` past the engine's last group);
+/// `KVC_STATUS_BUFFER_TOO_SMALL`; `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `pages` is valid for writing `len`
+/// `uint32_t` (or NULL with `len` 0); `n_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_block_table_group(
+    engine: *mut kvc_engine,
+    request_id: u64,
+    group: u32,
+    pages: *mut u32,
+    len: usize,
+    n_out: *mut usize,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let out = try_out!(n_out);
+            let dst = try_slice_out!(pages, len);
+            let table = st.engine.block_table_group(RequestId::from_ffi(request_id), group as usize)?;
+            fill_or_query(dst, pages.is_null(), &table, "block table")?;
+            out.write(table.len());
+            Ok(())
+        })
+    })
+}
+
+/// What one KV cache group holds now (`kvc_engine_group_usage`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kvc_group_usage {
+    /// Device pages that blocks may take (a sliding window's null page not
+    /// counted).
+    pub pages_device: u32,
+    /// Device pages in use: held by requests or cached.
+    pub blocks_used_device: u32,
+    /// Device blocks that running requests hold (the rest of
+    /// `blocks_used_device` is cache, evictable at any time).
+    pub blocks_referenced: u32,
+    /// Cached blocks on the device.
+    pub blocks_cached_device: u32,
+    /// Cached blocks on the host tier.
+    pub blocks_cached_host: u32,
+}
+
+impl From<GroupUsage> for kvc_group_usage {
+    fn from(u: GroupUsage) -> Self {
+        let GroupUsage {
+            pages_device,
+            blocks_used_device,
+            blocks_referenced,
+            blocks_cached_device,
+            blocks_cached_host,
+        } = u;
+        Self { pages_device, blocks_used_device, blocks_referenced, blocks_cached_device, blocks_cached_host }
+    }
+}
+
+/// Writes what KV cache group `group` holds now into `*usage_out`: an
+/// engine configured without groups has group 0 only.
+///
+/// Returns `KVC_STATUS_OK`; `KVC_STATUS_NULL_ARGUMENT`;
+/// `KVC_STATUS_INVALID_ARGUMENT`; `KVC_STATUS_UNKNOWN_GROUP`;
+/// `KVC_STATUS_ENGINE_BUSY`; `KVC_STATUS_POISONED`.
+///
+/// # Safety
+///
+/// `engine` is NULL or a live engine; `usage_out` is NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvc_engine_group_usage(
+    engine: *mut kvc_engine,
+    group: u32,
+    usage_out: *mut kvc_group_usage,
+) -> kvc_status {
+    ffi_boundary!({
+        with_engine(engine, |st| {
+            let out = try_out!(usage_out);
+            let groups = st.engine.groups();
+            let usage = st
+                .engine
+                .group_usage(group as usize)
+                .ok_or(RequestError::UnknownGroup { group: group as usize, groups })?;
+            out.write(kvc_group_usage::from(usage));
             Ok(())
         })
     })

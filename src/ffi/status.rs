@@ -65,6 +65,8 @@ pub enum kvc_status {
     /// blocks by the adapter's name, so kvcore refuses an adapter a router
     /// could not tell from the base model; nothing was admitted.
     LoraNameRequired = 112,
+    /// A KV cache group index past the engine's last group.
+    UnknownGroup = 113,
     /// Not enough free or evictable KV blocks on the device.
     OutOfBlocks = 200,
     /// All `requests_max` request slots are in use.
@@ -150,6 +152,7 @@ status_table! {
     BufferTooSmall => c"the caller's buffer is too small",
     EngineBusy => c"another thread is using this engine",
     LoraNameRequired => c"a LoRA adapter id was given without its name",
+    UnknownGroup => c"no such KV cache group",
     OutOfBlocks => c"not enough KV blocks",
     TooManyRequests => c"too many live requests",
     TooManyItems => c"the image item table is full",
@@ -246,6 +249,7 @@ impl From<RequestError> for Failure {
             RequestError::BadComputedCount { .. } => kvc_status::BadComputedCount,
             RequestError::TooLong { .. } => kvc_status::RequestTooLong,
             RequestError::OutOfBlocks { .. } => kvc_status::OutOfBlocks,
+            RequestError::UnknownGroup { .. } => kvc_status::UnknownGroup,
         };
         Self::new(status, e.to_string())
     }

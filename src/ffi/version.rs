@@ -10,7 +10,7 @@ use std::ffi::c_char;
 /// Major version of kvcore (the `KVCORE_VERSION_MAJOR` macro).
 pub const KVCORE_VERSION_MAJOR: u32 = 0;
 /// Minor version of kvcore.
-pub const KVCORE_VERSION_MINOR: u32 = 1;
+pub const KVCORE_VERSION_MINOR: u32 = 2;
 /// Patch version of kvcore.
 pub const KVCORE_VERSION_PATCH: u32 = 0;
 

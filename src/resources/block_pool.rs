@@ -31,6 +31,10 @@ pub struct BlockCopy {
     pub dst: PageRef,
     /// Leading tokens to copy: the whole block, or a prefix for partial reuse.
     pub tokens: u32,
+    /// The KV cache group whose pages these are (0 for an engine that is not
+    /// hybrid): each group has its own pages, so page `p` of two groups are
+    /// two pages.
+    pub group: u32,
 }
 
 /// Splits an ordered list of copies into waves that may each run as one
@@ -44,13 +48,14 @@ pub fn copy_waves(copies: &[BlockCopy]) -> Vec<usize> {
     let mut reads = ahash::AHashSet::new();
     let mut writes = ahash::AHashSet::new();
     for (i, c) in copies.iter().enumerate() {
-        if writes.contains(&c.src) || writes.contains(&c.dst) || reads.contains(&c.dst) {
+        let (src, dst) = ((c.group, c.src), (c.group, c.dst));
+        if writes.contains(&src) || writes.contains(&dst) || reads.contains(&dst) {
             ends.push(i);
             reads.clear();
             writes.clear();
         }
-        reads.insert(c.src);
-        writes.insert(c.dst);
+        reads.insert(src);
+        writes.insert(dst);
     }
     if !copies.is_empty() {
         ends.push(copies.len());
@@ -367,7 +372,12 @@ impl BlockPool {
 /// A copy between (tier, page) pairs, for tests.
 #[cfg(test)]
 pub(crate) fn test_copy(src: (Tier, u32), dst: (Tier, u32), tokens: u32) -> BlockCopy {
-    BlockCopy { src: PageRef { medium: src.0, page: src.1 }, dst: PageRef { medium: dst.0, page: dst.1 }, tokens }
+    BlockCopy {
+        src: PageRef { medium: src.0, page: src.1 },
+        dst: PageRef { medium: dst.0, page: dst.1 },
+        tokens,
+        group: 0,
+    }
 }
 
 #[cfg(test)]

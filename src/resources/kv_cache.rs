@@ -49,6 +49,7 @@ use ahash::AHashMap;
 use super::block_pool::BlockPool;
 use super::{BlockCopy, PageRef, Scopes};
 use crate::events::{BlockStored, EventQueue};
+use crate::group::{GroupKind, KvGroup};
 use crate::ids::{BlockId, ScopeId};
 use crate::keys::{BlockKey, ImageRun};
 use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, SiblingLink};
@@ -79,6 +80,15 @@ pub struct KvCache {
     /// [`KvCache::clear`]'s list of the blocks it releases, sorted; kept
     /// empty between calls, its capacity reserved once.
     cleared: Vec<BlockId>,
+    /// The group this cache holds the blocks of, when the engine names its
+    /// groups (a configuration with a group list); `None` for the one group
+    /// of an engine that does not, whose events name no group.
+    group: Option<KvGroup>,
+    /// The device page a sliding-window group reserves as its null page
+    /// (page 0): never handed out, named by block tables for the blocks a
+    /// request released early, as vLLM's null block. `None` for full
+    /// attention.
+    null_page: Option<u32>,
 }
 
 /// A block whose every token is computed, as its request knows it: what
@@ -109,13 +119,32 @@ impl KvCache {
     /// A cache with every page free, all capacity reserved now, or `None`
     /// when that memory cannot be allocated. At most `copies_max` copies are
     /// queued between two steps (see [`KvCache::copy_room`]).
-    pub fn try_new(block_size: u32, pages_device: u32, pages_host: u32, copies_max: usize) -> Option<Self> {
+    ///
+    /// The events it queues name `group` (when the engine names groups); a
+    /// sliding window reserves device page 0 as its null page.
+    pub fn try_new_group(
+        block_size: u32,
+        pages_device: u32,
+        pages_host: u32,
+        copies_max: usize,
+        group: Option<KvGroup>,
+        kind: GroupKind,
+    ) -> Option<Self> {
+        let windowed = matches!(kind, GroupKind::SlidingWindow { .. });
+        let mut pool = BlockPool::new(pages_device, pages_host);
+        let null_page = if windowed {
+            let page = pool.free(Tier::Device).pop();
+            debug_assert_eq!(page, Some(0), "a fresh device stack hands out page 0 first");
+            page
+        } else {
+            None
+        };
         let total = (pages_device + pages_host) as usize;
         let mut index = AHashMap::default();
         index.try_reserve(total).ok()?;
         Some(Self {
             blocks: KvBlocks::try_new(block_size, pages_device, pages_host)?,
-            pool: BlockPool::new(pages_device, pages_host),
+            pool,
             index,
             copies: Vec::with_capacity(copies_max.min(1 << 16)),
             copies_max,
@@ -127,7 +156,31 @@ impl KvCache {
                 cleared.try_reserve(total).ok()?;
                 cleared
             },
+            group,
+            null_page,
         })
+    }
+
+    /// The null page of a sliding-window group (page 0), `None` for full
+    /// attention.
+    pub fn null_page(&self) -> Option<u32> {
+        self.null_page
+    }
+
+    /// The group this cache holds, as its events name it (`None` when the
+    /// engine names no group).
+    pub fn group(&self) -> Option<KvGroup> {
+        self.group
+    }
+
+    /// The group's index in the engine (0 when the engine names no group).
+    pub fn group_index(&self) -> u32 {
+        self.group.map_or(0, |g| g.index)
+    }
+
+    /// Device pages in all, the null page included.
+    pub fn pages_device(&self) -> u32 {
+        self.pool.pages(Tier::Device)
     }
 
     /// A live block's row.
@@ -235,6 +288,7 @@ impl KvCache {
         let content = self.content_of(id);
         let mut e = BlockStored::start(content.parent, self.block_size, b.medium, self.scopes.get(content.scope), 1);
         e.push_block(b.key.expect("indexed blocks have keys"), self.blocks.tokens(b), content.images.as_slice());
+        e.group = self.group;
         e
     }
 }
@@ -363,12 +417,15 @@ impl KvCache {
         self.blocks.move_page((from.medium, from.page), (dst.medium, dst.page));
         // An onboard's copy was set aside by its admission; an offload's
         // was checked against the room by its eviction.
-        self.queue_copy(BlockCopy { src: from, dst, tokens: self.block_size }, to == Tier::Device);
+        self.queue_copy(
+            BlockCopy { src: from, dst, tokens: self.block_size, group: self.group_index() },
+            to == Tier::Device,
+        );
         self.pool.free(from.medium).release(from.page);
         if listed_after {
             self.pool.lru(to).push_back(&mut self.blocks.rows, id);
         }
-        events.push_removed(key, from.medium);
+        events.push_removed_in(key, from.medium, self.group);
         if events.enabled() {
             events.push_stored(self.stored_event(id));
         }
@@ -387,7 +444,7 @@ impl KvCache {
         self.pool.lru(medium).remove(&mut self.blocks.rows, id);
         self.index.remove(&key);
         self.release_row(id);
-        events.push_removed(key, medium);
+        events.push_removed_in(key, medium, self.group);
     }
 
     /// Queues the copy of a partial reuse: the first `tokens` tokens of
@@ -396,7 +453,7 @@ impl KvCache {
         let (s, d) = (&self.blocks.rows[source], &self.blocks.rows[dest]);
         let src = PageRef { medium: s.medium, page: s.page };
         let dst = PageRef { medium: d.medium, page: d.page };
-        self.queue_copy(BlockCopy { src, dst, tokens }, true);
+        self.queue_copy(BlockCopy { src, dst, tokens, group: self.group_index() }, true);
     }
 
     /// Forgets every cached key: unreferenced cached blocks (device and host)
@@ -410,6 +467,13 @@ impl KvCache {
     /// return to the free lists (and rows to the table's free slots) decides
     /// which page and id every later allocation gets.
     pub fn clear(&mut self, events: &mut EventQueue) {
+        self.clear_blocks();
+        events.push_cleared();
+    }
+
+    /// [`KvCache::clear`] without the event: the engine's other groups, whose
+    /// reset the one `AllBlocksCleared` of a clear announces.
+    pub fn clear_blocks(&mut self) {
         let mut cleared = std::mem::take(&mut self.cleared);
         cleared.extend(self.index.drain().map(|(_, id)| id));
         cleared.sort_unstable_by_key(|id| {
@@ -427,7 +491,6 @@ impl KvCache {
             }
         }
         self.cleared = cleared;
-        events.push_cleared();
     }
 
     /// Closes the step's block side: hands out the copies queued this step
@@ -526,7 +589,8 @@ impl KvCache {
 impl KvCache {
     /// Checks the block side's invariants; panics naming the one broken.
     ///
-    /// 1. Free plus used pages equal capacity, per tier, and no page is used twice.
+    /// 1. Free plus used pages equal capacity, per tier, and no page is used
+    ///    twice (a sliding-window group's null page counts as used, by no block).
     /// 2. A block is in an LRU exactly when it is indexed and unreferenced
     ///    (host blocks are never referenced).
     /// 3. The index and the table agree: every entry names a live, indexed block
@@ -547,6 +611,10 @@ impl KvCache {
         let mut used = [0usize; 2];
         let mut linked = [0usize; 2];
         let mut seen = ahash::AHashSet::new();
+        if let Some(p) = self.null_page {
+            used[Tier::Device as usize] += 1;
+            seen.insert((Tier::Device, p));
+        }
         for (id, b) in &self.blocks.rows {
             used[b.medium as usize] += 1;
             assert!(seen.insert((b.medium, b.page)), "invariant 1: page {:?}/{} used twice", b.medium, b.page);

@@ -10,6 +10,7 @@
 mod block_pool;
 mod counters;
 mod eviction;
+mod groups;
 mod kv_cache;
 mod lru;
 mod routing_hints;
@@ -17,6 +18,7 @@ mod scopes;
 
 pub use block_pool::{BlockCopy, PageRef, copy_waves};
 pub use counters::Counters;
+pub use groups::{KvGroups, WindowCache, window_first_block};
 pub use kv_cache::{CommittedBlock, KvCache};
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};

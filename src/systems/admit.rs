@@ -13,8 +13,8 @@ use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
 use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block, root_key};
-use crate::resources::{Counters, HintInsert, KvCache, RoutingHints};
-use crate::tables::{MmItem, MmItems, Request, RequestScope, Requests, TokenRun};
+use crate::resources::{Counters, HintInsert, KvCache, KvGroups, RoutingHints, WindowCache, window_first_block};
+use crate::tables::{MmItem, MmItems, Request, RequestScope, Requests, TokenRun, WindowTable};
 use crate::tier::Tier;
 
 /// The content of an image item as the caller gives it.
@@ -161,15 +161,22 @@ pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) ->
 /// computed and yields logits), takes references on the matched blocks
 /// (onboarding host blocks), and allocates the rest of the prompt. Either all
 /// of it happens or nothing does.
+///
+/// With sliding-window groups, a prefix of `k` blocks is reused only when
+/// every group holds what the next token reads: group 0 all `k` blocks,
+/// each window the blocks from [`window_first_block`] of `k * B` tokens to
+/// `k`. Each window's table holds nothing before that block (its null
+/// page), and every group allocates the rest of the prompt in its own pool.
 pub fn admit_request(
     valid: ValidRequest<'_>,
     config: &EngineConfig,
     requests: &mut Requests,
     items: &mut MmItems,
-    cache: &mut KvCache,
+    groups: &mut KvGroups,
     events: &mut EventQueue,
     counters: &mut Counters,
 ) -> Result<Admission, AdmitError> {
+    let KvGroups { main: cache, windows } = groups;
     let spec = valid.spec;
     let bs = config.block_size_tokens;
     let prompt_len = spec.tokens.len() as u32;
@@ -225,6 +232,25 @@ pub fn admit_request(
         }
     }
 
+    // Every sliding window must hold the blocks the next token reads: the
+    // match shrinks to the longest prefix they all hold.
+    if !windows.is_empty() && !matched.is_empty() {
+        let k = windowed_match(&keys[..matched.len()], windows, bs);
+        matched.truncate(k);
+    }
+    let k = matched.len() as u32;
+    let window_matched: Vec<(u32, Vec<BlockId>)> = windows
+        .iter()
+        .map(|w| {
+            let first = window_first_block(w.window_tokens, k * bs, bs);
+            let blocks = keys[first as usize..k as usize]
+                .iter()
+                .map(|key| w.cache.lookup(key).expect("windowed_match checked the window's blocks"))
+                .collect();
+            (first, blocks)
+        })
+        .collect();
+
     // Partial reuse of the next block: a cached device sibling that shares a
     // leading run of text tokens with it.
     let partial = if config.partial_reuse && config.block_reuse && !spec.dummy && host_matched < copy_room {
@@ -248,6 +274,21 @@ pub fn admit_request(
     let available = cache.device_blocks_available() - pinned_from_lru;
     if needed > available {
         return reject(counters, AdmitError::OutOfBlocks { needed, available });
+    }
+    let fresh = blocks_total - matched.len();
+    for (w, (_, wm)) in windows.iter().zip(&window_matched) {
+        let on_host = wm.iter().filter(|b| w.cache.block(**b).medium == Tier::Host).count();
+        let pinned = wm
+            .iter()
+            .filter(|b| {
+                let row = w.cache.block(**b);
+                row.medium == Tier::Device && row.lru.linked
+            })
+            .count();
+        let (needed, available) = (fresh + on_host, w.cache.device_blocks_available() - pinned);
+        if needed > available {
+            return reject(counters, AdmitError::OutOfBlocks { needed, available });
+        }
     }
 
     // From here on nothing can fail.
@@ -279,8 +320,33 @@ pub fn admit_request(
         }
         blocks.push(b);
     }
-    let fresh = blocks_total - matched.len();
     cache.allocate_device_blocks(fresh, partial.is_some(), &mut blocks, events, counters);
+    let mut tables = Vec::with_capacity(windows.len());
+    for (w, (first, wm)) in windows.iter_mut().zip(window_matched) {
+        let cache = &mut w.cache;
+        for &b in &wm {
+            cache.acquire(b);
+        }
+        let on_host = wm.iter().filter(|b| cache.block(**b).medium == Tier::Host).count();
+        cache.reserve_copies(on_host);
+        cache.make_room(fresh + on_host, config.offload_first, events, counters);
+        let mut taken = Vec::with_capacity(wm.len() + fresh);
+        for &b in &wm {
+            if cache.block(b).medium == Tier::Host {
+                cache.onboard(b, events, counters);
+            }
+            taken.push(b);
+        }
+        cache.allocate_device_blocks(fresh, false, &mut taken, events, counters);
+        let mut table = vec![None; first as usize];
+        table.extend(taken.into_iter().map(Some));
+        let scope = cache.acquire_scope(RequestScope {
+            lora_id: spec.lora_id,
+            lora_name: spec.lora_name.map(Arc::from),
+            cache_salt: spec.cache_salt.map(Arc::from),
+        });
+        tables.push(WindowTable { blocks: table, released: first, scope });
+    }
     let mut tokens_cached = matched.len() as u32 * bs;
     if let Some((source, k)) = partial {
         cache.queue_prefix_copy(source, blocks[matched.len()], k);
@@ -298,6 +364,7 @@ pub fn admit_request(
         runs: valid.runs,
         uuids: valid.uuids,
         blocks,
+        windows: tables,
         keys,
         tokens_computed: tokens_cached,
         tokens_cached,
@@ -318,6 +385,45 @@ pub fn admit_request(
     counters.tokens_cached += tokens_cached as u64;
     counters.tokens_uncached += (prompt_len - tokens_cached) as u64;
     Ok(Admission { id, tokens_cached, tokens_onboarded: on_host as u32 * bs })
+}
+
+/// The longest prefix of `keys` (each matched in group 0) that every sliding
+/// window can reuse: `k` such that each window holds the blocks from its
+/// [`window_first_block`] of `k * block_size` tokens to `k`, with room this
+/// step to onboard those of them on its host tier. O(keys) per window: a
+/// run length of held blocks ending at each place and a running count of
+/// host blocks say at once whether a `k` fits.
+fn windowed_match(keys: &[BlockKey], windows: &[WindowCache], block_size: u32) -> usize {
+    let per_window: Vec<(Vec<u32>, Vec<u32>)> = windows
+        .iter()
+        .map(|w| {
+            let (mut run, mut host) = (Vec::with_capacity(keys.len()), Vec::with_capacity(keys.len() + 1));
+            let (mut r, mut h) = (0u32, 0u32);
+            host.push(0);
+            for key in keys {
+                match w.cache.lookup(key) {
+                    Some(b) => {
+                        r += 1;
+                        h += u32::from(w.cache.block(b).medium == Tier::Host);
+                    }
+                    None => r = 0,
+                }
+                run.push(r);
+                host.push(h);
+            }
+            (run, host)
+        })
+        .collect();
+    (1..=keys.len())
+        .rev()
+        .find(|&k| {
+            windows.iter().zip(&per_window).all(|(w, (run, host))| {
+                let first = window_first_block(w.window_tokens, k as u32 * block_size, block_size) as usize;
+                let held = first >= k || run[k - 1] as usize >= k - first;
+                held && (host[k] - host[first.min(k)]) as usize <= w.cache.copy_room()
+            })
+        })
+        .unwrap_or(0)
 }
 
 /// Siblings scanned for partial reuse, so admission stays O(1) per block.

@@ -9,17 +9,20 @@ use crate::config::EngineConfig;
 use crate::error::RequestError;
 use crate::events::EventQueue;
 use crate::ids::RequestId;
-use crate::resources::{Counters, KvCache};
+use crate::resources::{Counters, KvGroups};
 use crate::tables::Requests;
 
 /// Appends generated tokens to a running request and allocates the blocks
-/// they need. All or nothing: on error the request and the pool are unchanged.
+/// they need, in every group (a sliding window needs the new blocks as much
+/// as full attention does; what it gives back is the blocks that fall out
+/// of the window, when commit reports them computed). All or nothing: on
+/// error the request and every group's pool are unchanged.
 pub fn grow_request(
     requests: &mut Requests,
     id: RequestId,
     tokens: &[u32],
     config: &EngineConfig,
-    cache: &mut KvCache,
+    groups: &mut KvGroups,
     events: &mut EventQueue,
     counters: &mut Counters,
 ) -> Result<(), RequestError> {
@@ -29,12 +32,21 @@ pub fn grow_request(
         return Err(RequestError::TooLong { tokens: new_len, max: config.tokens_per_request_max });
     }
     let needed = (new_len as usize).div_ceil(config.block_size_tokens as usize) - request.blocks.len();
-    let available = cache.device_blocks_available();
-    if needed > available {
-        return Err(RequestError::OutOfBlocks { needed, available });
+    for cache in groups.iter() {
+        let available = cache.device_blocks_available();
+        if needed > available {
+            return Err(RequestError::OutOfBlocks { needed, available });
+        }
     }
     request.tokens.extend_from_slice(tokens);
-    cache.make_room(needed, config.offload_first, events, counters);
-    cache.allocate_device_blocks(needed, false, &mut request.blocks, events, counters);
+    let KvGroups { main, windows } = groups;
+    main.make_room(needed, config.offload_first, events, counters);
+    main.allocate_device_blocks(needed, false, &mut request.blocks, events, counters);
+    let mut fresh = Vec::with_capacity(needed);
+    for (w, table) in windows.iter_mut().zip(&mut request.windows) {
+        w.cache.make_room(needed, config.offload_first, events, counters);
+        w.cache.allocate_device_blocks(needed, false, &mut fresh, events, counters);
+        table.blocks.extend(fresh.drain(..).map(Some));
+    }
     Ok(())
 }

@@ -10,11 +10,11 @@
 
 use crate::config::EngineConfig;
 use crate::error::RequestError;
-use crate::events::{BlockStored, EventQueue};
+use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
-use crate::resources::{CommittedBlock, KvCache};
-use crate::tables::{RequestScope, Requests};
+use crate::resources::{CommittedBlock, KvGroups, window_first_block};
+use crate::tables::{Request, RequestScope, Requests};
 use crate::tier::Tier;
 
 /// Builds `BlockStored` events for a run of consecutive blocks of one chain:
@@ -26,6 +26,8 @@ struct StoredGroup {
     blocks_hint: usize,
     block_size: u32,
     medium: Tier,
+    /// The group the blocks are in, as the events name it.
+    group: Option<KvGroup>,
 }
 
 impl StoredGroup {
@@ -37,9 +39,13 @@ impl StoredGroup {
         runs: &[ImageRun],
         scope: &RequestScope,
     ) {
-        let (blocks_hint, block_size, medium) = (self.blocks_hint, self.block_size, self.medium);
+        let (blocks_hint, block_size, medium, group) = (self.blocks_hint, self.block_size, self.medium, self.group);
         self.event
-            .get_or_insert_with(|| BlockStored::start(parent, block_size, medium, scope, blocks_hint))
+            .get_or_insert_with(|| {
+                let mut e = BlockStored::start(parent, block_size, medium, scope, blocks_hint);
+                e.group = group;
+                e
+            })
             .push_block(key, tokens, runs);
     }
 
@@ -55,12 +61,19 @@ impl StoredGroup {
 /// index and is advertised. A key that is already cached (another request
 /// computed the same block meanwhile) leaves this block a private copy, so a
 /// key is advertised once and removed once, whatever the number of copies.
+///
+/// Every group indexes its copy of each newly full block (group 0 first,
+/// then the windows in order, one event per run in each). Then each
+/// sliding window releases the blocks that fell out of it
+/// ([`window_first_block`]): a cached one joins its group's LRU and stays
+/// reusable until evicted, an uncached one (a dummy's, or with reuse off)
+/// is freed at once, and the table names the null page there.
 pub fn commit_computed(
     requests: &mut Requests,
     id: RequestId,
     tokens_computed: u64,
     config: &EngineConfig,
-    cache: &mut KvCache,
+    groups: &mut KvGroups,
     events: &mut EventQueue,
 ) -> Result<(), RequestError> {
     let request = requests.rows.get_mut(id).ok_or(RequestError::UnknownRequest)?;
@@ -73,8 +86,10 @@ pub fn commit_computed(
     let full = tokens_computed as u32 / bs;
     if request.dummy || !config.block_reuse {
         request.blocks_committed = request.blocks_committed.max(full);
+        release_out_of_window(request, groups, bs);
         return Ok(());
     }
+    let cache = &mut groups.main;
     let mut scratch = Vec::new();
     let mut runs = Vec::new();
     let mut group = StoredGroup {
@@ -82,6 +97,7 @@ pub fn commit_computed(
         blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
         block_size: bs,
         medium: Tier::Device,
+        group: cache.group(),
     };
     let scope = &cache.scopes().get(request.scope).clone();
     for i in request.blocks_committed..full {
@@ -119,6 +135,55 @@ pub fn commit_computed(
         }
     }
     group.flush(events);
+    for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
+        let mut run = StoredGroup {
+            event: None,
+            blocks_hint: group.blocks_hint,
+            block_size: bs,
+            medium: Tier::Device,
+            group: w.cache.group(),
+        };
+        for i in request.blocks_committed..full {
+            let start = i * bs;
+            runs_in_block(&request.runs, start, bs, &mut runs);
+            let tokens = &request.tokens[start as usize..(start + bs) as usize];
+            let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
+            let block = CommittedBlock {
+                key: request.keys[i as usize],
+                parent: (i > 0).then(|| request.keys[i as usize - 1]),
+                parent_block: None,
+                depth: i,
+                scope: table.scope,
+                tokens: keyed,
+                images: &runs,
+            };
+            let b = table.blocks[i as usize].expect("a window holds every block it has not released");
+            // No sibling lists: partial reuse is off with groups.
+            if !w.cache.index_block(b, &block, false) {
+                run.flush(events);
+                continue;
+            }
+            if events.enabled() {
+                run.push(block.key, block.parent, keyed, &runs, scope);
+            }
+        }
+        run.flush(events);
+    }
     request.blocks_committed = full;
+    release_out_of_window(request, groups, bs);
     Ok(())
+}
+
+/// Releases, in every sliding window, the blocks that the request's next
+/// token no longer reads, oldest first (so that they are also the first of
+/// the group's LRU to be evicted).
+fn release_out_of_window(request: &mut Request, groups: &mut KvGroups, block_size: u32) {
+    for (w, table) in groups.windows.iter_mut().zip(&mut request.windows) {
+        let first = window_first_block(w.window_tokens, request.tokens_computed, block_size);
+        while table.released < first {
+            let b = table.blocks[table.released as usize].take().expect("blocks from `released` on are held");
+            w.cache.release(b);
+            table.released += 1;
+        }
+    }
 }

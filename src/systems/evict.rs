@@ -6,10 +6,12 @@
 //! under the same policy as they take pages.
 
 use crate::events::EventQueue;
-use crate::resources::{Counters, KvCache};
+use crate::resources::{Counters, KvGroups};
 
-/// Evicts up to `n` unreferenced device blocks, least recently used first.
-/// Returns how many were evicted.
-pub fn evict_device_blocks(cache: &mut KvCache, n: usize, events: &mut EventQueue, counters: &mut Counters) -> usize {
-    cache.evict_device_blocks(n, events, counters)
+/// Evicts up to `n` unreferenced device blocks of every group, least
+/// recently used first in each (each group has its own pool: freeing pages
+/// in one helps only that one). Returns how many were evicted, over all
+/// groups.
+pub fn evict_device_blocks(groups: &mut KvGroups, n: usize, events: &mut EventQueue, counters: &mut Counters) -> usize {
+    groups.iter_mut().map(|cache| cache.evict_device_blocks(n, events, counters)).sum()
 }

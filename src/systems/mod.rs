@@ -21,11 +21,11 @@ pub mod release;
 pub mod snapshot;
 
 use crate::events::{EventBatch, EventQueue};
-use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
+use crate::resources::{BlockCopy, Counters, KvGroups, RoutingHints};
 
 /// Closes a step, in this order:
 ///
-/// 1. take the block copies queued by this step's allocations, because the
+/// 1. take the block copies queued by this step's allocations (every group's), because the
 ///    offloads and onboards they describe must land before the forward pass
 ///    that reuses those pages (the caller or the GPU system performs them);
 /// 2. close the event batch, resolving UUID hints last so that every pairing
@@ -33,12 +33,17 @@ use crate::resources::{BlockCopy, Counters, KvCache, RoutingHints};
 ///    still keeps an ambiguous UUID off the wire.
 pub fn run_step(
     step_index: u64,
-    cache: &mut KvCache,
+    groups: &mut KvGroups,
     hints: &mut RoutingHints,
     events: &mut EventQueue,
     counters: &mut Counters,
 ) -> (Vec<BlockCopy>, Option<EventBatch>) {
-    let copies = cache.close_step();
+    // Group 0's copies first, then each window's, each group's in the order
+    // queued; every copy names its group.
+    let mut copies = groups.main.close_step();
+    for w in &mut groups.windows {
+        copies.append(&mut w.cache.close_step());
+    }
     let batch = events.close_step(step_index, |digest| hints.lookup(digest, counters));
     if let Some(batch) = &batch {
         counters.events_emitted += batch.events.len() as u64;

@@ -5,18 +5,25 @@
 
 use crate::error::RequestError;
 use crate::ids::RequestId;
-use crate::resources::KvCache;
+use crate::resources::KvGroups;
 use crate::tables::{MmItems, Requests};
 
-/// Removes a request and its items, releasing its blocks in reverse order so
-/// that a chain's deepest blocks are the first evicted.
+/// Removes a request and its items, releasing its blocks in every group in
+/// reverse order so that a chain's deepest blocks are the first evicted.
 pub fn release_request(
     requests: &mut Requests,
     items: &mut MmItems,
     id: RequestId,
-    cache: &mut KvCache,
+    groups: &mut KvGroups,
 ) -> Result<(), RequestError> {
     let request = requests.rows.remove(id).ok_or(RequestError::UnknownRequest)?;
+    for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
+        w.cache.release_scope(table.scope);
+        for b in table.blocks.iter().rev().flatten() {
+            w.cache.release(*b);
+        }
+    }
+    let cache = &mut groups.main;
     cache.release_scope(request.scope);
     for item in request.items {
         items.rows.remove(item);

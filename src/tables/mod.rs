@@ -8,4 +8,4 @@ mod requests;
 
 pub use kv_blocks::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink};
 pub use mm_items::{MmItem, MmItems, TokenRun};
-pub use requests::{Request, RequestScope, Requests};
+pub use requests::{Request, RequestScope, Requests, WindowTable};

@@ -36,8 +36,12 @@ pub struct Request {
     pub runs: Vec<FlatRun>,
     /// The UUID list exactly as given (absent when none was given).
     pub uuids: Option<Vec<Option<String>>>,
-    /// The block table: block `i` holds tokens `[i*B, (i+1)*B)`.
+    /// The block table of group 0 (full attention, the only group of an
+    /// engine that is not hybrid): block `i` holds tokens `[i*B, (i+1)*B)`.
     pub blocks: Vec<BlockId>,
+    /// The block tables of the sliding-window groups (groups 1.., in order),
+    /// as long as `blocks`.
+    pub windows: Vec<WindowTable>,
     /// Keys of the leading full blocks computed so far (a prefix of `blocks`).
     pub keys: Vec<BlockKey>,
     /// Tokens whose KV the caller has reported as computed (includes cached ones).
@@ -48,6 +52,22 @@ pub struct Request {
     pub blocks_committed: u32,
     /// A warm-up request: allocates like any other, never indexed, no events.
     pub dummy: bool,
+}
+
+/// A request's block table in one sliding-window group: block `i` holds
+/// tokens `[i*B, (i+1)*B)` of that group's layers, or nothing once it fell
+/// out of the window (released early; the C block table names the group's
+/// null page there).
+#[derive(Clone, Debug)]
+pub struct WindowTable {
+    /// The blocks, `None` before `released`.
+    pub blocks: Vec<Option<BlockId>>,
+    /// Leading blocks released (or never taken, when admission matched past
+    /// them): every entry before it is `None`, every one from it `Some`.
+    pub released: u32,
+    /// The request's scope, interned in that group's scope table (each
+    /// group's cache keeps its own, which its advertised blocks name).
+    pub scope: ScopeId,
 }
 
 /// The request table.
@@ -73,7 +93,9 @@ impl Requests {
     ///    request is a dummy or blocks are not keyed at all.
     /// 2. Computed tokens never pass the request's tokens.
     /// 3. `tokens_cached <= tokens_computed`.
-    /// 4. A request holds exactly the blocks its tokens need.
+    /// 4. A request holds exactly the blocks its tokens need, in every group.
+    /// 5. A sliding-window table holds nothing before `released` and a block
+    ///    at every place from it.
     pub fn check_invariants(&self, block_size: u32, keyed: bool) {
         for (id, r) in &self.rows {
             if keyed && !r.dummy {
@@ -88,6 +110,12 @@ impl Requests {
                 r.blocks.len() == (r.tokens.len()).div_ceil(block_size as usize),
                 "invariant 4: a request holds exactly the blocks its tokens need ({id:?})"
             );
+            for w in &r.windows {
+                assert_eq!(w.blocks.len(), r.blocks.len(), "invariant 4: window table length of {id:?}");
+                for (i, b) in w.blocks.iter().enumerate() {
+                    assert_eq!(b.is_some(), i >= w.released as usize, "invariant 5: window entry {i} of {id:?}");
+                }
+            }
         }
     }
 }

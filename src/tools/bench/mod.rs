@@ -9,6 +9,7 @@
 //! docs/benchmarks.md ("Engine core").
 
 pub mod alloc;
+pub mod hybrid;
 pub mod native;
 
 use std::hint::black_box;

@@ -856,6 +856,7 @@ mod imp {
                             src: PageRef { medium: medium(c[0]), page: c[1] as u32 },
                             dst: PageRef { medium: medium(c[2]), page: c[3] as u32 },
                             tokens: c[4] as u32,
+                            group: 0,
                         })
                         .collect()
                 })

@@ -19,6 +19,7 @@ mod fleet;
     reason = "gpu-bench passes device ranges it allocated to unsafe digest calls; each block has a SAFETY comment"
 )]
 mod gpu_bench;
+mod hybrid_memory;
 mod relay;
 mod replay_calls;
 mod route;
@@ -60,6 +61,10 @@ enum Command {
     /// BLAKE3 kernel and lab variant), device copies and the host-tier
     /// paths. `--only PART` runs one part alone.
     GpuBench(gpu_bench::GpuBenchArgs),
+    /// The memory a sliding window saves: the chat workload on one engine of
+    /// two KV cache groups, the second full attention or a sliding window,
+    /// and the blocks each group holds (peak and mean).
+    HybridMemory(hybrid_memory::HybridMemoryArgs),
     /// Republish N engines' event streams with image identities the whole
     /// fleet agrees on: an image whose UUID two workers hold for different
     /// pixels goes out under its content's `mm_hash`, so that a router
@@ -102,6 +107,7 @@ fn main() {
             }
         }
         Some(Command::GpuBench(args)) => std::process::exit(gpu_bench::run_cli(&args)),
+        Some(Command::HybridMemory(args)) => std::process::exit(hybrid_memory::run(&args)),
         Some(Command::Relay(args)) => {
             if let Err(e) = relay::run(args) {
                 eprintln!("kvcore relay: {e}");

@@ -92,6 +92,7 @@ mod tests {
             src: PageRef { medium: src.0, page: src.1 },
             dst: PageRef { medium: dst.0, page: dst.1 },
             tokens: 16,
+            group: 0,
         }
     }
 
