@@ -217,3 +217,84 @@ fn unknown_kinds_and_unlearned_groups_are_ignored() {
     assert_eq!(main, Some(0));
     assert_eq!(groups, vec![(2, kvcore_router::GroupRole::Ignored)]);
 }
+
+/// End to end: a hybrid engine (full-attention group 0, a sliding window of
+/// 8 tokens in a pool small enough to evict) publishes over loopback ZMQ;
+/// after every step the subscriber's per-group score for each prompt equals
+/// what the engine itself reuses for that prompt (`tokens_cached`, the
+/// engine's own rule over both groups), while the main group's view alone
+/// overstates it once the window group has lost blocks the main one keeps.
+#[test]
+fn scores_follow_a_hybrid_engine_over_zmq() {
+    use kvcore::{Engine, EngineConfig, GroupConfig, GroupKind, Publisher, PublisherConfig, RequestSpec};
+    use kvcore_router::{Subscriber, SubscriberConfig};
+    use std::time::{Duration, Instant};
+    let mut e = Engine::new(EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: 96 + 14,
+        groups: vec![
+            GroupConfig { kind: GroupKind::FullAttention, blocks_device: 96, blocks_host: 0 },
+            GroupConfig { kind: GroupKind::SlidingWindow { window_tokens: 8 }, blocks_device: 14, blocks_host: 0 },
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    let p = Publisher::bind(PublisherConfig {
+        endpoint: "tcp://127.0.0.1:*".into(),
+        replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let (ep, rep) = (p.endpoint().to_owned(), p.replay_endpoint().map(str::to_owned));
+    e.attach_publisher(p);
+    let mut sub = Subscriber::new(SubscriberConfig {
+        indexer: IndexerConfig { block_size: BS, ..Default::default() },
+        ..Default::default()
+    });
+    let w = sub.connect("hybrid", &ep, rep.as_deref()).unwrap();
+    sub.resync(w).unwrap();
+    // Three families of prompts sharing 6 blocks, each 8 blocks and 2 tokens.
+    let prompt = |family: u32, variant: u32| -> Vec<u32> {
+        let mut t: Vec<u32> = (0..24).map(|i| 1000 * (family + 1) + i).collect();
+        t.extend((0..10).map(|i| 50_000 + 100 * variant + i));
+        t
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).flat_map(|f| (0..3).map(move |v| (f, v))).map(|(f, v)| prompt(f, v)).collect();
+    let sync = |e: &mut Engine, sub: &mut Subscriber| {
+        e.step();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            e.publisher().unwrap().flush(Duration::from_secs(5));
+            let next = e.publisher().unwrap().next_seq();
+            if sub.poll_until_synced(&[(w, next)], Duration::from_millis(300)).unwrap() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the subscriber caught up: {:?}", sub.counters());
+        }
+    };
+    let (mut fewer, mut checks) = (0, 0);
+    for (round, served) in [0usize, 4, 1, 7, 2, 3, 8, 5, 0, 6, 4, 1].into_iter().enumerate() {
+        let tokens = &prompts[served];
+        let a = e.add_request(&RequestSpec { tokens, ..Default::default() }).unwrap();
+        e.commit(a.id, tokens.len() as u64).unwrap();
+        e.finish(a.id).unwrap();
+        sync(&mut e, &mut sub);
+        for (i, t) in prompts.iter().enumerate() {
+            let keys =
+                hash_request(&TokenRequest { tokens: t.clone(), ..Default::default() }, BS, 0, &NoUuids).unwrap().keys;
+            let ours = sub.find_matches(&keys).first().map_or(0, |o| o.device_blocks);
+            let main = sub.indexer().find_matches(&keys).first().map_or(0, |o| o.device_blocks);
+            // The engine's own decision; the probe's allocations may evict,
+            // so its events are applied before the next prompt is scored.
+            let probe = e.add_request(&RequestSpec { tokens: t, ..Default::default() }).unwrap();
+            e.cancel(probe.id).unwrap();
+            sync(&mut e, &mut sub);
+            assert_eq!(ours * BS, probe.tokens_cached, "round {round}, prompt {i}: router {ours} blocks");
+            assert!(ours <= main);
+            fewer += usize::from(ours < main);
+            checks += 1;
+        }
+    }
+    assert!(fewer > 0, "the window group lost blocks the main group kept in some of {checks} checks");
+    assert!(sub.groups().counters().group_events > 0);
+}
