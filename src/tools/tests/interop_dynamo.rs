@@ -1687,3 +1687,88 @@ fn dynamo_indexes_the_main_group_of_a_hybrid_stream_alone() {
     }
     assert_eq!(check_with_vllm(&vllm, &payloads), 8);
 }
+
+/// An engine of block size `BLOCK` in `form`, hybrid (a full-attention
+/// group of 256 pages and a sliding window of 64 tokens in 12 pages, small
+/// enough to evict) or single-group with the same full-attention pages.
+fn engine_hybrid_or_not(form: EventForm, hybrid: bool) -> Engine {
+    use kvcore::{GroupConfig, GroupKind};
+    let groups = if hybrid {
+        vec![
+            GroupConfig { kind: GroupKind::FullAttention, blocks_device: 256, blocks_host: 0 },
+            GroupConfig { kind: GroupKind::SlidingWindow { window_tokens: 64 }, blocks_device: 12, blocks_host: 0 },
+        ]
+    } else {
+        Vec::new()
+    };
+    let blocks_device = if hybrid { 256 + 12 } else { 256 };
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device, groups, ..Default::default() }).unwrap();
+    e.vacant_publisher()
+        .unwrap()
+        .start(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            encode: EncodeOptions { form, token_ids: true },
+            ..Default::default()
+        })
+        .unwrap();
+    e
+}
+
+/// End to end with kvcore's hybrid engine: engines 1 and 3 are hybrid (map
+/// and array form), 2 and 4 serve the same requests with one full-attention
+/// group of the same size. The window group evicts (kvcore's router scores
+/// those prefixes lower, tests/router_groups.rs), yet Dynamo 1.6.1 gives
+/// each hybrid engine exactly the scores of its single-group twin, equal to
+/// what the twin holds, for every prompt after every request.
+#[test]
+fn dynamo_scores_a_hybrid_engine_as_its_full_attention_group() {
+    let Some(python) = python() else { return };
+    let mut engines: Vec<Engine> = vec![
+        engine_hybrid_or_not(EventForm::Map, true),
+        engine_hybrid_or_not(EventForm::Map, false),
+        engine_hybrid_or_not(EventForm::Array, true),
+        engine_hybrid_or_not(EventForm::Array, false),
+    ];
+    let workers: Vec<String> =
+        engines.iter().enumerate().map(|(i, e)| format!("{}={}", i + 1, endpoints(e).0)).collect();
+    let mut probe = Probe::start(&python, &workers.join(","));
+    for e in &mut engines {
+        join(&mut probe, e);
+    }
+    let prompt = |family: u32, variant: u32| -> Vec<u32> {
+        let mut t: Vec<u32> = (0..6 * BLOCK).map(|i| 1000 * (family + 1) + i).collect();
+        t.extend((0..2 * BLOCK + 2).map(|i| 40_000 + 200 * variant + i));
+        t
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).flat_map(|f| (0..3).map(move |v| prompt(f, v))).collect();
+    let mut served_blocks = 0;
+    for (round, served) in [0usize, 4, 1, 7, 2, 8, 0, 5].into_iter().enumerate() {
+        for e in &mut engines {
+            serve(e, &prompts[served], prompts[served].len() as u64, None);
+        }
+        served_blocks += 1;
+        // Each twin's holdings: prompts hashed by Dynamo, expected overlap
+        // from the single-group engines themselves.
+        let want: Vec<u64> = prompts.iter().map(|t| held(&mut engines[1], t, None)).collect();
+        assert_eq!(want, prompts.iter().map(|t| held(&mut engines[3], t, None)).collect::<Vec<_>>());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got: Vec<Value> = prompts.iter().map(|t| scores(&mut probe, t, None, None, None)).collect();
+            let of = |s: &Value, w: &str| s[w].as_u64().unwrap_or(0);
+            let exact = got.iter().zip(&want).all(|(s, w)| (1..=4).all(|i| of(s, &i.to_string()) == *w));
+            if exact {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: Dynamo's scores {got:?}, the twins hold {want:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_eq!(served_blocks, 8);
+    // The window group did lose blocks its full-attention group kept: the
+    // hybrid engine itself reuses less than its twin for some prompt.
+    let (full, window) = (engines[0].group_usage(0).unwrap(), engines[0].group_usage(1).unwrap());
+    assert!(window.blocks_cached_device < full.blocks_cached_device, "{full:?} {window:?}");
+    let less = prompts.iter().filter(|t| held(&mut engines[0], t, None) < held(&mut engines[1], t, None)).count();
+    assert!(less > 0, "the window group constrains the hybrid engine's reuse");
+}
