@@ -10,6 +10,9 @@
 //! the in-process `KvRouter`, with and without `kvcore_router::Relay`
 //! between; every payload captured from the indexer tests is also decoded by
 //! vLLM 0.33.0's own decoder, whose fields must mean what kvcore meant.
+//! Hybrid models: a stream with a full-attention and a sliding-window group
+//! scores in Dynamo as its main group alone, by hand-built events and end to
+//! end from kvcore's hybrid engine beside a single-group twin.
 //!
 //! The Python side (tests/interop/) is installed into a virtualenv by
 //! `setup_venv.sh` on first use and reused afterwards. Where Python or the
