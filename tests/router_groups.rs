@@ -298,3 +298,180 @@ fn scores_follow_a_hybrid_engine_over_zmq() {
     assert!(fewer > 0, "the window group lost blocks the main group kept in some of {checks} checks");
     assert!(sub.groups().counters().group_events > 0);
 }
+
+/// One operation of the model test on one worker.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Store blocks `start..end` of the chain in a group (0 full, 1 and 2
+    /// windows), on the device or the host.
+    Store { group: u32, start: usize, end: usize, host: bool },
+    /// Remove some blocks from a group and tier.
+    Remove { group: u32, blocks: Vec<usize>, host: bool },
+    /// `AllBlocksCleared`.
+    Clear,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (0u32..3, 0usize..BLOCKS, 1usize..=BLOCKS, any::<bool>()).prop_map(|(group, a, n, host)| Op::Store {
+            group,
+            start: a,
+            end: (a + n).min(BLOCKS),
+            host
+        }),
+        3 => (0u32..3, proptest::collection::vec(0usize..BLOCKS, 1..4), any::<bool>())
+            .prop_map(|(group, blocks, host)| Op::Remove { group, blocks, host }),
+        1 => Just(Op::Clear),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+
+    /// Model test: random stores, removals and clears of a worker with a
+    /// full-attention group and two sliding windows (`w1`, `w2` tokens),
+    /// through the codec in either form; after every operation the score
+    /// per tier equals the rule computed by brute force over what a
+    /// reference model says each group holds: the largest `k` such that
+    /// group 0 holds blocks `0..k` and each window the router has heard of
+    /// (a store or a map-form removal named it; a positional removal names
+    /// the index alone) holds blocks `(4k + 1 - w) / 4 .. k`.
+    #[test]
+    #[cfg_attr(miri, ignore = "slow under miri")]
+    fn scores_match_the_rule_over_a_model_of_each_group(
+        ops in proptest::collection::vec(op(), 1..40),
+        w1 in 1u32..20,
+        w2 in 1u32..40,
+        array in proptest::prelude::any::<bool>(),
+    ) {
+        let form = if array { EventForm::Array } else { EventForm::Map };
+        let kinds = [("full_attention", None), ("sliding_window", Some(w1)), ("sliding_window", Some(w2))];
+        let mut f = Fleet::new();
+        let w = f.main.add_worker("w");
+        // held[group][tier][block]; named[group]: the router has learned
+        // the group's kind (a store, or a removal in the map form, named it).
+        let mut held = [[[false; BLOCKS]; 2]; 3];
+        let mut named = [false; 3];
+        for op in &ops {
+            let medium = |host: bool| if host { "CPU" } else { "GPU" };
+            let event = match op {
+                Op::Store { group, start, end, host } => {
+                    let (kind, window) = kinds[*group as usize];
+                    held[*group as usize][usize::from(*host)][*start..*end].fill(true);
+                    named[*group as usize] = true;
+                    stored(*start..*end, Some((*group, kind, window)), medium(*host))
+                }
+                Op::Remove { group, blocks, host } => {
+                    let (kind, window) = kinds[*group as usize];
+                    let mut blocks = blocks.clone();
+                    blocks.sort_unstable();
+                    blocks.dedup();
+                    for &b in &blocks {
+                        held[*group as usize][usize::from(*host)][b] = false;
+                    }
+                    named[*group as usize] |= !array;
+                    // The map form names the kind, the array form the index alone.
+                    removed(&blocks, Some(*group), (!array).then_some((kind, window)), medium(*host))
+                }
+                Op::Clear => {
+                    held = [[[false; BLOCKS]; 2]; 3];
+                    WireEvent::AllBlocksCleared
+                }
+            };
+            f.feed(w, vec![event], form);
+            // The rule, by brute force, per tier (`device` or any tier).
+            let rule = |device: bool| -> u32 {
+                let has = |g: usize, b: usize| held[g][0][b] || (!device && held[g][1][b]);
+                (0..=BLOCKS)
+                    .rev()
+                    .find(|&k| {
+                        (0..k).all(|b| has(0, b))
+                            && [w1, w2].iter().enumerate().filter(|(i, _)| named[i + 1]).all(|(i, &win)| {
+                                let first = (k as u32 * BS + 1).saturating_sub(win) / BS;
+                                (first as usize..k).all(|b| has(i + 1, b))
+                            })
+                    })
+                    .unwrap_or(0) as u32
+            };
+            let got = f.scores().first().map_or((0, 0), |s| (s.1, s.2));
+            proptest::prop_assert_eq!(got, (rule(true), rule(false)), "after {:?}", op);
+        }
+    }
+}
+
+/// A group holding nothing still stops a prefix once the router knows it:
+/// a kvcore engine lists its groups in the hash profile of its replies, so
+/// a subscriber that resyncs with a fresh hybrid engine knows its window
+/// before any block of it arrives; and a worker whose window is known but
+/// empty reuses nothing.
+#[test]
+fn the_profile_names_every_group_before_its_blocks() {
+    use kvcore::wire::ProfileGroup;
+    use kvcore::{Engine, EngineConfig, GroupConfig, GroupKind, PublisherConfig};
+    use kvcore_router::{GroupRole, Subscriber, SubscriberConfig};
+    use std::time::{Duration, Instant};
+    let mut e = Engine::new(EngineConfig {
+        block_size_tokens: BS,
+        blocks_device: 32 + 16,
+        groups: vec![
+            GroupConfig { kind: GroupKind::FullAttention, blocks_device: 32, blocks_host: 0 },
+            GroupConfig { kind: GroupKind::SlidingWindow { window_tokens: 8 }, blocks_device: 16, blocks_host: 0 },
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    e.vacant_publisher()
+        .unwrap()
+        .start(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let profile = e.hash_profile();
+    assert_eq!(profile.kv_cache_groups.len(), 2);
+    assert_eq!(profile.kv_cache_groups[1].kv_cache_spec_sliding_window, Some(8));
+    let mut sub = Subscriber::new(SubscriberConfig {
+        indexer: IndexerConfig { block_size: BS, ..Default::default() },
+        ..Default::default()
+    });
+    let p = e.publisher().unwrap();
+    let w = sub.connect("fresh", p.endpoint(), p.replay_endpoint()).unwrap();
+    sub.resync(w).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sub.counters().profiles_checked == 0 {
+        assert!(Instant::now() < deadline, "no profile came: {:?}", sub.counters());
+        sub.poll(Duration::from_millis(50)).unwrap();
+    }
+    assert_eq!(sub.groups().worker_groups(w), (Some(0), vec![(1, GroupRole::Window(8))]));
+
+    // Learnt from a profile alone, an empty window stops every prefix.
+    let mut f = Fleet::new();
+    let v = f.main.add_worker("empty-window");
+    let groups: Vec<ProfileGroup> = profile.kv_cache_groups.clone();
+    f.groups.learn_groups(v, &groups);
+    f.feed(v, vec![stored(0..BLOCKS, FULL, "GPU")], EventForm::Map);
+    assert_eq!(f.scores(), vec![]);
+    f.feed(v, vec![stored(6..BLOCKS, WINDOW, "GPU")], EventForm::Map);
+    assert_eq!(f.scores(), vec![(0, 8, 8)]);
+}
+
+/// The score is the largest `k` every group allows at once, not each group
+/// shrinking the previous one's answer: a window of 8 tokens holding blocks
+/// 6 and 7 allows only k = 8, a window of 4 holding block 4 only k = 5, so
+/// nothing is reusable (taking them one after the other would say 5).
+#[test]
+fn every_group_must_allow_the_same_k() {
+    let mut f = Fleet::new();
+    f.worker(
+        "w",
+        vec![
+            stored(0..BLOCKS, FULL, "GPU"),
+            stored(6..BLOCKS, WINDOW, "GPU"),
+            stored(4..5, Some((2, "sliding_window", Some(4))), "GPU"),
+        ],
+        EventForm::Map,
+    );
+    assert_eq!(f.scores(), vec![]);
+}

@@ -32,9 +32,12 @@
 //!   A block the main view has not keyed yet is kept unresolved and keyed
 //!   when the main view keys it; until then it does not count, so the router
 //!   never scores more than a worker holds.
-//! - A group's kind is learned from the stores that name it, per worker, as
-//!   Dynamo learns it: a removal in the positional form names only
-//!   `group_idx`. An event of a group whose kind is not known yet is
+//! - A group's kind is learned per worker from the hash profile a kvcore
+//!   engine sends with its replay and snapshot replies (which lists every
+//!   group, even one holding nothing yet, so that an empty window still
+//!   stops a prefix), and from the stores that name it, as Dynamo learns it:
+//!   a removal in the positional form names only `group_idx`. A group the
+//!   router has never heard of cannot constrain a score. An event of a group whose kind is not known yet is
 //!   ignored and counted, except group 0, which is the main group (Dynamo's
 //!   rule for an unlearned group 0).
 //! - Kinds the rule has no place for (Mamba state, chunked local attention,
@@ -48,7 +51,7 @@
 use std::collections::HashMap;
 
 use kvcore::Tier;
-use kvcore::wire::WireEvent;
+use kvcore::wire::{ProfileGroup, WireEvent};
 
 use crate::hashing::RouterKey;
 use crate::indexer::{Indexer, Overlap, WorkerId};
@@ -275,6 +278,23 @@ impl GroupViews {
         GroupRoute::Group(index)
     }
 
+    /// Learns a worker's groups from its hash profile
+    /// ([`kvcore::wire::HashProfile::kv_cache_groups`]): the first
+    /// full-attention group is its main one, every other group gets its
+    /// role, so that a group holding no block yet still constrains the
+    /// worker's score. Stores that name a kind later still update it.
+    pub fn learn_groups(&mut self, worker: WorkerId, groups: &[ProfileGroup]) {
+        let w = self.worker_mut(worker);
+        for g in groups {
+            let role = GroupRole::of_kind(&g.kv_cache_spec_kind, g.kv_cache_spec_sliding_window);
+            if w.main == Some(g.group_idx) || (w.main.is_none() && role == GroupRole::Full) {
+                w.main = Some(g.group_idx);
+                continue;
+            }
+            w.groups.entry(g.group_idx).or_default().role = Some(role);
+        }
+    }
+
     /// Whether an event of `worker` belongs to its main group (or names no
     /// group, or is not a block event), given what has been learned so far;
     /// it does not learn.
@@ -436,55 +456,67 @@ impl GroupViews {
         if self.is_empty() {
             return out;
         }
-        let mut held_device = Vec::new();
-        let mut held_any = Vec::new();
+        let (mut held_device, mut held_any) = (Vec::new(), Vec::new());
+        let (mut ok_device, mut ok_any) = (Vec::new(), Vec::new());
         for o in &mut out {
             let Some(w) = self.workers.get(o.worker.0 as usize).filter(|w| w.live) else { continue };
+            // The largest k valid in every group at once: a window's rule is
+            // not monotone in k (a window holding only the last blocks serves
+            // k = 8 but not k = 5), so each group marks the k it allows and
+            // the score is the largest k every group allowed.
+            let k_any = (o.any_tier_blocks as usize).min(keys.len());
+            let k_device = (o.device_blocks as usize).min(k_any);
+            ok_device.clear();
+            ok_device.resize(k_device + 1, true);
+            ok_any.clear();
+            ok_any.resize(k_any + 1, true);
             for g in w.groups.values() {
                 let Some(role) = g.role.filter(|r| *r != GroupRole::Ignored) else { continue };
-                let k_any = o.any_tier_blocks as usize;
                 held_device.clear();
                 held_any.clear();
-                for key in &keys[..k_any.min(keys.len())] {
+                for key in &keys[..k_any] {
                     let t = g.tiers_of(*key);
                     held_device.push(t & tier_bit(Tier::Device) != 0);
                     held_any.push(t != 0);
                 }
                 let window = role.window_tokens();
-                o.device_blocks = reusable(&held_device, o.device_blocks, self.block_size, window);
-                o.any_tier_blocks = reusable(&held_any, o.any_tier_blocks, self.block_size, window);
+                allow(&mut ok_device, &held_device, self.block_size, window);
+                allow(&mut ok_any, &held_any, self.block_size, window);
             }
+            o.device_blocks = ok_device.iter().rposition(|&ok| ok).unwrap_or(0) as u32;
+            o.any_tier_blocks = ok_any.iter().rposition(|&ok| ok).unwrap_or(0) as u32;
         }
         out.retain(|o| o.any_tier_blocks > 0);
         out
     }
 }
 
-/// The largest `k <= k_max` such that the group holds every block `i` of
-/// `[first(k), k)` (`held[i]`), where `first(k)` is the block of token
-/// `k·block_size + 1 − window` (0 for a window of every token, `None`).
-fn reusable(held: &[bool], k_max: u32, block_size: u32, window: Option<u32>) -> u32 {
-    // run[i]: consecutive held blocks ending at i.
-    let k_max = (k_max as usize).min(held.len());
-    let mut run = Vec::with_capacity(k_max);
-    let mut r = 0u32;
-    for &h in &held[..k_max] {
-        r = if h { r + 1 } else { 0 };
-        run.push(r);
-    }
-    for k in (1..=k_max).rev() {
+/// Clears `ok[k]` for every `k` (1 ..= `ok.len() - 1`) at which the group
+/// lacks one of the blocks `[first(k), k)` (`held[i]`), where `first(k)` is
+/// the block of token `k·block_size + 1 − window` (0 for a window of every
+/// token, `None`). `ok[0]` (nothing reused) is always allowed.
+fn allow(ok: &mut [bool], held: &[bool], block_size: u32, window: Option<u32>) {
+    // run: consecutive held blocks ending at block k - 1.
+    let mut run = 0u32;
+    for (k, ok) in ok.iter_mut().enumerate().skip(1) {
+        run = if held.get(k - 1).copied().unwrap_or(false) { run + 1 } else { 0 };
         let first = match window {
             None => 0,
-            Some(w) => {
-                ((k as u64 * u64::from(block_size) + 1).saturating_sub(u64::from(w)) / u64::from(block_size)) as usize
-            }
+            Some(w) => (k as u64 * u64::from(block_size) + 1).saturating_sub(u64::from(w)) / u64::from(block_size),
         };
-        let need = (k - first) as u32;
-        if need == 0 || run[k - 1] >= need {
-            return k as u32;
+        let need = k as u64 - first.min(k as u64);
+        if u64::from(run) < need {
+            *ok = false;
         }
     }
-    0
+}
+
+/// The largest `k <= k_max` one group allows ([`allow`]).
+#[cfg(test)]
+fn reusable(held: &[bool], k_max: u32, block_size: u32, window: Option<u32>) -> u32 {
+    let mut ok = vec![true; (k_max as usize).min(held.len()) + 1];
+    allow(&mut ok, held, block_size, window);
+    ok.iter().rposition(|&ok| ok).unwrap_or(0) as u32
 }
 
 /// A group's tables borrowed apart, so that resolving can walk one while

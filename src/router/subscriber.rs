@@ -655,6 +655,11 @@ impl Subscriber {
             HashProfile::new(self.config.indexer.block_size, theirs.image_placeholder_token_ids.clone())
         });
         let difference = ours.first_difference(&theirs);
+        let id = c.id;
+        // A hybrid engine lists its groups: learnt before its blocks arrive,
+        // so that a group holding nothing still constrains the score.
+        self.groups.learn_groups(id, &theirs.kv_cache_groups);
+        let c = &mut self.conns[i];
         c.profile = Some(theirs);
         let Some((field, ours, theirs)) = difference else {
             // A worker reconfigured to agree is taken back.
