@@ -33,7 +33,7 @@ use crate::events::{EventBatch, EventQueue, KvEvent};
 use crate::ids::FfiId;
 use crate::ids::{BlockId, RequestId, ScopeId};
 use crate::keys::BlockKey;
-use crate::resources::{BlockCopy, Counters, KvCache, KvGroups, PageRef, RoutingHints};
+use crate::resources::{BlockCopy, Counters, KvCache, KvGroups, PageRef, RoutingHints, Scratch};
 use crate::systems::{self, admit, allocate, clear, commit, evict, release, snapshot};
 use crate::tables::{MmItems, Requests};
 use crate::tier::Tier;
@@ -110,6 +110,8 @@ pub struct Engine {
     calls_taken: u64,
     /// The call log, while recording (`record_calls`).
     call_log: Option<CallLog>,
+    /// The systems' reusable buffers (allocation-free steady state).
+    scratch: Scratch,
 }
 
 impl Engine {
@@ -135,6 +137,7 @@ impl Engine {
             publisher: None,
             calls_taken: 0,
             call_log: None,
+            scratch: Scratch::default(),
             config,
         })
     }
@@ -166,7 +169,7 @@ impl Engine {
     }
 
     fn admit(&mut self, spec: &RequestSpec<'_>) -> Result<Admission, AdmitError> {
-        let valid = match admit::validate_request(spec, &self.config) {
+        let valid = match admit::validate_request(spec, &self.config, &mut self.scratch) {
             Ok(v) => v,
             Err(e) => {
                 self.counters.requests_rejected += 1;
@@ -181,6 +184,7 @@ impl Engine {
             &mut self.groups,
             &mut self.events,
             &mut self.counters,
+            &mut self.scratch,
         )?;
         admit::record_routing_hints(&self.requests, &self.items, admission.id, &mut self.hints, &mut self.counters);
         Ok(admission)
@@ -224,6 +228,7 @@ impl Engine {
             &self.config,
             &mut self.groups,
             &mut self.events,
+            &mut self.scratch,
         );
         self.log_call(CallKind::Commit, |log, _| {
             log.arg(id.to_ffi());
@@ -235,7 +240,8 @@ impl Engine {
 
     /// Ends a request normally, releasing its blocks (cached ones stay matchable).
     pub fn finish(&mut self, id: RequestId) -> Result<(), RequestError> {
-        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups);
+        let result =
+            release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups, &mut self.scratch);
         self.log_call(CallKind::Finish, |log, _| {
             log.arg(id.to_ffi());
             log.out_result(result.as_ref().map(|()| &[][..]));
@@ -245,7 +251,8 @@ impl Engine {
 
     /// Ends a request early. Blocks it fully computed stay cached; the rest are freed.
     pub fn cancel(&mut self, id: RequestId) -> Result<(), RequestError> {
-        let result = release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups);
+        let result =
+            release::release_request(&mut self.requests, &mut self.items, id, &mut self.groups, &mut self.scratch);
         self.log_call(CallKind::Cancel, |log, _| {
             log.arg(id.to_ffi());
             log.out_result(result.as_ref().map(|()| &[][..]));

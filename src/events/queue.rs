@@ -37,6 +37,9 @@ pub struct EventQueue {
     open_max: usize,
     closed: VecDeque<EventBatch>,
     retain_max: usize,
+    /// Removals announced by [`EventQueue::expect_removals`]: the next new
+    /// `BlockRemoved` is sized for them, so that a burst does not regrow it.
+    removals_expected: usize,
 }
 
 impl EventQueue {
@@ -83,6 +86,13 @@ impl EventQueue {
         self.open.push(KvEvent::BlockStored(e));
     }
 
+    /// Says that about `n` removals follow (a burst of evictions), so that
+    /// the `BlockRemoved` the next one starts is sized for them. Only the
+    /// vector's capacity depends on it, never an event.
+    pub fn expect_removals(&mut self, n: usize) {
+        self.removals_expected = n;
+    }
+
     /// Records a removal from `group` (`None`: the single group of an engine
     /// that names none), merged into the previous event when that is a
     /// removal in the same tier and group (one event per burst of
@@ -100,7 +110,9 @@ impl EventQueue {
             return;
         }
         let event_seq = self.next_seq();
-        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys: vec![key], medium, group }));
+        let mut keys = Vec::with_capacity(std::mem::take(&mut self.removals_expected).max(1));
+        keys.push(key);
+        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium, group }));
     }
 
     /// Records a cache reset.
@@ -172,8 +184,12 @@ impl EventQueue {
         self.closed.drain(..).collect()
     }
 
-    /// Takes every closed event, flattened, oldest first.
+    /// Takes every closed event, flattened, oldest first. A single batch
+    /// hands its own vector over.
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        if self.closed.len() == 1 {
+            return self.closed.pop_front().map(|b| b.events).unwrap_or_default();
+        }
         self.closed.drain(..).flat_map(|b| b.events).collect()
     }
 }

@@ -63,7 +63,12 @@ impl KvCache {
     /// Evicts up to `n` unreferenced device blocks, least recently used first.
     /// Returns how many were evicted.
     pub fn evict_device_blocks(&mut self, n: usize, events: &mut EventQueue, counters: &mut Counters) -> usize {
-        (0..n).take_while(|_| self.evict_device_block(events, counters)).count()
+        if n > 1 && !self.has_host_tier() {
+            events.expect_removals(n);
+        }
+        let evicted = (0..n).take_while(|_| self.evict_device_block(events, counters)).count();
+        events.expect_removals(0);
+        evicted
     }
 
     /// Evicts least recently used device blocks up front, before any page is

@@ -15,6 +15,7 @@ mod kv_cache;
 mod lru;
 mod routing_hints;
 mod scopes;
+mod scratch;
 
 pub use block_pool::{BlockCopy, PageRef, copy_waves};
 pub use counters::Counters;
@@ -23,3 +24,4 @@ pub use kv_cache::{CommittedBlock, KvCache};
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};
 pub use scopes::Scopes;
+pub use scratch::{RowBuffers, Scratch};

@@ -13,7 +13,9 @@ use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
 use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block, root_key};
-use crate::resources::{Counters, HintInsert, KvCache, KvGroups, RoutingHints, WindowCache, window_first_block};
+use crate::resources::{
+    Counters, HintInsert, KvCache, KvGroups, RoutingHints, RowBuffers, Scratch, WindowCache, window_first_block,
+};
 use crate::tables::{MmItem, MmItems, Request, RequestScope, Requests, TokenRun, WindowTable};
 use crate::tier::Tier;
 
@@ -66,18 +68,23 @@ pub struct Admission {
     pub tokens_onboarded: u32,
 }
 
-/// A request that passed validation: digests computed, runs flattened.
+/// A request that passed validation: digests computed (in the scratch's
+/// `digests`), runs flattened (in its row's `runs`).
 #[derive(Debug)]
 pub struct ValidRequest<'a> {
     spec: &'a RequestSpec<'a>,
-    digests: Vec<ImageDigest>,
-    runs: Vec<FlatRun>,
+    /// The new row's vectors, `runs` filled, the rest empty.
+    row: RowBuffers,
     uuids: Option<Vec<Option<String>>>,
 }
 
-/// Checks a request against the config and computes its item digests.
-/// Touches no engine state.
-pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) -> Result<ValidRequest<'a>, AdmitError> {
+/// Checks a request against the config and computes its item digests into
+/// `scratch.digests`. Touches no engine state but the scratch buffers.
+pub fn validate_request<'a>(
+    spec: &'a RequestSpec<'a>,
+    config: &EngineConfig,
+    scratch: &mut Scratch,
+) -> Result<ValidRequest<'a>, AdmitError> {
     let prompt_len = spec.tokens.len();
     if prompt_len == 0 {
         return Err(AdmitError::EmptyPrompt);
@@ -112,8 +119,10 @@ pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) ->
                 .collect::<Result<Vec<_>, _>>()?,
         ),
     };
-    let mut runs = Vec::new();
-    let mut digests = Vec::with_capacity(spec.items.len());
+    let runs = &mut scratch.flat;
+    let digests = &mut scratch.digests;
+    runs.clear();
+    digests.clear();
     for (item, it) in spec.items.iter().enumerate() {
         if it.runs.is_empty() || it.runs.len() > config.runs_per_item_max as usize {
             return Err(AdmitError::BadRunCount { item, runs: it.runs.len(), max: config.runs_per_item_max });
@@ -149,11 +158,15 @@ pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) ->
             return Err(AdmitError::OverlappingRuns { item: w[1].3, at: w[1].0 as u64 });
         }
     }
-    let runs = runs
-        .into_iter()
-        .map(|(start, len, item_offset, item)| FlatRun { start, len, item_offset, digest: digests[item] })
-        .collect();
-    Ok(ValidRequest { spec, digests, runs, uuids })
+    let mut row = scratch.take_row();
+    let digests = &scratch.digests;
+    row.runs.extend(scratch.flat.iter().map(|&(start, len, item_offset, item)| FlatRun {
+        start,
+        len,
+        item_offset,
+        digest: digests[item],
+    }));
+    Ok(ValidRequest { spec, row, uuids })
 }
 
 /// Admits a validated request: matches the longest cached prefix of full
@@ -167,6 +180,7 @@ pub fn validate_request<'a>(spec: &'a RequestSpec<'a>, config: &EngineConfig) ->
 /// each window the blocks from [`window_first_block`] of `k * B` tokens to
 /// `k`. Each window's table holds nothing before that block (its null
 /// page), and every group allocates the rest of the prompt in its own pool.
+#[allow(clippy::too_many_arguments, reason = "a system names every table and resource it touches")]
 pub fn admit_request(
     valid: ValidRequest<'_>,
     config: &EngineConfig,
@@ -175,20 +189,25 @@ pub fn admit_request(
     groups: &mut KvGroups,
     events: &mut EventQueue,
     counters: &mut Counters,
+    scratch: &mut Scratch,
 ) -> Result<Admission, AdmitError> {
     let KvGroups { main: cache, windows } = groups;
-    let spec = valid.spec;
+    let ValidRequest { spec, row, uuids } = valid;
+    let RowBuffers { tokens: mut row_tokens, items: mut row_items, runs, mut blocks, mut keys } = row;
     let bs = config.block_size_tokens;
     let prompt_len = spec.tokens.len() as u32;
-    let reject = |counters: &mut Counters, e: AdmitError| {
+    let reject = |counters: &mut Counters, scratch: &mut Scratch, row: RowBuffers, e: AdmitError| {
         counters.requests_rejected += 1;
+        scratch.give_buffers(row);
         Err(e)
     };
     if requests.rows.len() >= config.requests_max as usize {
-        return reject(counters, AdmitError::TooManyRequests { max: config.requests_max });
+        let row = RowBuffers { tokens: row_tokens, items: row_items, runs, blocks, keys };
+        return reject(counters, scratch, row, AdmitError::TooManyRequests { max: config.requests_max });
     }
     if items.rows.len() + spec.items.len() > config.mm_items_max as usize {
-        return reject(counters, AdmitError::TooManyLiveItems { max: config.mm_items_max });
+        let row = RowBuffers { tokens: row_tokens, items: row_items, runs, blocks, keys };
+        return reject(counters, scratch, row, AdmitError::TooManyLiveItems { max: config.mm_items_max });
     }
     let root = root_key(&KeyScope {
         block_size_tokens: bs,
@@ -197,24 +216,23 @@ pub fn admit_request(
     });
 
     // Match: walk full blocks while the index has their keys.
-    let mut keys: Vec<BlockKey> = Vec::with_capacity(prompt_len.div_ceil(bs) as usize);
-    let mut matched: Vec<BlockId> = Vec::new();
+    keys.reserve(prompt_len.div_ceil(bs) as usize);
+    let mut matched = std::mem::take(&mut scratch.matched);
+    matched.clear();
     let copy_room = cache.copy_room();
     let mut host_matched = 0;
     if config.block_reuse && !spec.dummy {
         let max_blocks = (prompt_len - 1) / bs;
-        let mut scratch = Vec::new();
-        let mut block_runs = Vec::new();
         for i in 0..max_blocks {
             let parent = keys.last().copied().unwrap_or(root);
             let key = key_of_block(
                 &parent,
                 &spec.tokens[(i * bs) as usize..((i + 1) * bs) as usize],
-                &valid.runs,
+                &runs,
                 i * bs,
                 config.image_placeholder_token_id,
-                &mut scratch,
-                &mut block_runs,
+                &mut scratch.tokens,
+                &mut scratch.block_runs,
             );
             keys.push(key);
             match cache.lookup(&key) {
@@ -254,7 +272,7 @@ pub fn admit_request(
     // Partial reuse of the next block: a cached device sibling that shares a
     // leading run of text tokens with it.
     let partial = if config.partial_reuse && config.block_reuse && !spec.dummy && host_matched < copy_room {
-        find_partial(cache, &valid.runs, spec, &matched, bs)
+        find_partial(cache, &runs, spec, &matched, bs)
     } else {
         None
     };
@@ -273,7 +291,9 @@ pub fn admit_request(
     let needed = blocks_total - matched.len() + on_host;
     let available = cache.device_blocks_available() - pinned_from_lru;
     if needed > available {
-        return reject(counters, AdmitError::OutOfBlocks { needed, available });
+        scratch.matched = matched;
+        let row = RowBuffers { tokens: row_tokens, items: row_items, runs, blocks, keys };
+        return reject(counters, scratch, row, AdmitError::OutOfBlocks { needed, available });
     }
     let fresh = blocks_total - matched.len();
     for (w, (_, wm)) in windows.iter().zip(&window_matched) {
@@ -287,7 +307,9 @@ pub fn admit_request(
             .count();
         let (needed, available) = (fresh + on_host, w.cache.device_blocks_available() - pinned);
         if needed > available {
-            return reject(counters, AdmitError::OutOfBlocks { needed, available });
+            scratch.matched = matched;
+            let row = RowBuffers { tokens: row_tokens, items: row_items, runs, blocks, keys };
+            return reject(counters, scratch, row, AdmitError::OutOfBlocks { needed, available });
         }
     }
 
@@ -313,7 +335,7 @@ pub fn admit_request(
     // eviction can offload into it.
     cache.reserve_copies(on_host + usize::from(partial.is_some()));
     cache.make_room(needed, config.offload_first, events, counters);
-    let mut blocks = Vec::with_capacity(blocks_total);
+    blocks.reserve(blocks_total);
     for &b in &matched {
         if cache.block(b).medium == Tier::Host {
             cache.onboard(b, events, counters);
@@ -355,20 +377,24 @@ pub fn admit_request(
         counters.blocks_partially_reused += 1;
     }
 
+    let blocks_committed = matched.len() as u32;
+    scratch.matched = matched;
+    row_tokens.extend_from_slice(spec.tokens);
+    row_items.reserve(spec.items.len());
     let id = requests.rows.insert(Request {
-        tokens: spec.tokens.to_vec(),
+        tokens: row_tokens,
         prompt_len,
         scope,
         root,
-        items: Vec::with_capacity(spec.items.len()),
-        runs: valid.runs,
-        uuids: valid.uuids,
+        items: row_items,
+        runs,
+        uuids,
         blocks,
         windows: tables,
         keys,
         tokens_computed: tokens_cached,
         tokens_cached,
-        blocks_committed: matched.len() as u32,
+        blocks_committed,
         dummy: spec.dummy,
     });
     let request = &mut requests.rows[id];
@@ -379,7 +405,7 @@ pub fn admit_request(
             .and_then(|u| u[k].as_deref())
             .filter(|u| u.len() <= UUID_HINT_BYTES_MAX)
             .map(Arc::from);
-        request.items.push(items.rows.insert(MmItem { request: id, digest: valid.digests[k], uuid }));
+        request.items.push(items.rows.insert(MmItem { request: id, digest: scratch.digests[k], uuid }));
     }
     counters.requests_admitted += 1;
     counters.tokens_cached += tokens_cached as u64;

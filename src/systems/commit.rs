@@ -13,7 +13,7 @@ use crate::error::RequestError;
 use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
 use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
-use crate::resources::{CommittedBlock, KvGroups, window_first_block};
+use crate::resources::{CommittedBlock, KvGroups, Scratch, window_first_block};
 use crate::tables::{Request, RequestScope, Requests};
 use crate::tier::Tier;
 
@@ -75,6 +75,7 @@ pub fn commit_computed(
     config: &EngineConfig,
     groups: &mut KvGroups,
     events: &mut EventQueue,
+    scratch: &mut Scratch,
 ) -> Result<(), RequestError> {
     let request = requests.rows.get_mut(id).ok_or(RequestError::UnknownRequest)?;
     let len = request.tokens.len() as u32;
@@ -90,8 +91,7 @@ pub fn commit_computed(
         return Ok(());
     }
     let cache = &mut groups.main;
-    let mut scratch = Vec::new();
-    let mut runs = Vec::new();
+    let Scratch { tokens: scratch, block_runs: runs, .. } = scratch;
     let mut group = StoredGroup {
         event: None,
         blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
@@ -106,12 +106,12 @@ pub fn commit_computed(
         let parent = if i == 0 { None } else { Some(request.keys[i as usize - 1]) };
         // The block's runs and keyed tokens, computed once for the key, the
         // page's token copy and the event.
-        runs_in_block(&request.runs, start, bs, &mut runs);
-        let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
+        runs_in_block(&request.runs, start, bs, runs);
+        let keyed = keyed_tokens(tokens, runs, config.image_placeholder_token_id, scratch);
         let key = if (i as usize) < request.keys.len() {
             request.keys[i as usize]
         } else {
-            let k = block_key(&parent.unwrap_or(request.root), keyed, &runs);
+            let k = block_key(&parent.unwrap_or(request.root), keyed, runs);
             request.keys.push(k);
             k
         };
@@ -122,7 +122,7 @@ pub fn commit_computed(
             depth: i,
             scope: request.scope,
             tokens: keyed,
-            images: &runs,
+            images: runs,
         };
         // The sibling lists serve partial reuse only, so without it none is kept.
         if !cache.index_block(request.blocks[i as usize], &block, config.partial_reuse) {
@@ -131,7 +131,7 @@ pub fn commit_computed(
             continue;
         }
         if events.enabled() {
-            group.push(key, parent, keyed, &runs, scope);
+            group.push(key, parent, keyed, runs, scope);
         }
     }
     group.flush(events);
@@ -145,9 +145,9 @@ pub fn commit_computed(
         };
         for i in request.blocks_committed..full {
             let start = i * bs;
-            runs_in_block(&request.runs, start, bs, &mut runs);
+            runs_in_block(&request.runs, start, bs, runs);
             let tokens = &request.tokens[start as usize..(start + bs) as usize];
-            let keyed = keyed_tokens(tokens, &runs, config.image_placeholder_token_id, &mut scratch);
+            let keyed = keyed_tokens(tokens, runs, config.image_placeholder_token_id, scratch);
             let block = CommittedBlock {
                 key: request.keys[i as usize],
                 parent: (i > 0).then(|| request.keys[i as usize - 1]),
@@ -155,7 +155,7 @@ pub fn commit_computed(
                 depth: i,
                 scope: table.scope,
                 tokens: keyed,
-                images: &runs,
+                images: runs,
             };
             let b = table.blocks[i as usize].expect("a window holds every block it has not released");
             // No sibling lists: partial reuse is off with groups.
@@ -164,7 +164,7 @@ pub fn commit_computed(
                 continue;
             }
             if events.enabled() {
-                run.push(block.key, block.parent, keyed, &runs, scope);
+                run.push(block.key, block.parent, keyed, runs, scope);
             }
         }
         run.flush(events);

@@ -5,16 +5,18 @@
 
 use crate::error::RequestError;
 use crate::ids::RequestId;
-use crate::resources::KvGroups;
+use crate::resources::{KvGroups, Scratch};
 use crate::tables::{MmItems, Requests};
 
 /// Removes a request and its items, releasing its blocks in every group in
-/// reverse order so that a chain's deepest blocks are the first evicted.
+/// reverse order so that a chain's deepest blocks are the first evicted. The
+/// row's vectors go to `scratch` for the next admission.
 pub fn release_request(
     requests: &mut Requests,
     items: &mut MmItems,
     id: RequestId,
     groups: &mut KvGroups,
+    scratch: &mut Scratch,
 ) -> Result<(), RequestError> {
     let request = requests.rows.remove(id).ok_or(RequestError::UnknownRequest)?;
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
@@ -25,11 +27,12 @@ pub fn release_request(
     }
     let cache = &mut groups.main;
     cache.release_scope(request.scope);
-    for item in request.items {
+    for &item in &request.items {
         items.rows.remove(item);
     }
     for &b in request.blocks.iter().rev() {
         cache.release(b);
     }
+    scratch.give_row(request);
     Ok(())
 }

@@ -17,7 +17,10 @@ First stdout line: {"ready": true, "worker_id": N}. Then one JSON command per li
 JSON line out per command:
 
   {"op":"overlap","tokens":[...],"lora_name":s|null,"cache_namespace":s|null,"block_mm_infos":[...]|null}
-      -> {"device_blocks": n, "raw": <KvRouter.get_overlap_scores answer>}   (n: this worker's blocks)
+      -> {"device_blocks": d, "host_blocks": h, "disk_blocks": k, "raw": <KvRouter.get_overlap_scores answer>}
+         (this worker's device match d, the host-pinned blocks h that continue it,
+          `host_pinned_extension_blocks`, and the disk blocks k that continue those,
+          `disk_extension_blocks`)
   {"op":"dump"}  -> {"events": [...]}   (KvRouter.dump_events)
   {"op":"ping"}  -> {"ok": true}
   {"op":"quit"}  -> {"ok": true}, then exit 0
@@ -93,8 +96,11 @@ async def main():
                 raw = await router.get_overlap_scores(
                     cmd["tokens"], block_mm_infos=cmd.get("block_mm_infos"),
                     lora_name=cmd.get("lora_name"), cache_namespace=cmd.get("cache_namespace"))
-                blocks = sum(w.get("device_blocks", 0) for w in raw.get("workers", []))
-                say({"device_blocks": blocks, "raw": raw})
+                rows = raw.get("workers", [])
+                say({"device_blocks": sum(w.get("device_blocks", 0) for w in rows),
+                     "host_blocks": sum(w.get("host_pinned_extension_blocks", 0) for w in rows),
+                     "disk_blocks": sum(w.get("disk_extension_blocks", 0) for w in rows),
+                     "raw": raw})
             elif op == "dump":
                 say({"events": json.loads(await router.dump_events())})
             elif op == "ping":

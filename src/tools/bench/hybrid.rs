@@ -208,7 +208,7 @@ mod tests {
     /// A sliding window holds fewer blocks than full attention on the chat
     /// workload, and loses no reuse while nothing is evicted; the all-full
     /// case's second group holds exactly what group 0 does. Method: a small
-    /// chat workload served under each case with ample pages.
+    /// chat workload served under each case, 2048 pages per group.
     #[test]
     fn a_sliding_window_holds_fewer_blocks() {
         let workload = chat_workload(&ChatConfig { sessions: 4, ..ChatConfig::default() }).unwrap();

@@ -19,7 +19,8 @@ pub struct HybridMemoryArgs {
     /// Tokens per block.
     #[arg(long, default_value_t = 32)]
     pub block_size: u32,
-    /// Device pages of each group (ample: nothing is evicted).
+    /// Device pages of each group (cached blocks fill them; the least
+    /// recently used are evicted as usual).
     #[arg(long, default_value_t = 32_768)]
     pub pages_per_group: u32,
 }
@@ -70,7 +71,7 @@ pub fn run(args: &HybridMemoryArgs) -> i32 {
                 (_, Some(w)) => format!("sliding window {w}"),
             };
             println!(
-                "{:<16} {:>5} {:<22} {:>10} {:>10.1} {:>10} {:>8.1}%",
+                "{:<16} {:>5} {:<22} {:>10} {:>10.1} {:>10} {:>8.2}%",
                 name,
                 g,
                 kind,

@@ -76,10 +76,11 @@ pub struct SimArgs {
     /// milliseconds (default: 10000).
     #[arg(long, value_name = "MS")]
     prediction_ttl_ms: Option<f64>,
-    /// What a router pays to hash one image's pixels, in microseconds
-    /// (default: 1500).
-    #[arg(long, value_name = "US")]
-    hash_us_per_image: Option<f64>,
+    /// What a router pays per byte of decoded pixels to hash an image with
+    /// BLAKE3, in nanoseconds (default: measured on this CPU at start-up,
+    /// the median of 15 hashes at each image size of the workload).
+    #[arg(long, value_name = "NS")]
+    hash_ns_per_byte: Option<f64>,
     /// Probability that a request naming a UUID sends other pixels under it
     /// (default: 0.05).
     #[arg(long, value_name = "P")]
@@ -166,8 +167,15 @@ fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
     if let Some(c) = args.decode_us_per_token {
         config.timing.decode_us_per_token = c;
     }
-    if let Some(c) = args.hash_us_per_image {
-        config.timing.hash_us_per_image = c;
+    if let Some(c) = args.hash_ns_per_byte {
+        config.timing.hash_ns_per_byte = c;
+    } else {
+        let sizes: Vec<u32> = workload.requests.iter().flat_map(|r| r.images.iter().map(|i| i.len)).collect();
+        if !sizes.is_empty() {
+            let m = kvcore_tools::sim::timing::measure_hash(&sizes, kvcore_tools::sim::timing::HASH_SAMPLES);
+            config.timing.hash_ns_per_byte = m.ns_per_byte;
+            config.hash_measurement = Some(m);
+        }
     }
     if let Some(d) = args.delay_ms {
         config.delay_ms = d;

@@ -249,7 +249,12 @@ pub fn run_policy(
         // The router first hashes what it must (the pixels it pays for), then decides.
         let hashed = policy.images_hashed(request.images.iter().map(|i| i.uuid.is_some()));
         hashed_images += hashed as u64;
-        let hash_us = hashed as f64 * config.timing.hash_us_per_image;
+        let hash_us: f64 = request
+            .images
+            .iter()
+            .filter(|i| policy.hashes_image(i.uuid.is_some()))
+            .map(|i| config.timing.hash_us(i.len))
+            .sum();
         let now = request.arrival_us as f64 + hash_us;
         // Deliver every batch whose propagation delay has passed, in order.
         if let Some(view) = &mut view

@@ -90,6 +90,9 @@ pub struct SimConfig {
     /// `w` publishes on `base_port + w` and answers replays on `base_port +
     /// workers + w`. `None`: ports the system picks.
     pub base_port: Option<u16>,
+    /// How `timing.hash_ns_per_byte` was measured on this CPU at start-up
+    /// (`None`: the cost was given).
+    pub hash_measurement: Option<timing::HashMeasurement>,
 }
 
 impl Default for SimConfig {
@@ -111,6 +114,7 @@ impl Default for SimConfig {
             with_predictions: true,
             threads: 0,
             base_port: None,
+            hash_measurement: None,
         }
     }
 }
@@ -159,7 +163,7 @@ impl SimConfig {
             t.prefill_us_per_token,
             t.onboard_us_per_token,
             t.decode_us_per_token,
-            t.hash_us_per_image,
+            t.hash_ns_per_byte,
         ]
         .iter()
         .any(|c| !c.is_finite() || *c < 0.0)

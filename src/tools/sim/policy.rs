@@ -86,10 +86,16 @@ impl PolicyKind {
     /// given with whether the client sent a UUID): all for `kv-pixels`, those
     /// without a UUID for `kv-uuid` and `dynamo`, none otherwise.
     pub fn images_hashed(self, uuids: impl Iterator<Item = bool>) -> u32 {
+        uuids.filter(|&has| self.hashes_image(has)).count() as u32
+    }
+
+    /// Whether the router hashes the pixels of an image that came with a
+    /// UUID (`has_uuid`) or without one.
+    pub fn hashes_image(self, has_uuid: bool) -> bool {
         match self {
-            PolicyKind::KvPixels => uuids.count() as u32,
-            PolicyKind::KvUuid | PolicyKind::Dynamo => uuids.filter(|has| !has).count() as u32,
-            _ => 0,
+            PolicyKind::KvPixels => true,
+            PolicyKind::KvUuid | PolicyKind::Dynamo => !has_uuid,
+            _ => false,
         }
     }
 }

@@ -232,11 +232,23 @@ impl Report {
             "fleet: {} workers, block {} tokens, {} device + {} host blocks each\n",
             self.config.workers, self.config.block_size_tokens, self.config.blocks_device, self.config.blocks_host
         );
+        let t = &self.config.timing;
+        let sizes: Vec<u32> = match &self.config.hash_measurement {
+            Some(m) => m.sizes.iter().map(|z| z.tokens).collect(),
+            None => vec![256, 576],
+        };
+        let per_image =
+            sizes.iter().map(|&n| format!("{:.2} ms for {n} tokens", t.hash_us(n) / 1000.0)).collect::<Vec<_>>();
+        let how = match &self.config.hash_measurement {
+            Some(m) => format!("measured here, median of {} per size", m.samples),
+            None => "given".to_owned(),
+        };
         let _ = writeln!(
             s,
-            "events reach the routers {} ms after each step's prefill; pixels hashed at {:.1} ms per image\n",
+            "events reach the routers {} ms after each step's prefill; pixels hashed (BLAKE3, {:.3} ns/byte, {how}): {}\n",
             self.config.delay_ms,
-            self.config.timing.hash_us_per_image / 1000.0
+            t.hash_ns_per_byte,
+            per_image.join(", ")
         );
         self.policy_rows(&mut s, &self.policies);
         if !self.predicted.is_empty() {

@@ -35,6 +35,10 @@ use serde_json::{Value, json};
 const BLOCK: u32 = 32;
 const VISION_START: u32 = 151_652;
 const IMAGE_PAD: u32 = 151_655;
+/// Device and host blocks of the engine behind the tiered fidelity test:
+/// small enough that the chat requests offload blocks and evict host ones.
+const TIERED_DEVICE: u32 = 96;
+const TIERED_HOST: u32 = 128;
 const VISION_END: u32 = 151_653;
 
 fn repo() -> &'static Path {
@@ -577,8 +581,22 @@ fn check_with_vllm(python: &Path, payloads: &[(EventForm, Vec<u8>)]) -> usize {
 /// An engine of block size `BLOCK` whose publisher (started through the
 /// engine, so it carries the engine's hash profile) encodes in `form`.
 fn engine_in_form(form: EventForm, replay: bool, buffer_steps: usize, heartbeat_ms: u32) -> Engine {
+    engine_with_tiers(form, replay, buffer_steps, heartbeat_ms, 256, 0)
+}
+
+/// An engine of `blocks_device` device and `blocks_host` host blocks whose
+/// publisher sends in `form`.
+fn engine_with_tiers(
+    form: EventForm,
+    replay: bool,
+    buffer_steps: usize,
+    heartbeat_ms: u32,
+    blocks_device: u32,
+    blocks_host: u32,
+) -> Engine {
     let mut e =
-        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device: 256, ..Default::default() }).unwrap();
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device, blocks_host, ..Default::default() })
+            .unwrap();
     e.vacant_publisher()
         .unwrap()
         .start(PublisherConfig {
@@ -1423,23 +1441,26 @@ fn relay_protects_dynamo_array_form() {
 }
 
 /// The simulation's `dynamo` policy believes what Dynamo's real in-process
-/// `KvRouter` believes: one engine serves the first requests of the
-/// simulation's chat workload (images with and without UUIDs, a pool small
-/// enough to evict), its stream goes both to the wheel's `KvRouter`
+/// `KvRouter` believes, tier by tier: one engine with a device and a host tier
+/// serves the first requests of the simulation's chat workload (images with
+/// and without UUIDs, pools small enough that blocks are offloaded to the
+/// host and evicted from it), its stream goes both to the wheel's `KvRouter`
 /// (tests/interop/dynamo_kvrouter.py) and, through the simulation's tap, to
 /// the policy's view built on the native crate; then every served prompt,
-/// hashed as the view hashes it, gets the same device overlap from both
-/// (`get_overlap_scores`). Some overlaps are partial, so evictions were
-/// applied alike.
+/// hashed as the view hashes it, gets the same device overlap and the same
+/// host-pinned continuation from both (`get_overlap_scores`:
+/// `device_blocks`, `host_pinned_extension_blocks`, `disk_extension_blocks`).
+/// Some overlaps are partial and some continue in the host tier, so
+/// offloads and evictions were applied alike.
 #[test]
 fn sim_dynamo_policy_matches_dynamo_kvrouter() {
-    use kvcore_tools::sim::dynamo_view::DynamoView;
+    use kvcore_tools::sim::dynamo_view::{DynamoView, TierScores};
     use kvcore_tools::sim::tap::Taps;
     use kvcore_tools::sim::view::{CacheView, ViewRequest, engine_keys};
     use kvcore_tools::sim::{ChatConfig, chat_workload};
 
     let Some(python) = python() else { return };
-    let mut e = engine_in_form(EventForm::Map, false, 100, 0);
+    let mut e = engine_with_tiers(EventForm::Map, false, 100, 0, TIERED_DEVICE, TIERED_HOST);
     let (endpoint, _) = endpoints(&e);
     let mut child = Command::new(&python)
         .arg(repo().join("tests/interop/dynamo_kvrouter.py"))
@@ -1510,26 +1531,26 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
         feed(&e, &mut taps, &mut view);
     }
     assert_eq!(taps.lost(), 0);
-    let ours_and_theirs = |call: &mut dyn FnMut(Value) -> Value, view: &DynamoView| {
+    let ours_and_theirs = |call: &mut dyn FnMut(Value) -> Value, view: &mut DynamoView| {
         requests
             .iter()
             .map(|r| {
                 let tokens = r.prompt.tokens();
                 let keys = engine_keys(r, &tokens, BLOCK, IMAGE_PAD);
                 let vr = ViewRequest { request: r, tokens: &tokens, engine_keys: &keys, block_size: BLOCK };
-                let ours = view.overlap_scores(&DynamoView::request_hashes(&vr, keys.len()))[0] as u64;
+                let ours = view.tier_scores(&DynamoView::request_hashes(&vr, keys.len()))[0];
                 let (blocks, mm) = DynamoView::request_blocks(&vr, keys.len());
-                let theirs = call(json!({"op": "overlap", "tokens": blocks, "block_mm_infos": mm}))["device_blocks"]
-                    .as_u64()
-                    .unwrap();
-                (ours, theirs, keys.len() as u64)
+                let v = call(json!({"op": "overlap", "tokens": blocks, "block_mm_infos": mm}));
+                let n = |k: &str| v[k].as_u64().unwrap() as u32;
+                let theirs = TierScores { device: n("device_blocks"), host: n("host_blocks"), disk: n("disk_blocks") };
+                (ours, theirs, keys.len() as u32)
             })
             .collect::<Vec<_>>()
     };
     // The wheel applies events on its own threads: wait until it settles.
     let deadline = Instant::now() + Duration::from_secs(20);
     let pairs = loop {
-        let pairs = ours_and_theirs(&mut call, &view);
+        let pairs = ours_and_theirs(&mut call, &mut view);
         if pairs.iter().all(|(a, b, _)| a == b) || Instant::now() > deadline {
             break pairs;
         }
@@ -1538,11 +1559,21 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
     for (i, (ours, theirs, _)) in pairs.iter().enumerate() {
         assert_eq!(
             ours, theirs,
-            "request {i}: the simulation's dynamo view {ours}, Dynamo's KvRouter {theirs}: {pairs:?}"
+            "request {i}: the simulation's dynamo view {ours:?}, Dynamo's KvRouter {theirs:?}: {pairs:?}"
         );
     }
-    assert!(pairs.iter().any(|(o, _, n)| *o > 0 && o < n), "some overlap is partial: {pairs:?}");
-    assert!(pairs.iter().any(|(o, _, _)| *o == 0), "some prompt was evicted or never held: {pairs:?}");
+    // The stream held host-tier stores and removals, and the view indexed
+    // them all (the queries above applied every delivered event).
+    let stats = view.stats().unwrap();
+    let host = &stats["events_by_tier"]["HostPinned"];
+    assert!(host["stored"].as_u64().unwrap() > 0 && host["removed"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["lower_tier_events_pending"], 0, "{stats}");
+    assert_eq!(view.events_unusable(), 0, "{stats}");
+    let d = |o: &TierScores| o.device;
+    assert!(pairs.iter().any(|(o, _, n)| d(o) > 0 && d(o) < *n), "some device overlap is partial: {pairs:?}");
+    assert!(pairs.iter().any(|(o, _, _)| o.host > 0), "some match continues in the host tier: {pairs:?}");
+    assert!(pairs.iter().any(|(o, _, _)| o.device == 0 && o.host > 0), "some match is host-tier only: {pairs:?}");
+    assert!(pairs.iter().any(|(o, _, _)| o.device + o.host == 0), "some prompt was evicted or never held: {pairs:?}");
     call(json!({"op": "quit"}));
     let _ = child.wait();
 }

@@ -315,6 +315,18 @@ fn command_line() {
     let bad = std::process::Command::new(bin).args(["sim", "--policies", "best"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown policy \"best\""));
+    // The BLAKE3 cost is measured unless given; a negative one is refused.
+    assert!(stdout.contains("ns/byte, measured here, median of 15 per size"), "{stdout}");
+    let given = std::process::Command::new(bin)
+        .args(["sim", "--sessions", "2", "--quiet", "--policies", "kv-pixels", "--sweep-delays-ms", ""])
+        .args(["--no-predictions", "--hash-ns-per-byte", "0.5"])
+        .output()
+        .unwrap();
+    let given = String::from_utf8_lossy(&given.stdout);
+    assert!(given.contains("(BLAKE3, 0.500 ns/byte, given): 0.39 ms for 256 tokens"), "{given}");
+    let bad = std::process::Command::new(bin).args(["sim", "--hash-ns-per-byte=-1"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("timing costs"), "{}", String::from_utf8_lossy(&bad.stderr));
     let missing = std::process::Command::new(bin).args(["sim", "--trace", "/nonexistent/t.jsonl"]).output().unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/t.jsonl"));
