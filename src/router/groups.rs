@@ -87,9 +87,9 @@ impl GroupRole {
     }
 }
 
-/// Where [`GroupViews::route`] sends an event.
+/// Where `GroupViews::route` sends an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupRoute {
+enum GroupRoute {
     /// To the main group's [`Indexer`].
     Main,
     /// To the view of group `index`.
@@ -227,7 +227,7 @@ impl GroupViews {
 
     /// Where an event of `worker` goes, learning the group's role from the
     /// event when it names a kind.
-    pub fn route(&mut self, worker: WorkerId, event: &WireEvent) -> GroupRoute {
+    fn route(&mut self, worker: WorkerId, event: &WireEvent) -> GroupRoute {
         let (group_idx, kind, window) = match event {
             WireEvent::BlockStored(s) => (s.group_idx, s.kv_cache_spec_kind.as_deref(), s.kv_cache_spec_sliding_window),
             WireEvent::BlockRemoved(r) => {
@@ -283,6 +283,7 @@ impl GroupViews {
     /// full-attention group is its main one, every other group gets its
     /// role, so that a group holding no block yet still constrains the
     /// worker's score. Stores that name a kind later still update it.
+    /// `worker` is an id of the indexer these views stand beside.
     pub fn learn_groups(&mut self, worker: WorkerId, groups: &[ProfileGroup]) {
         let w = self.worker_mut(worker);
         for g in groups {

@@ -39,7 +39,7 @@ mod subscriber;
 mod table;
 mod workload;
 
-pub use groups::{GroupCounters, GroupRole, GroupRoute, GroupViews};
+pub use groups::{GroupCounters, GroupRole, GroupViews};
 pub use hashing::{
     HashError, HashedRequest, ImagePlacement, ImageRef, KeysStop, NoUuids, RouterKey, RouterScope, TokenRequest,
     UuidLookup, UuidResolver, hash_request, lora_identity,
