@@ -5,10 +5,11 @@
 //! what a `BlockStored` event carries and nothing else:
 //!
 //! ```text
-//! seed      = XXH3-64("kvcore-router/v1" ‖ block_size u32 LE ‖ tag(lora) ‖ tag(cache_salt))
+//! seed      = XXH3-64("kvcore-router/v2" ‖ block_size u32 LE ‖ tag(lora) ‖ tag(cache_salt))
 //! content_i = XXH3-64(tokens_i as u32 LE ‖ for each image run of block i:
 //!                     digest[32] ‖ item_offset u32 LE ‖ block_offset u32 LE ‖ len u32 LE)
-//! key_i     = XXH3-64(key_{i-1} u64 LE ‖ content_i u64 LE)          key_{-1} = seed
+//! key_i     = key_{i-1} · CHAIN_MUL + content_i  (mod 2⁶⁴)        key_{-1} = seed
+//! CHAIN_MUL = 0xD6E8_FEB8_6659_FD93 (odd)
 //! tag(x)    = 0u8 when absent, else 1u8 ‖ len u32 LE ‖ bytes
 //! ```
 //!
@@ -19,17 +20,33 @@
 //! - **Two stages** (`content`, then `key`), so that a block whose parent the
 //!   router does not know yet can keep its 8-byte content hash and be keyed
 //!   later, when the parent arrives, without keeping its tokens.
+//! - **One XXH3 call per block.** The chain step is a multiply and an add:
+//!   a polynomial (Karp-Rabin) hash over the blocks' content hashes. Since
+//!   `CHAIN_MUL` is odd, both `parent ↦ key` (content fixed) and
+//!   `content ↦ key` (parent fixed) are bijections of the 64-bit values: two
+//!   blocks of different content hashes under one parent, or one block under
+//!   two different parents, never get the same key. Two chains of different contents meet
+//!   only when their sums agree, which for XXH3's outputs has a chance of
+//!   2⁻⁶⁴ a pair. The step costs 4 cycles of latency, so the blocks' content
+//!   hashes, independent of each other, overlap in the CPU; the request hash
+//!   runs at the speed of XXH3 over the tokens. (Version 1 of the recipe,
+//!   `kvcore-router/v1`, chained with a second XXH3 call over the parent key
+//!   and the content hash, and took about 1.7 times as long per block.)
 //! - **Images by content digest**: a UUID never enters a key. A request that
 //!   names an image only by UUID is resolved through a UUID-to-digest view the
 //!   router learns from events ([`UuidResolver`]), and only while the whole
 //!   fleet holds that UUID under one digest; the same UUID on other pixels
 //!   therefore never matches by cache, and an image nobody advertised never
 //!   matches at all.
-//! - **XXH3-64**, about 15 ns per 32-token block on one core: a 4096-token
-//!   request hashes in a few microseconds. It is not cryptographic; the
-//!   engine's own SHA-256 keys stay the cache identity, and a collision here
-//!   can only misroute a request, never corrupt a cache. With n blocks held in
-//!   all, the chance of any collision is about n² / 2⁶⁵ (3·10⁻⁶ for 10 million).
+//! - **Not cryptographic, and it need not be.** Router keys never leave the
+//!   router: they are not on the wire, not in the engine, not in any cache.
+//!   The engine's own SHA-256 block keys stay the cache identity, so a
+//!   collision here (or one crafted on purpose, XXH3 being unkeyed) can only
+//!   misroute a request to a worker that then computes what it lacks, never
+//!   corrupt a cache or make an engine reuse a block. With n blocks held in
+//!   all, the chance of any collision is about n² / 2⁶⁵ (3·10⁻⁶ for 10
+//!   million). The recipe is fixed and pinned by test vectors; a change to
+//!   it changes the seed's tag.
 //!
 //! The LoRA identity in the seed is the event's `lora_name` when present,
 //! otherwise its `lora_id` in decimal (see [`lora_identity`]).
@@ -41,7 +58,10 @@ use kvcore::{ImageDigest, ImageRun};
 pub struct RouterKey(pub u64);
 
 /// Domain tag at the start of every scope seed.
-const SEED_TAG: &[u8; 16] = b"kvcore-router/v1";
+const SEED_TAG: &[u8; 16] = b"kvcore-router/v2";
+
+/// The odd multiplier of the chain step (see the module docs).
+const CHAIN_MUL: u64 = 0xD6E8_FEB8_6659_FD93;
 
 /// The scope of a chain: block size, LoRA identity and cache salt. Requests
 /// in different scopes never share keys.
@@ -79,6 +99,14 @@ fn push_tag(buf: &mut Vec<u8>, value: Option<&str>) {
 
 /// The seed of a scope: the parent key of every chain's first block.
 pub(crate) fn scope_seed(block_size: u32, lora: Option<&str>, cache_salt: Option<&str>) -> RouterKey {
+    if lora.is_none() && cache_salt.is_none() {
+        // The common scope, without a heap buffer: tag, block size, two
+        // absent tags.
+        let mut buf = [0u8; 22];
+        buf[..16].copy_from_slice(SEED_TAG);
+        buf[16..20].copy_from_slice(&block_size.to_le_bytes());
+        return RouterKey(xxhash_rust::xxh3::xxh3_64(&buf));
+    }
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(SEED_TAG);
     buf.extend_from_slice(&block_size.to_le_bytes());
@@ -92,6 +120,32 @@ impl RouterScope {
     pub fn seed(&self) -> RouterKey {
         scope_seed(self.block_size, self.lora.as_deref(), self.cache_salt.as_deref())
     }
+
+    /// The router keys of a text-only prompt's full blocks in this scope:
+    /// what [`hash_request`] gives for a [`TokenRequest`] without images,
+    /// from borrowed tokens. A trailing partial block has no key; a block
+    /// size of zero gives none.
+    pub fn text_keys(&self, tokens: &[u32]) -> Vec<RouterKey> {
+        let mut keys = Vec::new();
+        if self.block_size > 0 {
+            text_keys_into(self.seed(), tokens, self.block_size as usize, &mut keys);
+        }
+        keys
+    }
+}
+
+/// Appends the chained keys of `tokens`' full blocks of `block_size`
+/// (at least 1), from `seed`.
+fn text_keys_into(seed: RouterKey, tokens: &[u32], block_size: usize, keys: &mut Vec<RouterKey>) {
+    // Borrowed as bytes on little-endian targets: `scratch` stays empty.
+    let mut scratch = Vec::new();
+    let mut parent = seed;
+    // `extend` from an iterator of known length: one capacity check, not
+    // one a block.
+    keys.extend(tokens.chunks_exact(block_size).map(|block| {
+        parent = chain(parent, content_hash(block, &[], &mut scratch));
+        parent
+    }));
 }
 
 /// Token ids as the little-endian bytes that are hashed. Borrows on
@@ -134,10 +188,7 @@ pub(crate) fn content_hash(tokens: &[u32], runs: &[ImageRun], scratch: &mut Vec<
 /// Chains a block's content hash onto its parent's key.
 #[inline]
 pub(crate) fn chain(parent: RouterKey, content: u64) -> RouterKey {
-    let mut buf = [0u8; 16];
-    buf[..8].copy_from_slice(&parent.0.to_le_bytes());
-    buf[8..].copy_from_slice(&content.to_le_bytes());
-    RouterKey(xxhash_rust::xxh3::xxh3_64(&buf))
+    RouterKey(parent.0.wrapping_mul(CHAIN_MUL).wrapping_add(content))
 }
 
 /// How a request names one of its images.
@@ -307,6 +358,14 @@ pub fn hash_request(
         return Err(HashError::ZeroBlockSize);
     }
     let n = request.tokens.len();
+    let bs = block_size as usize;
+    let blocks_full = n / bs;
+    if request.images.is_empty() {
+        let seed = scope_seed(block_size, request.lora.as_deref(), request.cache_salt.as_deref());
+        let mut keys = Vec::new();
+        text_keys_into(seed, &request.tokens, bs, &mut keys);
+        return Ok(HashedRequest { keys, blocks_full, stop: None, digests: Vec::new() });
+    }
     let mut runs = Vec::new();
     let mut digests = Vec::with_capacity(request.images.len());
     let mut unresolved: Vec<Option<KeysStop>> = Vec::with_capacity(request.images.len());
@@ -346,8 +405,6 @@ pub fn hash_request(
         }
     }
 
-    let bs = block_size as usize;
-    let blocks_full = n / bs;
     let seed = scope_seed(block_size, request.lora.as_deref(), request.cache_salt.as_deref());
     let mut keys = Vec::with_capacity(blocks_full);
     let mut scratch = Vec::new();
@@ -486,6 +543,70 @@ mod tests {
         let unknown = hash_request(&place(ImageRef::Uuid("dog".into())), 16, 5, &r).unwrap();
         assert_eq!(unknown.keys, by_bytes.keys[..1].to_vec());
         assert_eq!(unknown.stop, Some(KeysStop::UnknownUuid { image: 0 }));
+    }
+
+    /// The recipe, pinned: the seed, a text chain and an image block's key
+    /// recomputed here from the module docs' formulas with XXH3 alone, and
+    /// the same values as literals, so that any change to the recipe (which
+    /// must change the seed's tag) fails here.
+    #[test]
+    fn recipe_test_vectors() {
+        use xxhash_rust::xxh3::xxh3_64;
+        let le = |v: &[u32]| v.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
+        // seed = XXH3-64(tag ‖ block_size ‖ 0 ‖ 0)
+        let mut b = b"kvcore-router/v2".to_vec();
+        b.extend_from_slice(&16u32.to_le_bytes());
+        b.extend_from_slice(&[0, 0]);
+        let seed = xxh3_64(&b);
+        assert_eq!(scope_seed(16, None, None).0, seed);
+        // With a LoRA name and a salt: 1 ‖ len ‖ bytes for each.
+        let mut b2 = b"kvcore-router/v2".to_vec();
+        b2.extend_from_slice(&16u32.to_le_bytes());
+        for v in ["lora-a", "salt"] {
+            b2.push(1);
+            b2.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            b2.extend_from_slice(v.as_bytes());
+        }
+        assert_eq!(scope_seed(16, Some("lora-a"), Some("salt")).0, xxh3_64(&b2));
+        // key_i = key_{i-1} · 0xD6E8_FEB8_6659_FD93 + XXH3-64(tokens_i LE).
+        let tokens: Vec<u32> = (0..40).map(|i| i * 1000 + 7).collect();
+        let mut expect = Vec::new();
+        let mut k = seed;
+        for block in tokens.chunks_exact(16) {
+            k = k.wrapping_mul(0xD6E8_FEB8_6659_FD93).wrapping_add(xxh3_64(&le(block)));
+            expect.push(RouterKey(k));
+        }
+        let scope = RouterScope { block_size: 16, lora: None, cache_salt: None };
+        let keys = scope.text_keys(&tokens);
+        assert_eq!(keys, expect);
+        assert_eq!(
+            hash_request(&TokenRequest { tokens: tokens.clone(), ..Default::default() }, 16, 0, &NoUuids).unwrap().keys,
+            keys
+        );
+        // An image block: placeholder ids at the image's positions, then
+        // digest ‖ item_offset ‖ block_offset ‖ len after the tokens.
+        let digest = ImageDigest([0xAB; 32]);
+        let req = TokenRequest {
+            tokens: tokens.clone(),
+            images: vec![ImagePlacement { image: ImageRef::Digest(digest), runs: vec![(20, 6)] }],
+            ..Default::default()
+        };
+        let img = hash_request(&req, 16, 99, &NoUuids).unwrap();
+        let mut block1 = tokens[16..32].to_vec();
+        block1[4..10].fill(99);
+        let mut bytes = le(&block1);
+        bytes.extend_from_slice(&digest.0);
+        for v in [0u32, 4, 6] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let k1 = expect[0].0.wrapping_mul(0xD6E8_FEB8_6659_FD93).wrapping_add(xxh3_64(&bytes));
+        assert_eq!(img.keys[..2], [expect[0], RouterKey(k1)]);
+        // The literals (computed once from the formulas above).
+        assert_eq!(
+            (seed, keys[0].0, keys[1].0, k1),
+            (0x0416_2b60_ef01_cfca, 0x7bc3_df89_b70a_7279, 0xc7f9_ea61_36eb_0438, 0x2733_3b62_58cc_a1cf),
+            "the router key recipe changed: bump the seed's tag and these vectors together"
+        );
     }
 
     /// Malformed placements are errors, never panics.

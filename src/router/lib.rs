@@ -8,7 +8,7 @@
 //!
 //! | concern | items |
 //! |---|---|
-//! | a request's keys | [`hash_request`] of a [`TokenRequest`] (token ids and [`ImagePlacement`]s) into a [`HashedRequest`] of [`RouterKey`]s, in a [`RouterScope`] |
+//! | a request's keys | [`hash_request`] of a [`TokenRequest`] (token ids and [`ImagePlacement`]s) into a [`HashedRequest`] of [`RouterKey`]s; [`RouterScope::text_keys`] of borrowed text tokens |
 //! | images by UUID | [`UuidResolver`] (the [`Indexer`] is one, [`NoUuids`] knows none), [`UuidLookup`] |
 //! | text and images to token ids | [`ModelProfile`] renders [`Message`]s of [`Part`]s through a tokenizer |
 //! | which worker holds what | [`Indexer`]: events in, [`Overlap`]s per worker and [`Tier`] out |

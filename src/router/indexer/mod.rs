@@ -342,8 +342,9 @@ impl Indexer {
                 }
             }
         };
+        let probe = self.index.map.reader();
         for (i, key) in keys.iter().enumerate().skip(1) {
-            let Some(&v) = self.index.map.get(key.0) else { break };
+            let Some(v) = probe.get(key.0) else { break };
             if v == prev {
                 run += 1;
                 continue;

@@ -28,10 +28,21 @@
 //! - A lookup answers, per worker, the longest held prefix: kvcore per tier
 //!   (device and any tier), Dynamo one count (`early_exit` off, as its
 //!   router calls it).
+//! - `PositionalIndexer` accepts a stored block in a lookup only where the
+//!   block's external hash equals Dynamo's own rolling sequence hash of the
+//!   request's block hashes, so it never matches events stored under an
+//!   engine's hashes (vLLM's, or these workloads'). Its lookup rows index
+//!   the events with those sequence hashes in place of the engine's
+//!   ([`to_dynamo_positional`]); its apply rows take the engine's hashes,
+//!   as the others do.
+//! - Request hashing: kvcore's [`RouterScope::text_keys`] from borrowed
+//!   tokens against `compute_block_hash_for_seq`, each computing its
+//!   scope's seed in the call, each returning a new `Vec` of keys.
 //! - Decode: kvcore decodes into its wire structs; Dynamo's
 //!   `decode_event_batch` into its raw events, then its `ZmqEventNormalizer`
 //!   turns them into placement events.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;
 use std::io::BufRead as _;
@@ -43,7 +54,7 @@ use std::time::Instant;
 
 use dynamo_kv_router::protocols::{
     BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData, WorkerWithDpRank,
+    KvCacheStoredBlockData, WorkerWithDpRank, compute_next_seq_hash,
 };
 use dynamo_kv_router::zmq_wire::{ZmqEventNormalizer, decode_event_batch};
 use dynamo_kv_router::{
@@ -53,8 +64,7 @@ use dynamo_kv_router::{
 use kvcore::wire::{
     EventForm, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, decode_payload, encode_payload,
 };
-use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, NoUuids, RouterKey, TokenRequest};
-use kvcore_router::{WorkerId, hash_request};
+use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, RouterKey, RouterScope, WorkerId};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
 use super::alloc::live_bytes;
@@ -92,6 +102,9 @@ pub enum Side {
     /// Dynamo's `PositionalIndexer` (jump 32) in a `ThreadPoolIndexer` of one
     /// thread.
     Positional,
+    /// Dynamo's `ConcurrentRadixTreeCompressed` in a `ThreadPoolIndexer` of
+    /// several threads (only in [`thread_rows`], not in [`Side::ALL`]).
+    CrtcPool,
 }
 
 impl Side {
@@ -105,6 +118,7 @@ impl Side {
             Side::Radix => "RadixTree",
             Side::Crtc => "CRTC",
             Side::Positional => "Positional",
+            Side::CrtcPool => "CRTC pool",
         }
     }
 }
@@ -128,7 +142,13 @@ impl Index {
             Side::Radix => Index::Radix(Box::new(RadixTree::new())),
             Side::Crtc => Index::Crtc(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, block_size)),
             Side::Positional => Index::Positional(ThreadPoolIndexer::new(PositionalIndexer::new(32), 1, block_size)),
+            Side::CrtcPool => Self::crtc_pool(1, block_size),
         }
+    }
+
+    /// CRTC in a `ThreadPoolIndexer` of `threads` threads.
+    fn crtc_pool(threads: usize, block_size: u32) -> Self {
+        Index::Crtc(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), threads, block_size))
     }
 
     /// Applies decoded events (Dynamo's side converts and hashes them first).
@@ -187,10 +207,10 @@ enum Keys {
 /// Hashes a request the way `side` does before a lookup.
 fn hash_keys(side: Side, tokens: &[u32], block_size: u32) -> Keys {
     match side {
-        Side::Kvcore => {
-            let req = TokenRequest { tokens: tokens.to_vec(), images: Vec::new(), lora: None, cache_salt: None };
-            Keys::Kvcore(hash_request(&req, block_size, u32::MAX, &NoUuids).expect("text hashes").keys)
-        }
+        // Text from borrowed tokens, as Dynamo's function takes them; the
+        // scope's seed is computed in each call, as Dynamo's is from its
+        // options.
+        Side::Kvcore => Keys::Kvcore(RouterScope { block_size, lora: None, cache_salt: None }.text_keys(tokens)),
         _ => Keys::Dynamo(compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default())),
     }
 }
@@ -224,6 +244,50 @@ pub fn to_dynamo(worker: u64, id: u64, e: &WireEvent, block_size: u32) -> Option
         _ => return None,
     };
     Some(RouterEvent::new(worker, KvCacheEvent { event_id: id, data, dp_rank: 0 }))
+}
+
+/// Dynamo's events for `PositionalIndexer`'s lookups: as [`to_dynamo`], but
+/// each block's external hash replaced by Dynamo's own rolling sequence hash
+/// of the block hashes (`compute_next_seq_hash`), the parent's by the
+/// parent's. `PositionalIndexer::find_matches` recomputes that sequence hash
+/// from the request and accepts a stored block only where the two agree, so
+/// it never matches blocks stored under an engine's own hashes (vLLM's, or
+/// this workload's): it is built for events whose block hashes Dynamo
+/// computed. Removals are not converted (the lookup rows store only).
+pub fn to_dynamo_positional(events: &[(usize, WireEvent)], block_size: u32) -> Vec<RouterEvent> {
+    let mut seq_of: HashMap<(usize, i64), u64> = HashMap::new();
+    let mut out = Vec::new();
+    for (id, (w, e)) in events.iter().enumerate() {
+        let WireEvent::BlockStored(s) = e else { continue };
+        let Some(tokens) = s.token_ids.as_deref() else { continue };
+        let local = compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default());
+        let mut parent = s.parent_block_hash.and_then(|p| seq_of.get(&(*w, p)).copied());
+        if s.parent_block_hash.is_some() && parent.is_none() {
+            continue;
+        }
+        let parent_hash = parent.map(ExternalSequenceBlockHash);
+        let blocks = s
+            .block_hashes
+            .iter()
+            .zip(local)
+            .map(|(h, l)| {
+                let seq = match parent {
+                    None => l.0,
+                    Some(p) => compute_next_seq_hash(p, l),
+                };
+                parent = Some(seq);
+                seq_of.insert((*w, *h), seq);
+                KvCacheStoredBlockData {
+                    block_hash: ExternalSequenceBlockHash(seq),
+                    tokens_hash: l,
+                    mm_extra_info: None,
+                }
+            })
+            .collect();
+        let data = KvCacheEventData::Stored(KvCacheStoreData { parent_hash, start_position: None, blocks });
+        out.push(RouterEvent::new(*w as u64, KvCacheEvent { event_id: id as u64, data, dp_rank: 0 }));
+    }
+    out
 }
 
 /// A stream of stored events over a number of workers.
@@ -359,6 +423,79 @@ impl Workload {
             blocks,
             request,
         })
+    }
+
+    /// The chat simulation's stream (`kvcore sim`'s default workload,
+    /// `ChatConfig::default()`): request `i` of the first `requests` stored
+    /// by worker `i % workers`, each full block of its prompt that the
+    /// worker does not hold yet stored in parent-linked events of up to 16
+    /// blocks, engine hashes chained over the tokens. The request looked up
+    /// is the next one. Images enter both sides as the placeholder ids at
+    /// their positions (no image metadata: Dynamo's text hash and kvcore's
+    /// keys then see the same tokens).
+    pub fn chat(requests: usize, workers: usize, block_size: u32) -> Self {
+        use crate::sim::workload::{ChatConfig, chat_workload};
+        let chat = chat_workload(&ChatConfig::default()).expect("the default chat workload is valid");
+        let bs = block_size as usize;
+        let mut held: Vec<ahash::AHashSet<i64>> = vec![Default::default(); workers];
+        let (mut events, mut blocks, mut request) = (Vec::new(), 0, Vec::new());
+        for (i, r) in chat.requests.iter().enumerate() {
+            let tokens = r.prompt.tokens();
+            if i == requests {
+                request = tokens.into_owned();
+                break;
+            }
+            let w = i % workers;
+            let (mut prev, mut parent): (u64, Option<i64>) = (0, None);
+            let mut pending: Vec<(i64, &[u32])> = Vec::new();
+            let flush =
+                |pending: &mut Vec<(i64, &[u32])>, parent: Option<i64>, events: &mut Vec<(usize, WireEvent)>| {
+                    if pending.is_empty() {
+                        return;
+                    }
+                    events.push((
+                        w,
+                        WireEvent::BlockStored(WireBlockStored {
+                            block_hashes: pending.iter().map(|p| p.0).collect(),
+                            parent_block_hash: parent,
+                            token_ids: Some(pending.iter().flat_map(|p| p.1.iter().copied()).collect()),
+                            block_size,
+                            medium: Some("GPU".into()),
+                            ..Default::default()
+                        }),
+                    ));
+                    pending.clear();
+                };
+            let mut event_parent = None;
+            for block in tokens.chunks_exact(bs) {
+                let mut buf = Vec::with_capacity(8 + bs * 4);
+                buf.extend_from_slice(&prev.to_le_bytes());
+                block.iter().for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
+                prev = xxhash_rust::xxh3::xxh3_64(&buf);
+                let h = prev as i64;
+                if held[w].insert(h) {
+                    if pending.is_empty() {
+                        event_parent = parent;
+                    }
+                    pending.push((h, block));
+                    blocks += 1;
+                    if pending.len() == 16 {
+                        flush(&mut pending, event_parent, &mut events);
+                    }
+                } else {
+                    flush(&mut pending, event_parent, &mut events);
+                }
+                parent = Some(h);
+            }
+            flush(&mut pending, event_parent, &mut events);
+        }
+        Self {
+            name: format!("chat simulation, {requests} requests, {workers} workers"),
+            workers,
+            events,
+            blocks,
+            request,
+        }
     }
 
     /// One `BlockRemoved` per stored event, in reverse order.
@@ -516,11 +653,19 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
 /// Lookup rows on one workload: the lookup alone (keys made untimed), the
 /// request hash alone, and both (a routing decision's index work).
 pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec<Row> {
+    let positional = to_dynamo_positional(&w.events, block_size);
     let indexes: Vec<Index> = Side::ALL
         .iter()
         .map(|s| {
             let mut ix = Index::new(*s, w.workers, block_size);
-            ix.apply(&w.events, block_size);
+            if *s == Side::Positional {
+                for ev in positional.iter().cloned() {
+                    ix.apply_dynamo(ev);
+                }
+                ix.flush();
+            } else {
+                ix.apply(&w.events, block_size);
+            }
             ix
         })
         .collect();
@@ -592,6 +737,69 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
         },
     );
     vec![lookup, hash, both]
+}
+
+/// One kvcore thread against `ThreadPoolIndexer<CRTC>` with `threads`
+/// threads: fresh apply from decoded events (kvcore on the calling thread;
+/// Dynamo's caller makes and hashes the events, as in [`apply_rows`], and
+/// the pool's threads apply them, each worker's events on one thread), and
+/// lookups (each a single call on the calling thread, on both sides). The
+/// pool's figure is what that many threads give; kvcore's router has no
+/// threaded or sharded ingest, so its side is one thread.
+pub fn thread_rows(w: &Workload, block_size: u32, n: usize, iters: usize, threads: usize) -> Vec<Row> {
+    let sides = [Side::Kvcore, Side::CrtcPool];
+    let make = |side: Side| match side {
+        Side::CrtcPool => Index::crtc_pool(threads, block_size),
+        _ => Index::new(side, w.workers, block_size),
+    };
+    let blocks = w.blocks as f64;
+    let mut kept: Vec<Option<Index>> = vec![None, None];
+    let apply = rounds(
+        format!("fresh apply, one kvcore thread against CRTC with {threads} threads, {}", w.name),
+        "M blocks/s",
+        true,
+        n,
+        &sides,
+        |side| {
+            let slot = &mut kept[(side == Side::CrtcPool) as usize];
+            *slot = None;
+            let mut ix = make(side);
+            let t = Instant::now();
+            ix.apply(&w.events, block_size);
+            let s = t.elapsed().as_secs_f64();
+            *slot = Some(ix);
+            blocks / s / 1e6
+        },
+    );
+    let indexes: Vec<Index> = kept.into_iter().map(|k| k.expect("filled by the apply rounds")).collect();
+    let keys = [hash_keys(Side::Kvcore, &w.request, block_size), hash_keys(Side::CrtcPool, &w.request, block_size)];
+    let matched = [indexes[0].lookup(&keys[0]), indexes[1].lookup(&keys[1])];
+    assert_eq!(matched[0], matched[1], "both sides match the same workers");
+    let lookup = rounds(
+        format!("lookup, one kvcore thread against CRTC with {threads} threads (one call each), {}", w.name),
+        "µs",
+        false,
+        n,
+        &sides,
+        |side| {
+            let i = (side == Side::CrtcPool) as usize;
+            let (ix, k) = (&indexes[i], &keys[i]);
+            for _ in 0..iters.min(50) {
+                black_box(ix.lookup(k));
+            }
+            let mut ns: Vec<f64> = (0..iters.div_ceil(16))
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..16 {
+                        black_box(ix.lookup(k));
+                    }
+                    t.elapsed().as_nanos() as f64 / 16.0
+                })
+                .collect();
+            median(&mut ns) / 1000.0
+        },
+    );
+    vec![apply, lookup]
 }
 
 /// Decode + apply from payload bytes, one event a payload (map form, token
@@ -701,9 +909,10 @@ mod tests {
     use super::*;
 
     /// Both sides index the same events to the same answer: for a prefix
-    /// held by 4 of 8 workers, kvcore's overlaps and Dynamo's `RadixTree`
-    /// and CRTC scores name the same workers with the same prefix lengths
-    /// (the held half of the request), and every event converts.
+    /// held by 4 of 8 workers, kvcore's overlaps and Dynamo's `RadixTree`,
+    /// CRTC and `PositionalIndexer` scores name the same workers with the
+    /// same prefix lengths (the held half of the request), and every event
+    /// converts.
     #[test]
     fn both_sides_answer_alike() {
         let w = Workload::held(8, 4, 2, 256, 32);
@@ -728,5 +937,23 @@ mod tests {
             assert_eq!(theirs, ours, "{}", side.name());
         }
         assert_eq!(w.events.iter().filter_map(|(wk, e)| to_dynamo(*wk as u64, 0, e, 32)).count(), w.events.len());
+        // `PositionalIndexer` answers alike from events carrying Dynamo's
+        // sequence hashes, and matches nothing under the engine's hashes.
+        let positional = |evs: Vec<RouterEvent>| {
+            let mut d = Index::new(Side::Positional, w.workers, 32);
+            for ev in evs {
+                d.apply_dynamo(ev);
+            }
+            d.flush();
+            let Index::Positional(p) = &d else { unreachable!() };
+            let mut v: Vec<(u64, u32)> =
+                p.backend().find_matches(&local, false).scores.iter().map(|(k, v)| (k.worker_id, *v)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(positional(to_dynamo_positional(&w.events, 32)), ours);
+        let engine_hashes =
+            w.events.iter().enumerate().filter_map(|(i, (wk, e))| to_dynamo(*wk as u64, i as u64, e, 32));
+        assert_eq!(positional(engine_hashes.collect()), vec![]);
     }
 }

@@ -357,10 +357,19 @@ pub struct BenchArgs {
     /// Requests of the trace stored.
     #[arg(long, default_value_t = 1000)]
     trace_requests: usize,
+    /// Requests of the chat simulation's stream stored (`chat` rows).
+    #[arg(long, default_value_t = 2000)]
+    chat_requests: usize,
     /// Only these native row groups, comma separated: apply, lookup, decode,
-    /// memory, trace (default all).
+    /// trace, chat, memory (default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// With `--native`: also compare one kvcore thread against Dynamo's
+    /// `ThreadPoolIndexer<CRTC>` with this many threads (fresh apply and
+    /// lookups on the uniform workload and the Mooncake trace); 0 for none.
+    /// Give it a machine with at least that many cores beside the caller.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 /// Prints one native row.
@@ -380,7 +389,7 @@ fn print_native(row: &kvcore_tools::bench::native::Row) {
 
 /// `route-bench --native`.
 fn native_bench(args: &BenchArgs) -> Result<(), Error> {
-    use kvcore_tools::bench::native::{Workload, apply_rows, decode_rows, lookup_rows, memory_row};
+    use kvcore_tools::bench::native::{Workload, apply_rows, decode_rows, lookup_rows, memory_row, thread_rows};
     let want = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
     let bs = args.block_size;
     let n = args.rounds.max(1);
@@ -427,6 +436,31 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
                     }
                 }
                 Err(e) => println!("trace {} skipped: {e}", args.trace.display()),
+            }
+        }
+    }
+    if args.threads > 0 {
+        let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
+        println!(
+            "threads: one kvcore thread against ThreadPoolIndexer<CRTC> with {} threads ({cores} cores available)",
+            args.threads
+        );
+        let mut loads = vec![uniform.clone()];
+        if let Ok(w) = Workload::mooncake(&args.trace, args.trace_requests, 4, bs) {
+            loads.push(w);
+        }
+        for w in &loads {
+            for r in thread_rows(w, bs, n, args.iters, args.threads) {
+                print_native(&r);
+            }
+        }
+    }
+    if want("chat") {
+        for workers in [4usize, 64] {
+            let w = Workload::chat(args.chat_requests, workers, bs);
+            println!("{}: {} events, {} blocks", w.name, w.events.len(), w.blocks);
+            for r in apply_rows(&w, bs, n).into_iter().chain(lookup_rows(&w, bs, n, args.iters)) {
+                print_native(&r);
             }
         }
     }

@@ -1487,25 +1487,37 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
     let mut taps = Taps::connect(std::slice::from_ref(&endpoint)).unwrap();
     let mut view = DynamoView::new(1, BLOCK);
     let feed = |e: &Engine, taps: &mut Taps, view: &mut DynamoView| {
-        for payload in taps.collect(0, e.publisher().unwrap().next_seq()) {
-            view.apply_payload(0, &payload);
+        let payloads = taps.collect(0, e.publisher().unwrap().next_seq());
+        for payload in &payloads {
+            view.apply_payload(0, payload);
         }
+        payloads.len()
     };
-    // Join: serve probe prompts until the wheel's relay has one.
+    // Join: serve probe prompts until both the wheel's relay and the tap have
+    // one (a SUB socket misses what is published before its subscription
+    // arrives, which takes longer on a loaded machine).
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut n = 0u32;
+    let mut tap_joined = false;
     loop {
         let p: Vec<u32> = (0..33).map(|i| 40_000 + n * 64 + i).collect();
         serve(&mut e, &p, 33, None);
-        feed(&e, &mut taps, &mut view);
+        let before = taps.lost();
+        tap_joined |= feed(&e, &mut taps, &mut view) > 0 && taps.lost() == before;
         n += 1;
         std::thread::sleep(Duration::from_millis(150));
         let probe = call(json!({"op": "overlap", "tokens": p, "block_mm_infos": null}));
-        if probe["device_blocks"] == 1 {
+        if probe["device_blocks"] == 1 && tap_joined {
             break;
         }
-        assert!(Instant::now() < deadline, "Dynamo's relay never received our stream");
+        assert!(Instant::now() < deadline, "Dynamo's relay or the tap never received our stream");
     }
+    // Both sides start over from one `AllBlocksCleared`, so batches the tap
+    // missed while joining leave nothing that only one side holds.
+    e.clear();
+    e.step();
+    feed(&e, &mut taps, &mut view);
+    let lost_at_join = taps.lost();
     let workload =
         chat_workload(&ChatConfig { sessions: 6, seed: 21, uuid_pixel_swap: 0.3, ..Default::default() }).unwrap();
     let requests = &workload.requests[..24];
@@ -1530,7 +1542,7 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
         e.step();
         feed(&e, &mut taps, &mut view);
     }
-    assert_eq!(taps.lost(), 0);
+    assert_eq!(taps.lost(), lost_at_join, "no batch lost after the join");
     let ours_and_theirs = |call: &mut dyn FnMut(Value) -> Value, view: &mut DynamoView| {
         requests
             .iter()
