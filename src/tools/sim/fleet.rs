@@ -191,7 +191,9 @@ fn make_view(
     let mut wire_fed = |engines: &mut [Engine]| -> Result<Taps, SimError> {
         let endpoints = attach_publishers(engines, config.base_port)?;
         *publishers = endpoints.iter().map(|(e, _)| e.clone()).collect();
-        Taps::connect(publishers)
+        let mut taps = Taps::connect(publishers)?;
+        taps.set_replay(endpoints.into_iter().map(|(_, r)| r).collect());
+        Ok(taps)
     };
     Ok(match policy {
         PolicyKind::RoundRobin | PolicyKind::LeastLoaded => (None, None),
