@@ -23,6 +23,7 @@ use serde_json::json;
 
 use crate::config::{EngineConfig, QWEN_IMAGE_PAD_TOKEN};
 use crate::events::profile::HashProfile;
+use crate::group::KvGroup;
 use crate::keys::BLOCK_KEY_ALGORITHM;
 
 /// The version of image routing this crate implements (the value of
@@ -136,9 +137,22 @@ pub fn model_info(config: &EngineConfig, deployment: &Deployment) -> serde_json:
         "image_placeholder_token_id": config.image_placeholder_token_id,
         "block_reuse": config.block_reuse,
         "kv_events": config.kv_events,
-        "hash_profile": HashProfile::new(config.block_size_tokens, vec![config.image_placeholder_token_id]),
+        "hash_profile": profile_of(config),
         "extra": extra,
     })
+}
+
+/// The hash profile of an engine of `config`: its block size and image
+/// placeholder id with this build's recipes, and the KV cache groups of an
+/// engine that names them (what `model_info` advertises and replies carry).
+pub(crate) fn profile_of(config: &EngineConfig) -> HashProfile {
+    let groups: Vec<KvGroup> = if config.names_groups() {
+        let groups = config.effective_groups().into_iter().enumerate();
+        groups.map(|(index, g)| KvGroup { index: index as u32, kind: g.kind }).collect()
+    } else {
+        Vec::new()
+    };
+    HashProfile::new(config.block_size_tokens, vec![config.image_placeholder_token_id]).with_groups(groups)
 }
 
 #[cfg(test)]

@@ -99,7 +99,9 @@ pub mod wire {
         DecodeError, EncodeOptions, EventForm, decode_message, decode_payload, encode_events, encode_payload,
         seq_frame, wire_event,
     };
-    pub use crate::events::profile::{HASH_PROFILE_VERSION, HashProfile, MM_HASH_RECIPE, SCOPE_RULE, WIRE_HASH_RECIPE};
+    pub use crate::events::profile::{
+        HASH_PROFILE_VERSION, HashProfile, MM_HASH_RECIPE, ProfileGroup, SCOPE_RULE, WIRE_HASH_RECIPE,
+    };
     pub use crate::events::publisher::{END_SEQ, PROFILE_REQUEST, SNAPSHOT_REQUEST, endpoint_for_rank};
     pub use crate::events::wire::{
         ImageRoutingV1, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, WireImageItem, WireImageRef,

@@ -80,10 +80,10 @@ impl Engine {
     }
 
     /// The hash profile of this engine's stream: its block size and image
-    /// placeholder id with this build's recipes (docs/wire-format.md).
+    /// placeholder id with this build's recipes, and a hybrid engine's KV
+    /// cache groups (docs/wire-format.md).
     pub fn hash_profile(&self) -> HashProfile {
-        let config = self.config();
-        HashProfile::new(config.block_size_tokens, vec![config.image_placeholder_token_id])
+        crate::capabilities::profile_of(self.config())
     }
 
     /// Takes the closed batches as wire payloads, oldest first: each is the

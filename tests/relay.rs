@@ -235,3 +235,68 @@ fn a_late_consumer_of_the_relay_recovers_past_its_ring() {
     assert!(c.profiles_checked >= 1, "the relay forwards the engine's profile: {c:?}");
     assert!(relay.counters().replays_answered_by_snapshot >= 1, "{:?}", relay.counters());
 }
+
+/// A hybrid engine behind the relay: the relay republishes its main
+/// group's events alone (Dynamo indexes nothing else, and the relay's
+/// mirror holds one group), so a consumer of the relay holds chain A, which
+/// the full-attention group stores, and nothing of chain B, which only the
+/// sliding-window group holds, and sees no group besides the main one.
+#[test]
+fn the_relay_republishes_a_hybrid_engine_s_main_group() {
+    use kvcore::{BlockKey, BlockStored, GroupKind, KvEvent, KvGroup, Publisher, PublisherConfig, Tier};
+    use kvcore_router::Subscriber;
+    let full = KvGroup { index: 0, kind: GroupKind::FullAttention };
+    let window = KvGroup { index: 1, kind: GroupKind::SlidingWindow { window_tokens: 8 } };
+    let stored = |chain: u8, group| {
+        KvEvent::BlockStored(BlockStored {
+            event_seq: 0,
+            keys: (0..2).map(|i| BlockKey([chain + i; 32])).collect(),
+            parent: None,
+            token_ids: (0..8).map(|t| u32::from(chain) * 100 + t).collect(),
+            block_size: BS,
+            lora_id: None,
+            lora_name: None,
+            cache_salt: None,
+            medium: Tier::Device,
+            images: Vec::new(),
+            block_images: Default::default(),
+            group: Some(group),
+        })
+    };
+    let mut up =
+        Publisher::bind(PublisherConfig { endpoint: "tcp://127.0.0.1:*".into(), ..Default::default() }).unwrap();
+    let workers = vec![RelayWorker {
+        name: "hybrid".into(),
+        upstream: up.endpoint().to_owned(),
+        upstream_replay: None,
+        bind: "tcp://127.0.0.1:*".into(),
+        bind_replay: None,
+    }];
+    let indexer = IndexerConfig { block_size: BS, ..Default::default() };
+    let config = RelayConfig {
+        subscriber: SubscriberConfig { indexer: indexer.clone(), ..Default::default() },
+        ..Default::default()
+    };
+    let mut relay = Relay::new(config, &workers).unwrap();
+    let mut sub = Subscriber::new(SubscriberConfig { indexer, ..Default::default() });
+    let id = sub.connect("down", relay.endpoint(0).unwrap(), None).unwrap();
+    let chain_a: Vec<i64> = {
+        let mut v: Vec<i64> = (0..2).map(|i| BlockKey([10 + i; 32]).wire_hash().0).collect();
+        v.sort_unstable();
+        v
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sub.indexer().worker_blocks(id, Tier::Device) != chain_a {
+        assert!(Instant::now() < deadline, "the consumer never held chain A: {:?}", relay.counters());
+        // Resent until both sockets joined (ZMQ's slow joiner); stores of
+        // blocks already held change nothing.
+        up.publish(vec![stored(10, full), stored(10, window), stored(50, window)]);
+        for _ in 0..5 {
+            relay.poll(Duration::from_millis(20)).unwrap();
+            sub.poll(Duration::from_millis(20)).unwrap();
+        }
+    }
+    assert!(relay.counters().events_other_groups >= 2, "{:?}", relay.counters());
+    assert!(sub.groups().is_empty(), "the relay republished a group besides the main one");
+    assert_eq!(sub.groups().counters().group_events, 0);
+}

@@ -158,3 +158,95 @@ fn a_worker_with_another_hash_profile_is_refused() {
     };
     assert!(matches!(err, SubscribeError::ProfileMismatch { field: "block_size", .. }), "{err}");
 }
+
+/// A hybrid engine's stream over real ZMQ, joined late: the publisher's
+/// replay ring no longer covers the start, so the subscriber rebuilds both
+/// groups from the snapshot (which keeps each block's group, and sends a
+/// sliding-window block whose parent the group released with that parent
+/// unheld). A worker whose window lost the two blocks before the end scores
+/// 6 of 8 while its main group, what Dynamo indexes, holds all 8; one whose
+/// window lost only old blocks scores 8; live stores then heal the first.
+#[test]
+fn hybrid_stream_is_scored_per_group_after_a_snapshot() {
+    use kvcore::{BlockKey, BlockRemoved, BlockStored, GroupKind, KvEvent, KvGroup};
+    use kvcore_router::{NoUuids, TokenRequest, hash_request};
+    let full = KvGroup { index: 0, kind: GroupKind::FullAttention };
+    let window = KvGroup { index: 1, kind: GroupKind::SlidingWindow { window_tokens: 8 } };
+    let tokens: Vec<u32> = (500..532).collect();
+    let key = |i: usize| BlockKey([i as u8 + 1; 32]);
+    let stored = |blocks: std::ops::Range<usize>, group| {
+        KvEvent::BlockStored(BlockStored {
+            event_seq: 0,
+            keys: blocks.clone().map(key).collect(),
+            parent: blocks.start.checked_sub(1).map(key),
+            token_ids: tokens[blocks.start * 4..blocks.end * 4].to_vec(),
+            block_size: 4,
+            lora_id: None,
+            lora_name: None,
+            cache_salt: None,
+            medium: Tier::Device,
+            images: Vec::new(),
+            block_images: Default::default(),
+            group: Some(group),
+        })
+    };
+    let removed = |blocks: &[usize]| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            event_seq: 0,
+            keys: blocks.iter().map(|&i| key(i)).collect(),
+            medium: Tier::Device,
+            group: Some(window),
+        })
+    };
+    let publisher = || {
+        Publisher::bind(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            buffer_steps: 1,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (mut lost_end, mut lost_old) = (publisher(), publisher());
+    for (p, lost) in [(&mut lost_end, [6, 7].as_slice()), (&mut lost_old, [0, 1, 2, 3].as_slice())] {
+        p.publish(vec![stored(0..8, full), stored(0..8, window)]);
+        p.publish(vec![removed(lost)]);
+        p.publish(Vec::new());
+        assert!(p.flush(Duration::from_secs(5)));
+    }
+    let mut sub = subscriber();
+    let a = sub.connect("lost-end", lost_end.endpoint(), lost_end.replay_endpoint()).unwrap();
+    let b = sub.connect("lost-old", lost_old.endpoint(), lost_old.replay_endpoint()).unwrap();
+    let sync = |sub: &mut Subscriber, ps: [&mut Publisher; 2]| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            for p in ps.iter() {
+                p.flush(Duration::from_secs(5));
+            }
+            let targets = [(a, ps[0].next_seq()), (b, ps[1].next_seq())];
+            if sub.poll_until_synced(&targets, Duration::from_millis(300)).unwrap() {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "subscriber caught up");
+        }
+    };
+    sub.resync(a).unwrap();
+    sub.resync(b).unwrap();
+    sync(&mut sub, [&mut lost_end, &mut lost_old]);
+    assert!(sub.counters().snapshots_applied >= 2, "{:?}", sub.counters());
+    let keys =
+        hash_request(&TokenRequest { tokens: tokens.clone(), ..Default::default() }, 4, 0, &NoUuids).unwrap().keys;
+    let score = |sub: &Subscriber| {
+        let mut v: Vec<(u32, u32)> = sub.find_matches(&keys).iter().map(|o| (o.worker.0, o.device_blocks)).collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(score(&sub), vec![(a.0, 6), (b.0, 8)]);
+    let main: Vec<u32> = sub.indexer().find_matches(&keys).iter().map(|o| o.device_blocks).collect();
+    assert_eq!(main, vec![8, 8], "the main group holds every block");
+    assert_eq!(sub.groups().group_blocks(b, 1, Tier::Device).len(), 4);
+    // Live: the window's last blocks come back.
+    lost_end.publish(vec![stored(6..8, window)]);
+    sync(&mut sub, [&mut lost_end, &mut lost_old]);
+    assert_eq!(score(&sub), vec![(a.0, 8), (b.0, 8)]);
+}

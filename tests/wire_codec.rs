@@ -578,13 +578,15 @@ fn hostile_lengths_fail_fast() {
     assert_eq!(b.events, vec![WireEvent::Unknown { name: "X".into() }]);
 }
 
+/// The workload and the hybrid events, each in both forms.
 fn valid_payloads() -> Vec<Vec<u8>> {
-    let events = workload();
     let mut out = Vec::new();
-    for form in [EventForm::Map, EventForm::Array] {
-        let mut b = Vec::new();
-        encode_events(&events, 3.25, Some(1), &EncodeOptions { form, token_ids: true }, &mut b);
-        out.push(b);
+    for events in [workload(), hybrid_events()] {
+        for form in [EventForm::Map, EventForm::Array] {
+            let mut b = Vec::new();
+            encode_events(&events, 3.25, Some(1), &EncodeOptions { form, token_ids: true }, &mut b);
+            out.push(b);
+        }
     }
     out
 }
@@ -604,7 +606,7 @@ proptest! {
     #[test]
     #[cfg_attr(miri, ignore = "slow under miri")]
     fn mutated_payloads_never_panic(
-        which in 0usize..2,
+        which in 0usize..4,
         flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
         cut in any::<usize>(),
     ) {

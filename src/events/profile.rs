@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::events::wire::IMAGE_ROUTING_VERSION;
+use crate::group::KvGroup;
 use crate::keys::BLOCK_KEY_ALGORITHM;
 
 /// The version of the profile document itself.
@@ -52,6 +53,37 @@ pub struct HashProfile {
     /// `v`). Named apart from `model_info`'s `extra.image_routing_version`,
     /// which says whether image routing is advertised at all.
     pub routing_metadata_version: u64,
+    /// A hybrid engine's KV cache groups, so that a consumer knows every
+    /// group before any block of it arrives (a group holding nothing would
+    /// otherwise never be named, and a prefix it cannot serve would look
+    /// reusable). Empty, and absent from the JSON, for a single-group
+    /// engine. Not a hashing rule: [`HashProfile::first_difference`] does
+    /// not compare it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_cache_groups: Vec<ProfileGroup>,
+}
+
+/// One KV cache group of a [`HashProfile`], named as the events name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileGroup {
+    /// The group's index (`group_idx`).
+    pub group_idx: u32,
+    /// Its kind (`kv_cache_spec_kind`): `"full_attention"` or
+    /// `"sliding_window"` from kvcore, another name from another engine.
+    pub kv_cache_spec_kind: String,
+    /// A sliding-window group's window in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_spec_sliding_window: Option<u32>,
+}
+
+impl From<KvGroup> for ProfileGroup {
+    fn from(g: KvGroup) -> Self {
+        Self {
+            group_idx: g.index,
+            kv_cache_spec_kind: g.kind.as_str().to_owned(),
+            kv_cache_spec_sliding_window: g.kind.window_tokens(),
+        }
+    }
 }
 
 impl HashProfile {
@@ -67,7 +99,15 @@ impl HashProfile {
             image_placeholder_token_ids,
             scope: SCOPE_RULE.into(),
             routing_metadata_version: IMAGE_ROUTING_VERSION,
+            kv_cache_groups: Vec::new(),
         }
+    }
+
+    /// The same profile listing a hybrid engine's groups (none for a
+    /// single-group engine).
+    pub fn with_groups(mut self, groups: impl IntoIterator<Item = KvGroup>) -> Self {
+        self.kv_cache_groups = groups.into_iter().map(ProfileGroup::from).collect();
+        self
     }
 
     /// The first field in which `other` differs from `self`, as

@@ -12,6 +12,7 @@
 //! | images by UUID | [`UuidResolver`] (the [`Indexer`] is one, [`NoUuids`] knows none), [`UuidLookup`] |
 //! | text and images to token ids | [`ModelProfile`] renders [`Message`]s of [`Part`]s through a tokenizer |
 //! | which worker holds what | [`Indexer`]: events in, [`Overlap`]s per worker and [`Tier`] out |
+//! | hybrid models | [`GroupViews`]: the KV cache groups beside the main one, and the prefix reusable in every group ([`GroupRole`], [`GroupCounters`]) |
 //! | the decision | [`decide`] weighs overlap against load ([`ScoringConfig`]) into a [`Decision`] |
 //! | the stream | [`Subscriber`]: ZMQ per worker, gap and restart detection, replay and snapshot recovery ([`Applied`] steps for followers) |
 //! | Dynamo behind a fleet-wide view | [`Relay`] republishes each worker's stream with `mm_hash`es the whole fleet agrees on ([`RelayConfig`], [`RelayWorker`], [`RelayCounters`]) |
@@ -20,13 +21,15 @@
 //! Inside, the modules depend on each other in one direction only:
 //! `hashing` and `table` use nothing of the crate; `indexer` uses both;
 //! `profiles` uses `hashing`; `scoring` uses `hashing` and `indexer`;
-//! `subscriber` uses `indexer`; `relay` uses `hashing`, `indexer` and
+//! `groups` uses `hashing` and `indexer`; `subscriber` uses `indexer` and
+//! `groups`; `relay` uses `hashing`, `indexer` and
 //! `subscriber`; `workload` stands alone.
 //!
 //! See `docs/router.md` for the key scheme and the recovery protocol.
 
 #![forbid(unsafe_code)]
 
+mod groups;
 mod hashing;
 mod indexer;
 mod profiles;
@@ -36,6 +39,7 @@ mod subscriber;
 mod table;
 mod workload;
 
+pub use groups::{GroupCounters, GroupRole, GroupViews};
 pub use hashing::{
     HashError, HashedRequest, ImagePlacement, ImageRef, KeysStop, NoUuids, RouterKey, RouterScope, TokenRequest,
     UuidLookup, UuidResolver, hash_request, lora_identity,

@@ -33,6 +33,9 @@
 //!   re-stores where identities changed: sequence numbers of a republished
 //!   stream are contiguous from 0 whatever the upstream gaps, and the relay
 //!   serves replay (and kvcore's snapshot) from its own ring and mirror.
+//! - A hybrid engine's groups other than the main one are not republished:
+//!   Dynamo indexes the main group alone, and the relay's mirror, keyed by
+//!   engine hash, holds one group.
 //! - The relay decides after each poll of the upstream sockets, on the view
 //!   as it stands then: every block stored in that poll goes out with the
 //!   identities of that moment, and only older blocks are re-stored.
@@ -96,6 +99,10 @@ pub struct RelayCounters {
     pub blocks_restored: u64,
     /// Upstream events of a type the relay does not know (not republished).
     pub events_unknown: u64,
+    /// Upstream events of a KV cache group other than the worker's main one
+    /// (a hybrid engine's sliding-window groups): not republished, as
+    /// Dynamo indexes the main group alone.
+    pub events_other_groups: u64,
     /// Replay requests answered.
     pub replays_served: u64,
     /// Replay requests older than the ring, answered with the snapshot.
@@ -296,6 +303,10 @@ impl Relay {
                     self.outs[i].data_parallel_rank = batch.data_parallel_rank;
                     let mut events = Vec::with_capacity(batch.events.len());
                     for e in batch.events {
+                        if !self.subscriber.groups().is_main_event(id, &e) {
+                            self.counters.events_other_groups += 1;
+                            continue;
+                        }
                         match e {
                             WireEvent::BlockStored(s) => {
                                 self.mirror_stored(i, &s, &mut dirty, &mut touched[i]);

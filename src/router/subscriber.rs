@@ -47,7 +47,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::indexer::{Indexer, IndexerConfig, WorkerId};
+use crate::groups::GroupViews;
+use crate::indexer::{Indexer, IndexerConfig, Overlap, WorkerId};
 use kvcore::wire::decode_message;
 use kvcore::wire::{END_SEQ, HashProfile, PROFILE_REQUEST, SNAPSHOT_REQUEST};
 use kvcore::wire::{WireBatch, WireEvent};
@@ -204,6 +205,8 @@ pub struct Subscriber {
     ctx: zmq::Context,
     conns: Vec<WorkerConn>,
     indexer: Indexer,
+    /// The KV cache groups beside the main one, for hybrid models.
+    groups: GroupViews,
     counters: SubscriberCounters,
     loss: Option<(u64, u32)>,
     /// What was applied, in order, while [`Subscriber::record_applied`] is on.
@@ -234,6 +237,7 @@ impl Subscriber {
     pub fn new(config: SubscriberConfig) -> Self {
         Self {
             indexer: Indexer::new(config.indexer.clone()),
+            groups: GroupViews::new(config.indexer.block_size, config.indexer.blocks_per_worker_max),
             config,
             ctx: zmq::Context::new(),
             conns: Vec::new(),
@@ -257,6 +261,7 @@ impl Subscriber {
 
     fn clear_worker(&mut self, worker: WorkerId) {
         self.indexer.clear_worker(worker);
+        self.groups.clear_worker(worker);
         if let Some(a) = &mut self.applied {
             a.push(Applied::Cleared(worker));
         }
@@ -291,9 +296,22 @@ impl Subscriber {
         Ok(id)
     }
 
-    /// The indexer.
+    /// The indexer of every worker's main group (its only group, for an
+    /// engine that names none): what Dynamo indexes.
     pub fn indexer(&self) -> &Indexer {
         &self.indexer
+    }
+
+    /// The KV cache groups beside the main one.
+    pub fn groups(&self) -> &GroupViews {
+        &self.groups
+    }
+
+    /// Per worker, the longest prefix of `keys` reusable in every KV cache
+    /// group ([`GroupViews::find_matches`]); for single-group workers the
+    /// same as `self.indexer().find_matches(keys)`.
+    pub fn find_matches(&self, keys: &[crate::RouterKey]) -> Vec<Overlap> {
+        self.groups.find_matches(&self.indexer, keys)
     }
 
     /// The counters.
@@ -515,7 +533,19 @@ impl Subscriber {
     }
 
     fn apply_batch(&mut self, worker: WorkerId, batch: &WireBatch) {
-        self.indexer.apply_all(batch.events.iter().map(|e| (worker, e)));
+        let grouped = batch.events.iter().any(|e| match e {
+            WireEvent::BlockStored(s) => s.group_idx.is_some() || s.kv_cache_spec_kind.is_some(),
+            WireEvent::BlockRemoved(r) => r.group_idx.is_some() || r.kv_cache_spec_kind.is_some(),
+            _ => false,
+        });
+        if grouped || !self.groups.is_empty() {
+            for e in &batch.events {
+                self.groups.apply(&mut self.indexer, worker, e);
+            }
+        } else {
+            // A single-group stream: the indexer's read-ahead path.
+            self.indexer.apply_all(batch.events.iter().map(|e| (worker, e)));
+        }
         if let Some(a) = &mut self.applied {
             a.push(Applied::Batch(worker, batch.clone()));
         }
@@ -588,6 +618,7 @@ impl Subscriber {
                             // nothing before it.
                             c.expected = msg.seq + 1;
                             self.indexer.clear_worker(id);
+                            self.groups.clear_worker(id);
                             self.apply_batch(id, &msg.batch);
                             self.counters.replays_answered_by_snapshot += 1;
                             self.counters.snapshots_applied += 1;
@@ -624,6 +655,11 @@ impl Subscriber {
             HashProfile::new(self.config.indexer.block_size, theirs.image_placeholder_token_ids.clone())
         });
         let difference = ours.first_difference(&theirs);
+        let id = c.id;
+        // A hybrid engine lists its groups: learnt before its blocks arrive,
+        // so that a group holding nothing still constrains the score.
+        self.groups.learn_groups(id, &theirs.kv_cache_groups);
+        let c = &mut self.conns[i];
         c.profile = Some(theirs);
         let Some((field, ours, theirs)) = difference else {
             // A worker reconfigured to agree is taken back.
@@ -635,6 +671,7 @@ impl Subscriber {
         c.buffer.clear();
         let (id, worker) = (c.id, c.name.clone());
         self.indexer.clear_worker(id);
+        self.groups.clear_worker(id);
         self.counters.profile_mismatches += 1;
         Err(SubscribeError::ProfileMismatch { worker, field, ours, theirs })
     }

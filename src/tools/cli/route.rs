@@ -103,7 +103,7 @@ pub fn run(args: RouteArgs) -> Result<(), Error> {
             ImageRef::Bytes(b) => json!({"digest": ImageDigest::of_content(b).to_hex()}),
         })
         .collect();
-    let overlaps = sub.indexer().find_matches(&hashed.keys);
+    let overlaps = sub.find_matches(&hashed.keys);
     let decision =
         decide(&ScoringConfig::default(), hashed.blocks_full as u32, hashed.keys.first().copied(), &overlaps, &workers);
     let name = |w: u32| sub.indexer().worker_name(WorkerId(w)).unwrap_or("?").to_owned();
@@ -122,6 +122,7 @@ pub fn run(args: RouteArgs) -> Result<(), Error> {
             "images": images,
             "subscriber": sub.counters(),
             "indexer": sub.indexer().counters(),
+            "groups": sub.groups().counters(),
             "memory": sub.indexer().memory(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);

@@ -10,6 +10,9 @@
 //! the in-process `KvRouter`, with and without `kvcore_router::Relay`
 //! between; every payload captured from the indexer tests is also decoded by
 //! vLLM 0.33.0's own decoder, whose fields must mean what kvcore meant.
+//! Hybrid models: a stream with a full-attention and a sliding-window group
+//! scores in Dynamo as its main group alone, by hand-built events and end to
+//! end from kvcore's hybrid engine beside a single-group twin.
 //!
 //! The Python side (tests/interop/) is installed into a virtualenv by
 //! `setup_venv.sh` on first use and reused afterwards. Where Python or the
@@ -524,9 +527,12 @@ fn check_with_vllm(python: &Path, payloads: &[(EventForm, Vec<u8>)]) -> usize {
                     assert_eq!(e["lora_id"], json!(s.lora_id));
                     assert_eq!(e["medium"], json!(s.medium));
                     assert_eq!(e["lora_name"], json!(s.lora_name));
-                    for slot in ["group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality"] {
-                        assert!(e[slot].is_null(), "vLLM reads {slot} = {} from kvcore: {e}", e[slot]);
-                    }
+                    // The group fields where kvcore wrote them, absent for a
+                    // single-group engine.
+                    assert_eq!(e["group_idx"], json!(s.group_idx), "{e}");
+                    assert_eq!(e["kv_cache_spec_kind"], json!(s.kv_cache_spec_kind), "{e}");
+                    assert_eq!(e["kv_cache_spec_sliding_window"], json!(s.kv_cache_spec_sliding_window), "{e}");
+                    assert!(e["locality"].is_null(), "vLLM reads locality = {} from kvcore: {e}", e["locality"]);
                     for slot in ["ownership", "session_id", "lookahead_token_ids"] {
                         assert!(e[slot].is_null(), "vLLM reads {slot} = {} from kvcore: {e}", e[slot]);
                     }
@@ -561,6 +567,8 @@ fn check_with_vllm(python: &Path, payloads: &[(EventForm, Vec<u8>)]) -> usize {
                     assert_eq!(e["type"], "BlockRemoved");
                     assert_eq!(e["medium"], json!(r.medium));
                     assert_eq!(e["block_hashes"].as_array().unwrap().len(), r.block_hashes.len());
+                    assert_eq!(e["group_idx"], json!(r.group_idx), "{e}");
+                    assert!(e["locality"].is_null() && e["ownership"].is_null(), "{e}");
                 }
                 WireEvent::AllBlocksCleared => assert_eq!(e["type"], "AllBlocksCleared"),
                 WireEvent::Unknown { .. } => panic!("kvcore never publishes an unknown event"),
@@ -1580,4 +1588,233 @@ fn sim_dynamo_policy_matches_dynamo_kvrouter() {
     assert!(pairs.iter().any(|(o, _, _)| o.device + o.host == 0), "some prompt was evicted or never held: {pairs:?}");
     call(json!({"op": "quit"}));
     let _ = child.wait();
+}
+
+// Hybrid models: a KV cache group per attention pattern.
+
+/// The events of one hybrid engine step by step, and the same engine's
+/// main group alone (what a single-group engine serving the full-attention
+/// layers would publish): chain A (4 blocks) in the full-attention group 0
+/// and in the sliding-window group 1 (window 64 tokens), chain B (3 blocks)
+/// in the sliding-window group only; then group 1 drops A's block 1 (on
+/// the device; it stays on the host) and group 0 drops A's block 3.
+fn hybrid_steps(hybrid: bool) -> Vec<Vec<kvcore::KvEvent>> {
+    use kvcore::{BlockKey, BlockRemoved, BlockStored, GroupKind, KvEvent, KvGroup, Tier};
+    let full = KvGroup { index: 0, kind: GroupKind::FullAttention };
+    let window = KvGroup { index: 1, kind: GroupKind::SlidingWindow { window_tokens: 64 } };
+    let key = |chain: u8, i: usize| {
+        BlockKey([
+            chain, i as u8, 0x5a, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29,
+        ])
+    };
+    let stored = |chain: u8, blocks: usize, group: Option<KvGroup>, medium: Tier| {
+        KvEvent::BlockStored(BlockStored {
+            event_seq: 0,
+            keys: (0..blocks).map(|i| key(chain, i)).collect(),
+            parent: None,
+            token_ids: hybrid_tokens(chain, blocks),
+            block_size: BLOCK,
+            lora_id: None,
+            lora_name: None,
+            cache_salt: None,
+            medium,
+            images: Vec::new(),
+            block_images: Default::default(),
+            group,
+        })
+    };
+    let removed = |chain: u8, i: usize, group: Option<KvGroup>, medium: Tier| {
+        KvEvent::BlockRemoved(BlockRemoved { event_seq: 0, keys: vec![key(chain, i)], medium, group })
+    };
+    if !hybrid {
+        return vec![vec![stored(b'A', 4, None, Tier::Device)], vec![removed(b'A', 3, None, Tier::Device)]];
+    }
+    vec![
+        vec![
+            stored(b'A', 4, Some(full), Tier::Device),
+            stored(b'A', 4, Some(window), Tier::Device),
+            stored(b'A', 4, Some(window), Tier::Host),
+            stored(b'B', 3, Some(window), Tier::Device),
+        ],
+        vec![removed(b'A', 1, Some(window), Tier::Device), removed(b'A', 3, Some(full), Tier::Device)],
+    ]
+}
+
+/// Chain `chain`'s token ids, `blocks` full blocks.
+fn hybrid_tokens(chain: u8, blocks: usize) -> Vec<u32> {
+    (0..blocks as u32 * BLOCK).map(|i| u32::from(chain) * 1000 + i + 7).collect()
+}
+
+fn publisher_in(form: EventForm) -> Publisher {
+    Publisher::bind(PublisherConfig {
+        endpoint: "tcp://127.0.0.1:*".into(),
+        replay_endpoint: None,
+        heartbeat_ms: 0,
+        encode: EncodeOptions { form, token_ids: true },
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Dynamo 1.6.1's standalone indexer, fed a hybrid engine's stream in each
+/// form beside the same engine's main group alone, gives the hybrid worker
+/// exactly the main-group worker's scores: it indexes the full-attention
+/// group and ignores the sliding-window group without misreading it (were
+/// the window's stores taken for the main group, chain B would score; were
+/// its removal, chain A would drop to one block). Its counters show the
+/// main group's events alone applied. vLLM 0.33.0's decoder reads every
+/// hybrid payload's group fields as kvcore meant them.
+#[test]
+fn dynamo_indexes_the_main_group_of_a_hybrid_stream_alone() {
+    let Some(python) = python() else { return };
+    // Workers 1 and 2: hybrid and main-only in the map form; 3 and 4 the
+    // same in the array form.
+    let mut pubs: Vec<(u64, bool, Publisher)> = vec![
+        (1, true, publisher_in(EventForm::Map)),
+        (2, false, publisher_in(EventForm::Map)),
+        (3, true, publisher_in(EventForm::Array)),
+        (4, false, publisher_in(EventForm::Array)),
+    ];
+    let workers: Vec<String> = pubs.iter().map(|(id, _, p)| format!("{id}={}", p.endpoint())).collect();
+    let mut probe = Probe::start(&python, &workers.join(","));
+    for (_, _, p) in &mut pubs {
+        let before = probe.applied("cleared");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while probe.applied("cleared") <= before {
+            assert!(Instant::now() < deadline, "Dynamo's indexer never received our stream");
+            p.publish(vec![kvcore::KvEvent::AllBlocksCleared(kvcore::AllBlocksCleared { event_seq: 0 })]);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (stored0, removed0) = (probe.applied("stored"), probe.applied("removed"));
+    let a = hybrid_tokens(b'A', 4);
+    let b = hybrid_tokens(b'B', 3);
+    let mut expected = Vec::new();
+    for (step, want) in [(0usize, [128, 0]), (1, [96, 0])] {
+        for (_, hybrid, p) in &mut pubs {
+            p.publish(hybrid_steps(*hybrid)[step].clone());
+        }
+        // Each worker's main group stored once, then removed once.
+        if step == 0 {
+            probe.wait_applied(stored0 + 4, 0);
+        } else {
+            probe.wait_applied(0, removed0 + 4);
+        }
+        // Let anything Dynamo might misapply land too.
+        std::thread::sleep(Duration::from_millis(500));
+        for (tokens, want) in [(&a, want[0]), (&b, want[1])] {
+            let s = scores(&mut probe, tokens, None, None, None);
+            let of = |w: &str| s[w].as_u64().unwrap_or(0);
+            assert_eq!(of("1"), of("2"), "step {step}: the hybrid map stream scores as its main group: {s}");
+            assert_eq!(of("3"), of("4"), "step {step}: the hybrid array stream scores as its main group: {s}");
+            assert_eq!(of("2"), want, "step {step}: {s}");
+            assert_eq!(of("4"), want, "step {step}: {s}");
+            expected.push(s);
+        }
+    }
+    assert_eq!(
+        (probe.applied("stored") - stored0, probe.applied("removed") - removed0),
+        (4, 4),
+        "only the main groups' events were applied"
+    );
+    drop(probe);
+
+    // vLLM 0.33.0's own decoder on the hybrid payloads, both forms.
+    let Some(vllm) = vllm_python() else { return };
+    let mut payloads = Vec::new();
+    for form in [EventForm::Map, EventForm::Array] {
+        for step in hybrid_steps(true) {
+            let mut bytes = Vec::new();
+            kvcore::wire::encode_events(&step, 1.5, None, &EncodeOptions { form, token_ids: true }, &mut bytes);
+            payloads.push((form, bytes));
+        }
+    }
+    assert_eq!(check_with_vllm(&vllm, &payloads), 8);
+}
+
+/// An engine of block size `BLOCK` in `form`, hybrid (a full-attention
+/// group of 256 pages and a sliding window of 64 tokens in 12 pages, small
+/// enough to evict) or single-group with the same full-attention pages.
+fn engine_hybrid_or_not(form: EventForm, hybrid: bool) -> Engine {
+    use kvcore::{GroupConfig, GroupKind};
+    let groups = if hybrid {
+        vec![
+            GroupConfig { kind: GroupKind::FullAttention, blocks_device: 256, blocks_host: 0 },
+            GroupConfig { kind: GroupKind::SlidingWindow { window_tokens: 64 }, blocks_device: 12, blocks_host: 0 },
+        ]
+    } else {
+        Vec::new()
+    };
+    let blocks_device = if hybrid { 256 + 12 } else { 256 };
+    let mut e =
+        Engine::new(EngineConfig { block_size_tokens: BLOCK, blocks_device, groups, ..Default::default() }).unwrap();
+    e.vacant_publisher()
+        .unwrap()
+        .start(PublisherConfig {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            encode: EncodeOptions { form, token_ids: true },
+            ..Default::default()
+        })
+        .unwrap();
+    e
+}
+
+/// End to end with kvcore's hybrid engine: engines 1 and 3 are hybrid (map
+/// and array form), 2 and 4 serve the same requests with one full-attention
+/// group of the same size. The window group evicts (kvcore's router scores
+/// those prefixes lower, tests/router_groups.rs), yet Dynamo 1.6.1 gives
+/// each hybrid engine exactly the scores of its single-group twin, equal to
+/// what the twin holds, for every prompt after every request.
+#[test]
+fn dynamo_scores_a_hybrid_engine_as_its_full_attention_group() {
+    let Some(python) = python() else { return };
+    let mut engines: Vec<Engine> = vec![
+        engine_hybrid_or_not(EventForm::Map, true),
+        engine_hybrid_or_not(EventForm::Map, false),
+        engine_hybrid_or_not(EventForm::Array, true),
+        engine_hybrid_or_not(EventForm::Array, false),
+    ];
+    let workers: Vec<String> =
+        engines.iter().enumerate().map(|(i, e)| format!("{}={}", i + 1, endpoints(e).0)).collect();
+    let mut probe = Probe::start(&python, &workers.join(","));
+    for e in &mut engines {
+        join(&mut probe, e);
+    }
+    let prompt = |family: u32, variant: u32| -> Vec<u32> {
+        let mut t: Vec<u32> = (0..6 * BLOCK).map(|i| 1000 * (family + 1) + i).collect();
+        t.extend((0..2 * BLOCK + 2).map(|i| 40_000 + 200 * variant + i));
+        t
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).flat_map(|f| (0..3).map(move |v| prompt(f, v))).collect();
+    let mut served_blocks = 0;
+    for (round, served) in [0usize, 4, 1, 7, 2, 8, 0, 5].into_iter().enumerate() {
+        for e in &mut engines {
+            serve(e, &prompts[served], prompts[served].len() as u64, None);
+        }
+        served_blocks += 1;
+        // Each twin's holdings: prompts hashed by Dynamo, expected overlap
+        // from the single-group engines themselves.
+        let want: Vec<u64> = prompts.iter().map(|t| held(&mut engines[1], t, None)).collect();
+        assert_eq!(want, prompts.iter().map(|t| held(&mut engines[3], t, None)).collect::<Vec<_>>());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got: Vec<Value> = prompts.iter().map(|t| scores(&mut probe, t, None, None, None)).collect();
+            let of = |s: &Value, w: &str| s[w].as_u64().unwrap_or(0);
+            let exact = got.iter().zip(&want).all(|(s, w)| (1..=4).all(|i| of(s, &i.to_string()) == *w));
+            if exact {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: Dynamo's scores {got:?}, the twins hold {want:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_eq!(served_blocks, 8);
+    // The window group did lose blocks its full-attention group kept: the
+    // hybrid engine itself reuses less than its twin for some prompt.
+    let (full, window) = (engines[0].group_usage(0).unwrap(), engines[0].group_usage(1).unwrap());
+    assert!(window.blocks_cached_device < full.blocks_cached_device, "{full:?} {window:?}");
+    let less = prompts.iter().filter(|t| held(&mut engines[0], t, None) < held(&mut engines[1], t, None)).count();
+    assert!(less > 0, "the window group constrains the hybrid engine's reuse");
 }

@@ -228,3 +228,97 @@ fn relay_serves_replay_and_snapshot_of_its_stream() {
         stored.iter().filter_map(|e| e["block_mm_infos"][0]["mm_objects"][0]["mm_hash"].as_u64()).collect();
     assert_eq!(hashes, vec![content, content], "both image blocks go out under their content");
 }
+
+/// `kvcore route` on hybrid engines: three engines with a full-attention
+/// group and a sliding window of 8 tokens hold the same 8 blocks in their
+/// full-attention groups; in a small window pool, one more request evicted
+/// only the window's oldest blocks (released early, outside the last
+/// window) on one engine, and two more evicted its last ones on another.
+/// The command, which learns them from their snapshots, scores each as the
+/// engine itself reuses (8, 8 and fewer) and counts the group events.
+#[test]
+fn route_scores_hybrid_engines_per_group() {
+    use kvcore::{Engine, EngineConfig, GroupConfig, GroupKind, PublisherConfig, RequestSpec};
+    let engine = |window_pages: u32| {
+        let mut e = Engine::new(EngineConfig {
+            block_size_tokens: 4,
+            blocks_device: 64 + window_pages,
+            groups: vec![
+                GroupConfig { kind: GroupKind::FullAttention, blocks_device: 64, blocks_host: 0 },
+                GroupConfig {
+                    kind: GroupKind::SlidingWindow { window_tokens: 8 },
+                    blocks_device: window_pages,
+                    blocks_host: 0,
+                },
+            ],
+            ..Default::default()
+        })
+        .unwrap();
+        e.vacant_publisher()
+            .unwrap()
+            .start(PublisherConfig {
+                endpoint: "tcp://127.0.0.1:*".into(),
+                replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        e
+    };
+    let serve = |e: &mut Engine, tokens: &[u32]| {
+        let a = e.add_request(&RequestSpec { tokens, ..Default::default() }).unwrap();
+        e.commit(a.id, tokens.len() as u64).unwrap();
+        e.finish(a.id).unwrap();
+        e.step();
+    };
+    let prompt: Vec<u32> = (100..134).collect();
+    let (mut keeps, mut old, mut loses) = (engine(32), engine(12), engine(12));
+    for e in [&mut keeps, &mut old, &mut loses] {
+        serve(e, &prompt);
+    }
+    // More prompts in the 11 usable window pages evict the least recently
+    // used window blocks: the first prompt's early-released blocks 0-5,
+    // then its last blocks 6 and 7. The full-attention group keeps all.
+    serve(&mut old, &(900..934).collect::<Vec<u32>>());
+    serve(&mut loses, &(900..934).collect::<Vec<u32>>());
+    serve(&mut loses, &(1900..1934).collect::<Vec<u32>>());
+    let held = |e: &mut Engine| {
+        let a = e.add_request(&RequestSpec { tokens: &prompt, ..Default::default() }).unwrap();
+        e.cancel(a.id).unwrap();
+        e.step();
+        u64::from(a.tokens_cached) / 4
+    };
+    let (k_keeps, k_old, k_loses) = (held(&mut keeps), held(&mut old), held(&mut loses));
+    assert_eq!((k_keeps, k_old), (8, 8));
+    assert!(k_loses < 8, "the window lost blocks before the end: {k_loses}");
+    for e in [&keeps, &old, &loses] {
+        e.publisher().unwrap().flush(std::time::Duration::from_secs(5));
+    }
+    let dir = router_support::temp_dir("router-cli-hybrid");
+    let path = dir.join("request.json");
+    std::fs::write(&path, serde_json::to_vec(&serde_json::json!({"block_size": 4, "token_ids": prompt})).unwrap())
+        .unwrap();
+    let ep = |e: &Engine| {
+        let p = e.publisher().unwrap();
+        format!("{}@{}", p.endpoint(), p.replay_endpoint().unwrap())
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcore"))
+        .args(["route", "--json", "--listen-ms", "2000", "--endpoints"])
+        .arg(format!("{},{},{}", ep(&keeps), ep(&old), ep(&loses)))
+        .arg("--request")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let workers = v["workers"].as_array().unwrap();
+    let blocks_of = |name: String| {
+        workers.iter().find(|w| w["worker"] == name.as_str()).map_or(0, |w| w["device_blocks"].as_u64().unwrap())
+    };
+    let name = |e: &Engine| e.publisher().unwrap().endpoint().to_owned();
+    assert_eq!(
+        (blocks_of(name(&keeps)), blocks_of(name(&old)), blocks_of(name(&loses))),
+        (k_keeps, k_old, k_loses),
+        "{v}"
+    );
+    assert!(v["groups"]["group_events"].as_u64().unwrap() > 0, "{v}");
+}
