@@ -66,6 +66,10 @@ pub struct SimConfig {
     pub placeholder_token: u32,
     /// The engines' `offload_first` (few copy waves, lower hit rate).
     pub offload_first: bool,
+    /// A hybrid model: every engine runs two KV cache groups, full attention
+    /// and a sliding window of this many tokens, splitting the same block
+    /// budget ([`fleet::hybrid_split`]). `None`: one full-attention group.
+    pub hybrid: Option<u32>,
     /// Keep worker 0's block copies, step by step ([`fleet::PolicyRun::copy_log`]).
     pub record_copies: bool,
     /// The timing model.
@@ -104,6 +108,7 @@ impl Default for SimConfig {
             blocks_host: 1024,
             placeholder_token: kvcore::QWEN_IMAGE_PAD_TOKEN,
             offload_first: false,
+            hybrid: None,
             record_copies: false,
             timing: TimingModel::default(),
             scoring: Scoring::default(),
