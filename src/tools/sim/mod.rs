@@ -17,6 +17,13 @@
 //! admission: a *false hit* is a request routed to a worker believed to hold
 //! more leading blocks than its engine then matched.
 //!
+//! With [`SimConfig::hybrid`], every engine is a hybrid model's: a
+//! full-attention group and a sliding-window group in the same pages; a
+//! prefix is then reused only where both groups hold what the next token
+//! reads, and the views that know of groups (the oracle, kvcore's router,
+//! the text-only view) score by that rule while Dynamo indexes the
+//! full-attention group alone.
+//!
 //! | module | what |
 //! |---|---|
 //! | [`workload`] | the seeded multimodal chat generator and the Mooncake trace replay |
