@@ -10,8 +10,9 @@
 //! | [`TextOnlyView`] | the event stream's token ids | placeholder token ids alone (today's mistake) |
 //! | [`ContentView`] | the event stream | the engine's content-addressed keys |
 //!
-//! The oracle reads with [`Engine::cached_medium`], which touches no LRU
-//! state: admitting and cancelling a probe request would move the probed
+//! The oracle reads with [`Engine::cached_medium`] (and, for a hybrid
+//! engine's sliding windows, [`Engine::cached_medium_group`]), which touch
+//! no LRU state: admitting and cancelling a probe request would move the probed
 //! blocks to the back of the LRU and change the run it measures.
 
 use ahash::AHashMap;
