@@ -420,3 +420,27 @@ fn hybrid_run_scores_what_every_group_holds() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["config"]["hybrid"], 128);
 }
+
+/// The text-only view applies the window rule too: on a workload without
+/// images (where token ids are the whole identity) it is wrong far less
+/// often than Dynamo, which indexes the full-attention group alone.
+#[test]
+fn hybrid_text_only_view_respects_the_window() {
+    let workload = chat_workload(&ChatConfig { first_turn_image: 0.0, later_turn_image: 0.0, ..small_chat() }).unwrap();
+    let config = main_table_only(SimConfig {
+        blocks_device: 512,
+        blocks_host: 512,
+        hybrid: Some(128),
+        policies: vec![PolicyKind::KvTextOnly, PolicyKind::Dynamo],
+        ..Default::default()
+    });
+    let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let fh = |p: PolicyKind| report.policy(p).unwrap().false_hits.unwrap();
+    assert!(fh(PolicyKind::Dynamo) > 0);
+    assert!(
+        fh(PolicyKind::KvTextOnly) * 10 <= fh(PolicyKind::Dynamo),
+        "kv-text-only {} false hits against Dynamo's {}",
+        fh(PolicyKind::KvTextOnly),
+        fh(PolicyKind::Dynamo)
+    );
+}
