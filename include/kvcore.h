@@ -1048,9 +1048,11 @@ typedef struct kvc_event {
      */
     uint32_t lora_id;
     /**
-     * Zero; keeps the record free of padding.
+     * The KV cache group the block is in: its index in `kvc_config.groups`
+     * (0 for an engine configured without groups, and for
+     * `KVC_EVENT_KIND_ALL_BLOCKS_CLEARED`, which clears every group).
      */
-    uint32_t reserved;
+    uint32_t group;
     /**
      * The block's full 32-byte key.
      */

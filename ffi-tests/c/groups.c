@@ -4,7 +4,7 @@
  * window names its null page (page 0) for blocks that fell out of it, that
  * those blocks are released (the group holds fewer) yet stay reusable, that
  * a prefix is reused only when both groups hold what the next token reads,
- * and that each copy names its group. */
+ * and that each copy and each event record names its group. */
 #include "check.h"
 
 static size_t table(kvc_engine *e, uint64_t id, uint32_t group, uint32_t *pages, size_t cap) {
@@ -124,6 +124,25 @@ int main(void) {
         }
     }
     CHECK(per_group[0] == 4 && per_group[1] == 4);
+
+    /* Every drained record names its group: both groups stored the prompt's
+     * blocks and the eviction moved blocks of both. */
+    kvc_event events[256];
+    EXPECT_OK(kvc_engine_drain_events(e, events, 256, &n));
+    CHECK(n > 0 && n < 256);
+    int stored[2] = {0, 0}, removed[2] = {0, 0};
+    for (size_t i = 0; i < n; i++) {
+        CHECK(events[i].group < 2);
+        if (events[i].group >= 2) {
+            continue;
+        }
+        if (events[i].kind == KVC_EVENT_KIND_BLOCK_STORED) {
+            stored[events[i].group]++;
+        } else if (events[i].kind == KVC_EVENT_KIND_BLOCK_REMOVED) {
+            removed[events[i].group]++;
+        }
+    }
+    CHECK(stored[0] > 0 && stored[1] > 0 && removed[0] > 0 && removed[1] > 0);
     kvc_engine_free(e);
 
     /* The default config names no group: a single table, group 1 unknown. */

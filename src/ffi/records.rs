@@ -87,8 +87,10 @@ pub struct kvc_event {
     pub flags: u32,
     /// The chain's LoRA id, when `flags` has `KVC_EVENT_FLAG_HAS_LORA_ID`.
     pub lora_id: u32,
-    /// Zero; keeps the record free of padding.
-    pub reserved: u32,
+    /// The KV cache group the block is in: its index in `kvc_config.groups`
+    /// (0 for an engine configured without groups, and for
+    /// `KVC_EVENT_KIND_ALL_BLOCKS_CLEARED`, which clears every group).
+    pub group: u32,
     /// The block's full 32-byte key.
     pub block_key: [u8; 32],
     /// The parent's full key (zero when there is no parent).
@@ -181,6 +183,7 @@ pub(crate) fn flatten_batch(batch: &EventBatch) -> Vec<kvc_event> {
                         image_count: e.images.len() as u32,
                         flags: lora.0 | if parent.is_some() { KVC_EVENT_FLAG_HAS_PARENT } else { 0 },
                         lora_id: lora.1,
+                        group: e.group.map_or(0, |g| g.index),
                         block_key: key.0,
                         parent_key: parent.map_or([0; 32], |p| p.0),
                         ..base
@@ -195,6 +198,7 @@ pub(crate) fn flatten_batch(batch: &EventBatch) -> Vec<kvc_event> {
                     block_hash: key.wire_hash().0,
                     block_index: i as u32,
                     block_count: count,
+                    group: e.group.map_or(0, |g| g.index),
                     block_key: key.0,
                     ..base
                 }));
