@@ -61,6 +61,12 @@ pub struct SimArgs {
     /// (`kvcore gpu-bench --only replay --replay FILE`).
     #[arg(long, value_name = "FILE")]
     record_copies: Option<PathBuf>,
+    /// A hybrid model: every engine runs two KV cache groups, full attention
+    /// and a sliding window of WINDOW tokens, splitting the same per-worker
+    /// blocks (the window group gets the pages 16 live windows span, at most
+    /// half; see docs/simulation.md). Default: one full-attention group.
+    #[arg(long, value_name = "WINDOW_TOKENS")]
+    hybrid: Option<u32>,
     /// Simulated delay from an engine's step to its events reaching a
     /// router, in milliseconds (default: 5).
     #[arg(long, value_name = "MS")]
@@ -177,6 +183,7 @@ fn build(args: &SimArgs) -> Result<(Workload, SimConfig), String> {
             config.hash_measurement = Some(m);
         }
     }
+    config.hybrid = args.hybrid;
     if let Some(d) = args.delay_ms {
         config.delay_ms = d;
     }

@@ -32,6 +32,7 @@ use kvcore::KvEvent;
 use kvcore::TokenRun;
 use kvcore::wire::{EncodeOptions, encode_events};
 use kvcore::{Engine, MmContent, MmItemSpec, RequestSpec};
+use kvcore::{GroupConfig, GroupKind};
 use kvcore::{Publisher, PublisherConfig};
 
 use super::copies::CopyCounts;
@@ -118,15 +119,52 @@ pub struct PolicyRun {
 
 /// The engine configuration of every simulated worker.
 pub fn worker_engine_config(config: &SimConfig) -> EngineConfig {
+    let groups = match config.hybrid {
+        None => Vec::new(),
+        Some(window_tokens) => {
+            let ((main_device, main_host), (window_device, window_host)) = hybrid_split(config, window_tokens);
+            vec![
+                GroupConfig { kind: GroupKind::FullAttention, blocks_device: main_device, blocks_host: main_host },
+                GroupConfig {
+                    kind: GroupKind::SlidingWindow { window_tokens },
+                    blocks_device: window_device,
+                    blocks_host: window_host,
+                },
+            ]
+        }
+    };
     EngineConfig {
         block_size_tokens: config.block_size_tokens,
         blocks_device: config.blocks_device,
         blocks_host: config.blocks_host,
         image_placeholder_token_id: config.placeholder_token,
-        requests_max: 16,
+        requests_max: WORKER_REQUESTS_MAX,
         offload_first: config.offload_first,
+        groups,
         ..Default::default()
     }
+}
+
+/// Live requests an engine of the fleet takes at once.
+pub const WORKER_REQUESTS_MAX: u32 = 16;
+
+/// How a hybrid engine (`--hybrid WINDOW`) splits the worker's pages:
+/// `((full device, full host), (window device, window host))`.
+///
+/// The sliding-window group gets the device pages its live windows can
+/// span, `ceil((W - 1) / B) + 1` per request for [`WORKER_REQUESTS_MAX`]
+/// requests, plus its null page, and at most half the budget; the
+/// full-attention group gets the rest, so that the prefix cache stays as
+/// large as the window allows. The host pages split in the same proportion.
+/// The sums are `blocks_device` and `blocks_host`, so a hybrid run uses the
+/// same memory as the plain one.
+pub fn hybrid_split(config: &SimConfig, window_tokens: u32) -> ((u32, u32), (u32, u32)) {
+    let per_request = window_tokens.saturating_sub(1).div_ceil(config.block_size_tokens.max(1)) + 1;
+    let needed = per_request.saturating_mul(WORKER_REQUESTS_MAX).saturating_add(1);
+    let window_device = needed.min(config.blocks_device / 2);
+    let window_host =
+        (u64::from(config.blocks_host) * u64::from(window_device) / u64::from(config.blocks_device.max(1))) as u32;
+    ((config.blocks_device - window_device, config.blocks_host - window_host), (window_device, window_host))
 }
 
 /// Binds one publisher per engine on loopback and attaches it: on
@@ -205,7 +243,8 @@ fn make_view(
         PolicyKind::KvUuid | PolicyKind::KvPixels => {
             let taps = wire_fed(engines)?;
             let naming = if policy == PolicyKind::KvUuid { ImageNaming::Uuid } else { ImageNaming::Pixels };
-            (Some(Box::new(RouterView::new(n, bs, pad, naming))), Some(taps))
+            let per_worker = (config.blocks_device + config.blocks_host) as usize;
+            (Some(Box::new(RouterView::new(n, bs, pad, naming, per_worker))), Some(taps))
         }
         PolicyKind::Oracle => (Some(Box::new(OracleView)), None),
     })

@@ -17,6 +17,13 @@
 //! admission: a *false hit* is a request routed to a worker believed to hold
 //! more leading blocks than its engine then matched.
 //!
+//! With [`SimConfig::hybrid`], every engine is a hybrid model's: a
+//! full-attention group and a sliding-window group in the same pages; a
+//! prefix is then reused only where both groups hold what the next token
+//! reads, and the views that know of groups (the oracle, kvcore's router,
+//! the text-only view) score by that rule while Dynamo indexes the
+//! full-attention group alone.
+//!
 //! | module | what |
 //! |---|---|
 //! | [`workload`] | the seeded multimodal chat generator and the Mooncake trace replay |
@@ -66,6 +73,10 @@ pub struct SimConfig {
     pub placeholder_token: u32,
     /// The engines' `offload_first` (few copy waves, lower hit rate).
     pub offload_first: bool,
+    /// A hybrid model: every engine runs two KV cache groups, full attention
+    /// and a sliding window of this many tokens, splitting the same block
+    /// budget ([`fleet::hybrid_split`]). `None`: one full-attention group.
+    pub hybrid: Option<u32>,
     /// Keep worker 0's block copies, step by step ([`fleet::PolicyRun::copy_log`]).
     pub record_copies: bool,
     /// The timing model.
@@ -104,6 +115,7 @@ impl Default for SimConfig {
             blocks_host: 1024,
             placeholder_token: kvcore::QWEN_IMAGE_PAD_TOKEN,
             offload_first: false,
+            hybrid: None,
             record_copies: false,
             timing: TimingModel::default(),
             scoring: Scoring::default(),

@@ -232,6 +232,14 @@ impl Report {
             "fleet: {} workers, block {} tokens, {} device + {} host blocks each\n",
             self.config.workers, self.config.block_size_tokens, self.config.blocks_device, self.config.blocks_host
         );
+        if let Some(window) = self.config.hybrid {
+            let ((fd, fh), (wd, wh)) = super::fleet::hybrid_split(&self.config, window);
+            let _ = writeln!(
+                s,
+                "hybrid run: group 0 full attention ({fd} device + {fh} host blocks), group 1 sliding window of \
+                 {window} tokens ({wd} device + {wh} host blocks)\n"
+            );
+        }
         let t = &self.config.timing;
         let sizes: Vec<u32> = match &self.config.hash_measurement {
             Some(m) => m.sizes.iter().map(|z| z.tokens).collect(),

@@ -20,12 +20,17 @@
 //! - `kv-pixels` ([`ImageNaming::Pixels`]): every image's pixels are hashed
 //!   (BLAKE3, paid per image in the timing model), so the router keys images
 //!   by content, as the engines do.
+//!
+//! Both score through [`GroupViews`]: a hybrid engine's (`--hybrid`) main
+//! group goes to the indexer, its sliding-window group to the group view,
+//! and a prefix counts only where the window still holds what the next
+//! token reads. With one group, the scores are the indexer's.
 
 use kvcore::Engine;
 use kvcore::KvEvent;
 use kvcore::wire::decode_payload;
 use kvcore_router::{
-    ImagePlacement, ImageRef, Indexer, IndexerConfig, RouterKey, TokenRequest, WorkerId, hash_request,
+    GroupViews, ImagePlacement, ImageRef, Indexer, IndexerConfig, RouterKey, TokenRequest, WorkerId, hash_request,
 };
 
 use super::view::{CacheView, Overlap, ViewRequest};
@@ -43,6 +48,7 @@ pub enum ImageNaming {
 #[derive(Debug)]
 pub struct RouterView {
     indexer: Indexer,
+    groups: GroupViews,
     workers: Vec<WorkerId>,
     placeholder: u32,
     naming: ImageNaming,
@@ -52,11 +58,20 @@ pub struct RouterView {
 }
 
 impl RouterView {
-    /// A router over `workers` workers, none of whose events arrived yet.
-    pub fn new(workers: usize, block_size: u32, placeholder: u32, naming: ImageNaming) -> Self {
+    /// A router over `workers` workers, none of whose events arrived yet,
+    /// each holding at most `blocks_per_worker` blocks in a group other than
+    /// its main one.
+    pub fn new(
+        workers: usize,
+        block_size: u32,
+        placeholder: u32,
+        naming: ImageNaming,
+        blocks_per_worker: usize,
+    ) -> Self {
         let mut indexer = Indexer::new(IndexerConfig { block_size, ..Default::default() });
         let workers = (0..workers).map(|w| indexer.add_worker(&format!("worker-{w}"))).collect();
-        Self { indexer, workers, placeholder, naming, last: Vec::new(), undecodable: 0, unhashable: 0 }
+        let groups = GroupViews::new(block_size, blocks_per_worker);
+        Self { indexer, groups, workers, placeholder, naming, last: Vec::new(), undecodable: 0, unhashable: 0 }
     }
 
     /// The router's indexer.
@@ -95,7 +110,9 @@ impl CacheView for RouterView {
         };
         // The engine matches at most the blocks before the last prompt token.
         let keys = &hashed.keys[..hashed.keys.len().min(request.engine_keys.len())];
-        for o in self.indexer.find_matches(keys) {
+        // Every group must hold what the next token reads (a hybrid engine's
+        // sliding windows); with the main group alone, the indexer's match.
+        for o in self.groups.find_matches(&self.indexer, keys) {
             if let Some(w) = self.workers.iter().position(|w| *w == o.worker) {
                 out[w] = Overlap { device_blocks: o.device_blocks, any_tier_blocks: o.any_tier_blocks };
             }
@@ -112,7 +129,7 @@ impl CacheView for RouterView {
         match decode_payload(payload) {
             Ok(batch) => {
                 for e in &batch.events {
-                    self.indexer.apply(self.workers[worker], e);
+                    self.groups.apply(&mut self.indexer, self.workers[worker], e);
                 }
             }
             Err(_) => self.undecodable += 1,
@@ -132,6 +149,7 @@ impl CacheView for RouterView {
             "undecodable_payloads": self.undecodable,
             "unhashable_requests": self.unhashable,
             "indexer": self.indexer.counters(),
+            "groups": self.groups.counters(),
         }))
     }
 }

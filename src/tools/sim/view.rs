@@ -10,8 +10,9 @@
 //! | [`TextOnlyView`] | the event stream's token ids | placeholder token ids alone (today's mistake) |
 //! | [`ContentView`] | the event stream | the engine's content-addressed keys |
 //!
-//! The oracle reads with [`Engine::cached_medium`], which touches no LRU
-//! state: admitting and cancelling a probe request would move the probed
+//! The oracle reads with [`Engine::cached_medium`] (and, for a hybrid
+//! engine's sliding windows, [`Engine::cached_medium_group`]), which touch
+//! no LRU state: admitting and cancelling a probe request would move the probed
 //! blocks to the back of the LRU and change the run it measures.
 
 use ahash::AHashMap;
@@ -22,6 +23,7 @@ use kvcore::KvEvent;
 use kvcore::Tier;
 use kvcore::key_of_block;
 use kvcore::{BlockKey, KeyScope, root_key};
+use kvcore::{GroupKind, KvGroup};
 
 use super::workload::SimRequest;
 
@@ -176,10 +178,55 @@ pub struct OracleView;
 
 impl CacheView for OracleView {
     fn overlaps(&mut self, request: &ViewRequest<'_>, engines: &[Engine]) -> Vec<Overlap> {
-        engines.iter().map(|e| walk(request.engine_keys.iter().map(|k| e.cached_medium(k)))).collect()
+        engines.iter().map(|e| oracle_overlap(e, request.engine_keys, request.block_size)).collect()
     }
 
     fn observe(&mut self, _worker: usize, _events: &[KvEvent]) {}
+}
+
+/// The longest prefix of `keys` an engine can reuse given every group: group
+/// 0 holds all `k` blocks, each sliding window the blocks from the one
+/// holding token `k·B + 1 − W` to `k` (the engine's admission rule). The
+/// device overlap asks every group for device blocks, the any-tier overlap
+/// for blocks in any tier. For an engine of one group, the walk of group 0.
+pub fn oracle_overlap(engine: &Engine, keys: &[BlockKey], block_size: u32) -> Overlap {
+    let main = walk(keys.iter().map(|k| engine.cached_medium(k)));
+    let windows: Vec<(usize, u32)> = engine
+        .config()
+        .effective_groups()
+        .iter()
+        .enumerate()
+        .filter_map(|(g, c)| match c.kind {
+            GroupKind::SlidingWindow { window_tokens } => Some((g, window_tokens)),
+            GroupKind::FullAttention => None,
+        })
+        .collect();
+    let held: Vec<(u32, Vec<Option<Tier>>)> =
+        windows.iter().map(|&(g, w)| (w, keys.iter().map(|k| engine.cached_medium_group(k, g)).collect())).collect();
+    within_windows(main, &held, block_size)
+}
+
+/// Shrinks a main-group overlap to the longest prefix every sliding window
+/// can serve: each window `(W, held)` (`held[i]` the tier of block `i` in
+/// the window's group) must hold the blocks from the one holding token
+/// `k·B + 1 − W` to `k`, on the device for the device overlap, in any tier
+/// for the other.
+pub fn within_windows(main: Overlap, windows: &[(u32, Vec<Option<Tier>>)], block_size: u32) -> Overlap {
+    if windows.is_empty() {
+        return main;
+    }
+    let fits = |k: u32, device_only: bool| {
+        windows.iter().all(|(w, held)| {
+            let first = (k * block_size + 1).saturating_sub(*w) / block_size;
+            (first..k).all(|i| match held.get(i as usize).copied().flatten() {
+                Some(Tier::Device) => true,
+                Some(_) => !device_only,
+                None => false,
+            })
+        })
+    };
+    let longest = |k_max: u32, device_only: bool| (0..=k_max).rev().find(|&k| fits(k, device_only)).unwrap_or(0);
+    Overlap { device_blocks: longest(main.device_blocks, true), any_tier_blocks: longest(main.any_tier_blocks, false) }
 }
 
 /// Event-fed, keyed by the engine's content-addressed block keys (images by
@@ -296,6 +343,9 @@ impl TextWorker {
 #[derive(Debug, Default)]
 pub struct TextOnlyView {
     workers: Vec<TextWorker>,
+    /// Per worker, each sliding-window group a hybrid engine names: its
+    /// index, its window and what it holds.
+    windows: Vec<Vec<(u32, u32, TextWorker)>>,
     unchained_blocks: u64,
     last: Vec<u64>,
 }
@@ -303,7 +353,12 @@ pub struct TextOnlyView {
 impl TextOnlyView {
     /// A view of `workers` empty caches.
     pub fn new(workers: usize) -> Self {
-        Self { workers: vec![TextWorker::default(); workers], unchained_blocks: 0, last: Vec::new() }
+        Self {
+            workers: vec![TextWorker::default(); workers],
+            windows: vec![Vec::new(); workers],
+            unchained_blocks: 0,
+            last: Vec::new(),
+        }
     }
 }
 
@@ -317,7 +372,17 @@ impl CacheView for TextOnlyView {
             hashes.push(h);
             parent = Some(h);
         }
-        let out = self.workers.iter().map(|w| walk(hashes.iter().map(|h| w.tier(*h)))).collect();
+        let out = self
+            .workers
+            .iter()
+            .zip(&self.windows)
+            .map(|(w, windows)| {
+                let main = walk(hashes.iter().map(|h| w.tier(*h)));
+                let held: Vec<(u32, Vec<Option<Tier>>)> =
+                    windows.iter().map(|(_, win, g)| (*win, hashes.iter().map(|h| g.tier(*h)).collect())).collect();
+                within_windows(main, &held, request.block_size)
+            })
+            .collect();
         self.last = hashes;
         out
     }
@@ -327,13 +392,34 @@ impl CacheView for TextOnlyView {
     }
 
     fn observe(&mut self, worker: usize, events: &[KvEvent]) {
-        let w = &mut self.workers[worker];
+        let (main, windows) = (&mut self.workers[worker], &mut self.windows[worker]);
         for e in events {
+            // A hybrid engine's sliding-window group has a view of its own;
+            // its blocks chain on the text hashes the main group gave the
+            // same engine keys (every group shares the keys).
+            let group = match e {
+                KvEvent::BlockStored(s) => s.group,
+                KvEvent::BlockRemoved(r) => r.group,
+                KvEvent::AllBlocksCleared(_) => None,
+            };
+            let (w, main_keys) = match group {
+                Some(KvGroup { index, kind: GroupKind::SlidingWindow { window_tokens } }) if index > 0 => {
+                    let at = match windows.iter().position(|(i, _, _)| *i == index) {
+                        Some(at) => at,
+                        None => {
+                            windows.push((index, window_tokens, TextWorker::default()));
+                            windows.len() - 1
+                        }
+                    };
+                    (&mut windows[at].2, Some(&main.by_engine_key))
+                }
+                _ => (&mut *main, None),
+            };
             match e {
                 KvEvent::BlockStored(s) => {
                     let mut parent = match &s.parent {
                         None => None,
-                        Some(p) => match w.by_engine_key.get(p) {
+                        Some(p) => match w.by_engine_key.get(p).or_else(|| main_keys.and_then(|m| m.get(p))) {
                             Some((h, _)) => Some(*h),
                             None => {
                                 // The parent is unknown (evicted first): the
@@ -360,7 +446,10 @@ impl CacheView for TextOnlyView {
                         }
                     }
                 }
-                KvEvent::AllBlocksCleared(_) => *w = TextWorker::default(),
+                KvEvent::AllBlocksCleared(_) => {
+                    *w = TextWorker::default();
+                    windows.clear();
+                }
             }
         }
     }

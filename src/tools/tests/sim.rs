@@ -381,3 +381,66 @@ fn copy_counters_match_the_copy_log() {
     }
     assert!(waves[1] < waves[0], "offload_first takes fewer waves: {waves:?}");
 }
+
+/// `--hybrid`: every engine runs full attention plus a sliding window of 128
+/// tokens in the same pages. The engines' admissions are the truth: the
+/// oracle, which probes every group, is never wrong; kvcore's router, which
+/// scores through its group views, is wrong less often than Dynamo 1.6.1,
+/// which indexes the full-attention group alone and so scores prefixes whose
+/// window blocks the engine already evicted; Dynamo's decoder drops the
+/// window group's events rather than misreading them as its main group's;
+/// the router's group view applied them; the report names the run.
+#[test]
+fn hybrid_run_scores_what_every_group_holds() {
+    let workload = chat_workload(&small_chat()).unwrap();
+    let config = main_table_only(SimConfig {
+        blocks_device: 512,
+        blocks_host: 512,
+        hybrid: Some(128),
+        policies: vec![PolicyKind::KvTextOnly, PolicyKind::Dynamo, PolicyKind::KvPixels, PolicyKind::Oracle],
+        ..Default::default()
+    });
+    let (report, runs) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let get = |p: PolicyKind| report.policy(p).unwrap();
+    let fh = |p: PolicyKind| get(p).false_hits.unwrap();
+    assert_eq!(fh(PolicyKind::Oracle), 0, "the oracle probes every group as admission does");
+    assert!(fh(PolicyKind::Dynamo) > 0, "Dynamo scores prefixes the window group no longer holds");
+    assert!(
+        fh(PolicyKind::KvPixels) * 10 <= fh(PolicyKind::Dynamo),
+        "group-aware scoring: kv-pixels {} false hits against Dynamo's {}",
+        fh(PolicyKind::KvPixels),
+        fh(PolicyKind::Dynamo)
+    );
+    assert!(get(PolicyKind::Oracle).hit_rate > 0.0);
+    let stats = |p: PolicyKind| runs.iter().find(|r| r.policy == p).unwrap().view_stats.clone().unwrap();
+    assert!(stats(PolicyKind::Dynamo)["events_filtered"].as_u64().unwrap() > 0, "window events filtered");
+    assert!(stats(PolicyKind::KvPixels)["groups"]["group_events"].as_u64().unwrap() > 0);
+    assert_eq!(stats(PolicyKind::KvPixels)["groups"]["events_unlearned_group"].as_u64(), Some(0));
+    assert!(report.table().contains("sliding window of 128 tokens"), "{}", report.table());
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["config"]["hybrid"], 128);
+}
+
+/// The text-only view applies the window rule too: on a workload without
+/// images (where token ids are the whole identity) it is wrong far less
+/// often than Dynamo, which indexes the full-attention group alone.
+#[test]
+fn hybrid_text_only_view_respects_the_window() {
+    let workload = chat_workload(&ChatConfig { first_turn_image: 0.0, later_turn_image: 0.0, ..small_chat() }).unwrap();
+    let config = main_table_only(SimConfig {
+        blocks_device: 512,
+        blocks_host: 512,
+        hybrid: Some(128),
+        policies: vec![PolicyKind::KvTextOnly, PolicyKind::Dynamo],
+        ..Default::default()
+    });
+    let (report, _) = simulate(&workload, &config, &ProgressBar::hidden()).unwrap();
+    let fh = |p: PolicyKind| report.policy(p).unwrap().false_hits.unwrap();
+    assert!(fh(PolicyKind::Dynamo) > 0);
+    assert!(
+        fh(PolicyKind::KvTextOnly) * 10 <= fh(PolicyKind::Dynamo),
+        "kv-text-only {} false hits against Dynamo's {}",
+        fh(PolicyKind::KvTextOnly),
+        fh(PolicyKind::Dynamo)
+    );
+}
