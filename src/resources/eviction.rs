@@ -64,7 +64,9 @@ impl KvCache {
     /// Returns how many were evicted.
     pub fn evict_device_blocks(&mut self, n: usize, events: &mut EventQueue, counters: &mut Counters) -> usize {
         if n > 1 && !self.has_host_tier() {
-            events.expect_removals(n);
+            // At most what the LRU holds: `n` comes from the caller and may be
+            // anything (a capacity sized by it alone could overflow).
+            events.expect_removals(n.min(self.lru_len(Tier::Device)));
         }
         let evicted = (0..n).take_while(|_| self.evict_device_block(events, counters)).count();
         events.expect_removals(0);
