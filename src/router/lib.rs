@@ -53,4 +53,4 @@ pub use profiles::{
 pub use relay::{Relay, RelayConfig, RelayCounters, RelayWorker};
 pub use scoring::{Decision, ScoringConfig, WorkerScore, decide};
 pub use subscriber::{Applied, SubscribeError, Subscriber, SubscriberConfig, SubscriberCounters, WorkerSync};
-pub use workload::{EventWorkload, EventWorkloadSpec};
+pub use workload::{EventWorkload, EventWorkloadSpec, removals_of};

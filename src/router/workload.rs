@@ -92,22 +92,29 @@ impl EventWorkload {
 
     /// One `BlockRemoved` per stored event, in reverse order (children first).
     pub fn removals(&self) -> Vec<(usize, WireEvent)> {
-        self.events
-            .iter()
-            .rev()
-            .filter_map(|(w, e)| match e {
-                WireEvent::BlockStored(s) => Some((
-                    *w,
-                    WireEvent::BlockRemoved(WireBlockRemoved {
-                        block_hashes: s.block_hashes.iter().rev().copied().collect(),
-                        medium: s.medium.clone(),
-                        group_idx: s.group_idx,
-                        kv_cache_spec_kind: s.kv_cache_spec_kind.clone(),
-                        kv_cache_spec_sliding_window: s.kv_cache_spec_sliding_window,
-                    }),
-                )),
-                _ => None,
-            })
-            .collect()
+        removals_of(&self.events)
     }
+}
+
+/// One `BlockRemoved` per `BlockStored` of `events` (worker, event), in
+/// reverse order, each removing its event's blocks children first: what
+/// undoes a stored stream.
+pub fn removals_of(events: &[(usize, WireEvent)]) -> Vec<(usize, WireEvent)> {
+    events
+        .iter()
+        .rev()
+        .filter_map(|(w, e)| match e {
+            WireEvent::BlockStored(s) => Some((
+                *w,
+                WireEvent::BlockRemoved(WireBlockRemoved {
+                    block_hashes: s.block_hashes.iter().rev().copied().collect(),
+                    medium: s.medium.clone(),
+                    group_idx: s.group_idx,
+                    kv_cache_spec_kind: s.kv_cache_spec_kind.clone(),
+                    kv_cache_spec_sliding_window: s.kv_cache_spec_sliding_window,
+                }),
+            )),
+            _ => None,
+        })
+        .collect()
 }

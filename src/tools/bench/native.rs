@@ -61,9 +61,7 @@ use dynamo_kv_router::{
     ConcurrentRadixTreeCompressed, LocalBlockHash, PositionalIndexer, RadixTree, RouterEvent, SyncIndexer,
     ThreadPoolIndexer, compute_block_hash_for_seq,
 };
-use kvcore::wire::{
-    EventForm, WireBatch, WireBlockRemoved, WireBlockStored, WireEvent, decode_payload, encode_payload,
-};
+use kvcore::wire::{EventForm, WireBatch, WireBlockStored, WireEvent, decode_payload, encode_payload};
 use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, RouterKey, RouterScope, WorkerId};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
@@ -500,23 +498,7 @@ impl Workload {
 
     /// One `BlockRemoved` per stored event, in reverse order.
     pub fn removals(&self) -> Vec<(usize, WireEvent)> {
-        self.events
-            .iter()
-            .rev()
-            .filter_map(|(w, e)| match e {
-                WireEvent::BlockStored(s) => Some((
-                    *w,
-                    WireEvent::BlockRemoved(WireBlockRemoved {
-                        block_hashes: s.block_hashes.iter().rev().copied().collect(),
-                        medium: s.medium.clone(),
-                        group_idx: s.group_idx,
-                        kv_cache_spec_kind: s.kv_cache_spec_kind.clone(),
-                        kv_cache_spec_sliding_window: s.kv_cache_spec_sliding_window,
-                    }),
-                )),
-                _ => None,
-            })
-            .collect()
+        kvcore_router::removals_of(&self.events)
     }
 }
 
