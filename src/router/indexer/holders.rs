@@ -9,6 +9,7 @@
 
 use kvcore::Tier;
 
+use super::runs::Runs;
 use crate::table::U64Table;
 
 /// A tier's bit in a block's holder mask.
@@ -20,7 +21,26 @@ pub(super) fn tier_bit(tier: Tier) -> u8 {
 pub(super) const TIER_BITS: u8 = 0b11;
 
 /// Marks a holder value that is the id of an interned holder set.
-pub(super) const MANY: u64 = 1 << 63;
+pub(super) const MANY: u32 = 1 << 31;
+
+/// A value of the holder index's map: the key's holder value (low 32 bits)
+/// and its slot in the runs (high 32 bits).
+#[inline(always)]
+pub(super) fn entry(holder: u32, slot: u32) -> u64 {
+    holder as u64 | (slot as u64) << 32
+}
+
+/// The holder value of a map entry.
+#[inline(always)]
+pub(super) fn holder_of(v: u64) -> u32 {
+    v as u32
+}
+
+/// The slot in the runs of a map entry.
+#[inline(always)]
+pub(super) fn slot_of(v: u64) -> u32 {
+    (v >> 32) as u32
+}
 
 /// Slots below which the holder index grows four-fold (1 Mi slots, 16 MiB).
 ///
@@ -33,9 +53,10 @@ pub(super) const MANY: u64 = 1 << 63;
 /// % faster applies into fresh tables (docs/benchmarks.md, "Router").
 const HOLDER_FOUR_BELOW: usize = 1 << 20;
 
-/// The workers holding each router key. A value is one holder packed as
-/// `worker << 2 | tier bits`, or, with [`MANY`] set, the id of an interned
-/// holder set in `sets`.
+/// The workers holding each router key. A key's holder value is one holder
+/// packed as `worker << 2 | tier bits`, or, with [`MANY`] set, the id of an
+/// interned holder set in `sets`; its map entry holds that value and the
+/// key's slot in the runs (`runs.rs`), where the value is kept too.
 ///
 /// Holder sets are interned: every key held by the same workers in the same
 /// tiers points at one shared, sorted list. The keys of a prefix that a
@@ -44,8 +65,10 @@ const HOLDER_FOUR_BELOW: usize = 1 << 20;
 /// cost does not grow with the holders per key (see `Indexer::find_matches`).
 #[derive(Debug)]
 pub(super) struct HolderIndex {
-    /// Router key to its packed holder, or to an interned set.
+    /// Router key to its [`entry`]: holder value and slot.
     pub(super) map: U64Table<u64>,
+    /// Every key and its holder value in store order (`runs.rs`).
+    pub(super) runs: Runs,
     /// The interned holder sets.
     sets: HolderSets,
     /// The next list of an update, built before it is interned.
@@ -56,6 +79,7 @@ impl Default for HolderIndex {
     fn default() -> Self {
         Self {
             map: U64Table::with_four_fold_below(HOLDER_FOUR_BELOW),
+            runs: Runs::default(),
             sets: HolderSets::default(),
             scratch: Vec::new(),
         }
@@ -153,13 +177,13 @@ impl HolderIndex {
     /// The holders of `key`.
     #[inline]
     pub(super) fn get(&self, key: u64) -> Option<HolderRef<'_>> {
-        self.map.get(key).map(|v| self.resolve(*v))
+        self.map.get(key).map(|v| self.resolve(holder_of(*v)))
     }
 
-    /// The holders a value of `map` stands for.
+    /// The holders a holder value stands for.
     #[inline]
-    pub(super) fn resolve(&self, v: u64) -> HolderRef<'_> {
-        if v & MANY != 0 { HolderRef::Many(self.sets.get((v & !MANY) as u32)) } else { HolderRef::One([v as u32]) }
+    pub(super) fn resolve(&self, h: u32) -> HolderRef<'_> {
+        if h & MANY != 0 { HolderRef::Many(self.sets.get(h & !MANY)) } else { HolderRef::One([h]) }
     }
 
     /// Interned holder sets in use.
@@ -183,8 +207,14 @@ impl HolderIndex {
     /// engine hash: one probe when nobody holds the key yet.
     #[inline]
     pub(super) fn add(&mut self, key: u64, worker: u32, tiers: u8) {
-        if self.map.insert_new(key, pack(worker, tiers) as u64).is_some() {
-            self.set(key, worker, tiers);
+        let stream = worker as usize + 1;
+        let holder = pack(worker, tiers);
+        let slot = self.runs.next_slot(stream);
+        match self.map.insert_new(key, entry(holder, slot)) {
+            None => {
+                self.runs.take(stream, key, holder);
+            }
+            Some(_) => self.set(key, worker, tiers),
         }
     }
 
@@ -204,20 +234,28 @@ impl HolderIndex {
         let Some(v) = self.map.get_mut(key) else {
             let tiers = f(0);
             if tiers != 0 {
-                self.map.insert(key, pack(worker, tiers) as u64);
+                let stream = worker as usize + 1;
+                let holder = pack(worker, tiers);
+                let slot = self.runs.take(stream, key, holder);
+                self.map.insert(key, entry(holder, slot));
             }
             return (0, tiers);
         };
         self.scratch.clear();
-        if *v & MANY == 0 {
-            let one = *v as u32;
-            if one >> 2 == worker {
-                let old = (one & 3) as u8;
+        let (h, slot) = (holder_of(*v), slot_of(*v));
+        if h & MANY == 0 {
+            if h >> 2 == worker {
+                let old = (h & 3) as u8;
                 let tiers = f(old);
                 if tiers == 0 {
                     self.map.remove(key);
+                    if self.runs.release(slot) {
+                        self.compact();
+                    }
                 } else {
-                    *v = pack(worker, tiers) as u64;
+                    let nh = pack(worker, tiers);
+                    *v = entry(nh, slot);
+                    self.runs.holders[slot as usize] = nh;
                 }
                 return (old, tiers);
             }
@@ -226,39 +264,75 @@ impl HolderIndex {
                 return (0, 0);
             }
             let new = pack(worker, tiers);
-            self.scratch.extend(if one >> 2 < worker { [one, new] } else { [new, one] });
-            *v = MANY | self.sets.acquire(&self.scratch) as u64;
+            self.scratch.extend(if h >> 2 < worker { [h, new] } else { [new, h] });
+            let nh = MANY | self.sets.acquire(&self.scratch);
+            *v = entry(nh, slot);
+            self.runs.holders[slot as usize] = nh;
             return (0, tiers);
         }
-        {
-            let id = (*v & !MANY) as u32;
-            let list = self.sets.get(id);
-            let pos = list.binary_search_by_key(&worker, |x| x >> 2);
-            let old = pos.map_or(0, |p| (list[p] & 3) as u8);
-            let tiers = f(old);
-            if tiers == old {
-                return (old, tiers);
-            }
-            self.scratch.extend_from_slice(list);
-            match pos {
-                Ok(p) if tiers == 0 => {
-                    self.scratch.remove(p);
-                }
-                Ok(p) => self.scratch[p] = pack(worker, tiers),
-                Err(p) => self.scratch.insert(p, pack(worker, tiers)),
-            }
-            match self.scratch.as_slice() {
-                [] => unreachable!("a set holds two workers or more"),
-                [last] => *v = *last as u64,
-                list => *v = MANY | self.sets.acquire(list) as u64,
-            }
-            self.sets.release(id);
-            (old, tiers)
+        let id = h & !MANY;
+        let list = self.sets.get(id);
+        let pos = list.binary_search_by_key(&worker, |x| x >> 2);
+        let old = pos.map_or(0, |p| (list[p] & 3) as u8);
+        let tiers = f(old);
+        if tiers == old {
+            return (old, tiers);
         }
+        self.scratch.extend_from_slice(list);
+        match pos {
+            Ok(p) if tiers == 0 => {
+                self.scratch.remove(p);
+            }
+            Ok(p) => self.scratch[p] = pack(worker, tiers),
+            Err(p) => self.scratch.insert(p, pack(worker, tiers)),
+        }
+        let nh = match self.scratch.as_slice() {
+            [] => unreachable!("a set holds two workers or more"),
+            [last] => *last,
+            list => MANY | self.sets.acquire(list),
+        };
+        *v = entry(nh, slot);
+        self.runs.holders[slot as usize] = nh;
+        self.sets.release(id);
+        (old, tiers)
+    }
+
+    /// Moves the keys of the runs' sparse chunks together, so that the
+    /// chunks in use are at least half live again (`runs.rs`).
+    #[cold]
+    fn compact(&mut self) {
+        let Self { map, runs, .. } = self;
+        for c in runs.sparse_chunks() {
+            runs.relocate(c, |key, slot| {
+                if let Some(v) = map.get_mut(key) {
+                    *v = entry(holder_of(*v), slot);
+                }
+            });
+        }
+    }
+
+    /// Checks that every key's entry names a slot holding that key and its
+    /// holder value, and that no other slot is live; panics naming what is
+    /// wrong.
+    pub(super) fn check_runs(&self) {
+        self.runs.check();
+        for (k, v) in self.map.iter() {
+            let s = slot_of(*v) as usize;
+            assert_eq!(self.runs.keys.get(s), Some(&k), "runs: key {k:x} sits in its slot");
+            assert_eq!(self.runs.holders[s], holder_of(*v), "runs: key {k:x}'s slot has its holders");
+        }
+        assert_eq!(self.runs.live(), self.map.len(), "runs: one live slot a key");
+        let slack = (self.runs.streams() + 3) * super::runs::CHUNK;
+        assert!(
+            self.runs.slots_used() <= 2 * self.runs.live() + slack,
+            "runs: {} slots in use for {} keys",
+            self.runs.slots_used(),
+            self.runs.live()
+        );
     }
 
     /// Bytes allocated (capacity times entry size, an estimate).
     pub(super) fn bytes(&self) -> usize {
-        self.map.bytes() + self.sets.bytes() + self.scratch.capacity() * 4
+        self.map.bytes() + self.runs.bytes() + self.sets.bytes() + self.scratch.capacity() * 4
     }
 }

@@ -12,8 +12,10 @@
 //! Why this shape:
 //! - Removals name engine hashes, lookups name router keys, so each worker
 //!   keeps a map from its engine hashes to nodes, and one shared map goes from
-//!   router key to the workers (and tiers) holding it. A lookup is then one
-//!   probe per request block, stopping at the first key nobody holds.
+//!   router key to the workers (and tiers) holding it. A lookup walks the
+//!   request's keys, stopping at the first key nobody holds; the keys of a
+//!   stored sequence also sit side by side in store order (`runs.rs`), so
+//!   the walk compares keys there and probes only where a run breaks.
 //! - A stored block whose parent the worker does not hold (the engine evicted
 //!   the parent first, or re-advertised an orphan after a tier move or in a
 //!   snapshot) cannot be chained yet. It is held as a *pending* node with its
@@ -43,12 +45,14 @@
 //! | `apply.rs` | applying events: stored blocks in three steps, removals, read-ahead |
 //! | `memory.rs` | reservations and the memory report |
 //! | `holders.rs` | the shared map from router key to holders and tiers |
+//! | `runs.rs` | every key and its holders in store order, for lookups that compare instead of probing |
 //! | `worker.rs` | one worker's keyed and waiting blocks |
 //! | `uuids.rs` | the fleet-wide UUID view: digests per UUID by reference counts, bounded |
 
 mod apply;
 mod holders;
 mod memory;
+mod runs;
 mod uuids;
 mod worker;
 
@@ -58,7 +62,7 @@ mod tests;
 use kvcore::{ImageRun, Tier};
 
 use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
-use holders::{HolderIndex, TIER_BITS, tier_bit};
+use holders::{HolderIndex, TIER_BITS, holder_of, slot_of, tier_bit};
 use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
 
@@ -207,6 +211,30 @@ impl StoreScratch {
     }
 }
 
+/// How many of `keys` sit, in order, in the slots `rk` / `rh` under holder
+/// value `h`: the length of the run a lookup walks without a probe. Eight
+/// at a time while they all match, then one by one.
+#[inline]
+fn run_len(keys: &[RouterKey], rk: &[u64], rh: &[u32], h: u32) -> usize {
+    let n = keys.len().min(rk.len()).min(rh.len());
+    let (keys, rk, rh) = (&keys[..n], &rk[..n], &rh[..n]);
+    let mut j = 0;
+    while j + 8 <= n {
+        let mut all = true;
+        for t in j..j + 8 {
+            all &= (keys[t].0 == rk[t]) & (rh[t] == h);
+        }
+        if !all {
+            break;
+        }
+        j += 8;
+    }
+    while j < n && keys[j].0 == rk[j] && rh[j] == h {
+        j += 1;
+    }
+    j
+}
+
 /// The router's view of every worker's cache (see the module docs).
 #[derive(Debug)]
 pub struct Indexer {
@@ -309,11 +337,16 @@ impl Indexer {
     /// tiers share one interned holder set (`holders.rs`), and a key whose
     /// set is the previous key's advances exactly the workers the previous
     /// key advanced: such a run is counted and added once where the set
-    /// changes. The cost is then one probe per key plus the holders at each
-    /// change of set, not the holders times the keys.
+    /// changes. The keys of a stored sequence sit in consecutive slots of
+    /// the runs (`runs.rs`), so the walk first compares the request's keys
+    /// with the slots after the last key found, and probes the holder index
+    /// only where that run breaks. The cost is then a comparison per key, a
+    /// probe per break, and the holders at each change of set, not the
+    /// holders times the keys.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
         let mut out = Vec::new();
-        let Some(&v0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return out };
+        let Some(&e0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return out };
+        let v0 = holder_of(e0);
         // Candidates are the holders of the first key, sorted by worker (a
         // set's list is); a worker absent there cannot have a prefix > 0.
         let first = self.index.resolve(v0);
@@ -343,15 +376,35 @@ impl Indexer {
             }
         };
         let probe = self.index.map.reader();
-        for (i, key) in keys.iter().enumerate().skip(1) {
-            let Some(v) = probe.get(key.0) else { break };
+        let (rk, rh) = (&self.index.runs.keys[..], &self.index.runs.holders[..]);
+        // The slot the next key sits in if the run of the last one found
+        // goes on.
+        let mut slot = slot_of(e0) as usize + 1;
+        let mut i = 1;
+        while i < keys.len() {
+            let n = run_len(&keys[i..], rk.get(slot..).unwrap_or_default(), rh.get(slot..).unwrap_or_default(), prev);
+            run += n as u32;
+            i += n;
+            slot += n;
+            let Some(key) = keys.get(i) else { break };
+            // Key `i` is either in that slot under other holders, or
+            // elsewhere: a live slot holding a key is that key's one slot.
+            let (v, at) = match (rk.get(slot), rh.get(slot)) {
+                (Some(&k), Some(&h)) if k == key.0 && h != 0 => (h, slot),
+                _ => {
+                    let Some(e) = probe.get(key.0) else { break };
+                    (holder_of(e), slot_of(e) as usize)
+                }
+            };
+            slot = at + 1;
             if v == prev {
                 run += 1;
+                i += 1;
                 continue;
             }
             flush(&mut out, mat, run);
-            let i = i as u32;
-            (prev, mat, run) = (v, i, 0);
+            let i32 = i as u32;
+            (prev, mat, run) = (v, i32, 0);
             // Merge the sorted candidates with the sorted holders of key `i`.
             let holders = self.index.resolve(v);
             let (mut c, mut advanced) = (0usize, false);
@@ -361,10 +414,10 @@ impl Indexer {
                     c += 1;
                 }
                 let Some(o) = out.get_mut(c) else { break };
-                if o.worker.0 == wid && o.any_tier_blocks == i {
+                if o.worker.0 == wid && o.any_tier_blocks == i32 {
                     o.any_tier_blocks += 1;
                     advanced = true;
-                    if o.device_blocks == i && (h as u8) & tier_bit(Tier::Device) != 0 {
+                    if o.device_blocks == i32 && (h as u8) & tier_bit(Tier::Device) != 0 {
                         o.device_blocks += 1;
                     }
                 }
@@ -373,6 +426,7 @@ impl Indexer {
                 // Nobody reached this key: no later key can extend a prefix.
                 return out;
             }
+            i += 1;
         }
         flush(&mut out, mat, run);
         out
@@ -429,6 +483,7 @@ impl Indexer {
         let total: usize =
             self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
         assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
+        self.index.check_runs();
     }
 }
 

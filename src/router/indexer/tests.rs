@@ -627,6 +627,76 @@ mod shared_holders {
         }
     }
 
+    /// Under churn that leaves the runs' chunks sparse (most blocks of 2048
+    /// sequences removed in a random order), the runs are compacted (the
+    /// invariants bound the slots in use by the live keys) and every lookup
+    /// still gives the reference's answer, before and after the removals and
+    /// after storing everything again.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn lookups_agree_while_the_runs_compact() {
+        const SEQS: u64 = 2048;
+        const BLOCKS: u64 = 64;
+        let mut ix = Indexer::new(config());
+        let workers: Vec<WorkerId> = (0..8).map(|w| ix.add_worker(&w.to_string())).collect();
+        // Sequence `s` shares its first `16 · (s % 4)` blocks with
+        // sequence `s - s % 4`: shared keys, several holders, runs that
+        // break where the sequences part.
+        let token = |s: u64, b: u64| -> u32 {
+            let owner = if b < 16 * (s % 4) { s - s % 4 } else { s };
+            (owner * BLOCKS + b) as u32
+        };
+        let tokens =
+            |s: u64| -> Vec<u32> { (0..BLOCKS).flat_map(|b| (0..4).map(move |t| token(s, b) * 4 + t)).collect() };
+        let hash = |s: u64, b: u64| (s << 8 | b) as i64;
+        let store_all = |ix: &mut Indexer| {
+            for s in 0..SEQS {
+                let t = tokens(s);
+                for first in (0..BLOCKS).step_by(8) {
+                    let hashes: Vec<i64> = (first..first + 8).map(|b| hash(s, b)).collect();
+                    let parent = (first > 0).then(|| hash(s, first - 1));
+                    let ev = stored(&hashes, parent, t[first as usize * 4..(first as usize + 8) * 4].to_vec(), "GPU");
+                    ix.apply(workers[(s % 8) as usize], &ev);
+                }
+            }
+        };
+        let check = |ix: &Indexer| {
+            ix.check_invariants();
+            for s in (0..SEQS).step_by(7) {
+                let keys = keys_of(&tokens(s));
+                let got: Vec<(u32, u32, u32)> =
+                    ix.find_matches(&keys).iter().map(|o| (o.worker.0, o.device_blocks, o.any_tier_blocks)).collect();
+                assert_eq!(got, reference(ix, &keys), "sequence {s}");
+            }
+        };
+        store_all(&mut ix);
+        check(&ix);
+        let used = ix.index.runs.slots_used();
+        // 80 % of the blocks, in a random order, four to an event.
+        let mut all: Vec<(u64, u64)> = (0..SEQS).flat_map(|s| (0..BLOCKS).map(move |b| (s, b))).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..all.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            all.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        all.truncate(all.len() * 4 / 5);
+        for group in all.chunks(4) {
+            for &(s, b) in group {
+                ix.apply(workers[(s % 8) as usize], &removed(&[hash(s, b)], "GPU"));
+            }
+        }
+        check(&ix);
+        assert!(
+            ix.index.runs.slots_used() * 4 < used * 3,
+            "{} slots in use after the removals, {used} before",
+            ix.index.runs.slots_used()
+        );
+        store_all(&mut ix);
+        check(&ix);
+    }
+
     /// A prefix that 64 workers hold in the same tier is one interned holder
     /// set for all its keys, and a lookup answers every worker with the whole
     /// prefix; when one worker drops a block, that key alone gets a set of
