@@ -97,9 +97,72 @@ struct HolderSets {
     ids: ahash::AHashMap<Box<[u32]>, u32>,
     /// Ids free for reuse.
     free: Vec<u32>,
+    /// Each id's generation, advanced when its list is dropped, so that a
+    /// remembered transition naming an id from before is not taken.
+    gens: Vec<u32>,
+    /// Recent transitions (empty until the first one).
+    moves: Vec<Move>,
+}
+
+/// Entries of the transition cache, a power of two.
+const MOVES: usize = 1 << 12;
+
+/// A remembered transition: holder value `src` with holder `op` set (a
+/// worker and its new tier bits, 0 tiers for its removal) gave `dst`.
+/// Many keys of a prefix go through the same transition one after another
+/// (a worker storing or dropping a prefix others hold): after the first,
+/// each is a cache hit instead of a list built, hashed and looked up.
+#[derive(Clone, Copy, Debug, Default)]
+struct Move {
+    src: u32,
+    src_gen: u32,
+    op: u32,
+    dst: u32,
+    dst_gen: u32,
+}
+
+/// The cache entry of a transition.
+#[inline]
+fn move_slot(src: u32, op: u32) -> usize {
+    ((src.wrapping_mul(0x9E37_79B1) ^ op.wrapping_mul(0x85EB_CA77)).rotate_left(7).wrapping_mul(0xC2B2_AE3D) >> 20)
+        as usize
+        & (MOVES - 1)
 }
 
 impl HolderSets {
+    /// The generation of a holder value: its set's for a set, 0 for one
+    /// holder.
+    #[inline]
+    fn gen_of(&self, h: u32) -> u32 {
+        if h & MANY != 0 { self.gens[(h & !MANY) as usize] } else { 0 }
+    }
+
+    /// The holder value that `src` with holder `op` set became the last
+    /// time, if that is remembered and both sets are still the same ones.
+    /// The result's set (if one) is acquired for the caller.
+    #[inline]
+    fn remembered(&mut self, src: u32, op: u32) -> Option<u32> {
+        let m = *self.moves.get(move_slot(src, op))?;
+        if m.src != src || m.op != op || m.dst == 0 || m.src_gen != self.gen_of(src) || m.dst_gen != self.gen_of(m.dst)
+        {
+            return None;
+        }
+        if m.dst & MANY != 0 {
+            self.refs[(m.dst & !MANY) as usize] += 1;
+        }
+        Some(m.dst)
+    }
+
+    /// Remembers that `src` with holder `op` set gave `dst`.
+    #[inline]
+    fn remember(&mut self, src: u32, op: u32, dst: u32) {
+        if self.moves.is_empty() {
+            self.moves = vec![Move::default(); MOVES];
+        }
+        let (src_gen, dst_gen) = (self.gen_of(src), self.gen_of(dst));
+        self.moves[move_slot(src, op)] = Move { src, src_gen, op, dst, dst_gen };
+    }
+
     fn get(&self, id: u32) -> &[u32] {
         &self.lists[id as usize]
     }
@@ -120,6 +183,7 @@ impl HolderSets {
             None => {
                 self.lists.push(b.clone());
                 self.refs.push(1);
+                self.gens.push(0);
                 self.lists.len() as u32 - 1
             }
         };
@@ -134,6 +198,7 @@ impl HolderSets {
         if *r == 0 {
             let b = std::mem::take(&mut self.lists[id as usize]);
             self.ids.remove(&b);
+            self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
             self.free.push(id);
         }
     }
@@ -147,6 +212,8 @@ impl HolderSets {
             + 2 * listed
             + self.ids.capacity() * 24
             + self.free.capacity() * 4
+            + self.gens.capacity() * 4
+            + self.moves.capacity() * std::mem::size_of::<Move>()
     }
 }
 
@@ -264,8 +331,15 @@ impl HolderIndex {
                 return (0, 0);
             }
             let new = pack(worker, tiers);
-            self.scratch.extend(if h >> 2 < worker { [h, new] } else { [new, h] });
-            let nh = MANY | self.sets.acquire(&self.scratch);
+            let nh = match self.sets.remembered(h, new) {
+                Some(nh) => nh,
+                None => {
+                    self.scratch.extend(if h >> 2 < worker { [h, new] } else { [new, h] });
+                    let nh = MANY | self.sets.acquire(&self.scratch);
+                    self.sets.remember(h, new, nh);
+                    nh
+                }
+            };
             *v = entry(nh, slot);
             self.runs.holders[slot as usize] = nh;
             return (0, tiers);
@@ -278,18 +352,27 @@ impl HolderIndex {
         if tiers == old {
             return (old, tiers);
         }
-        self.scratch.extend_from_slice(list);
-        match pos {
-            Ok(p) if tiers == 0 => {
-                self.scratch.remove(p);
+        let op = pack(worker, tiers);
+        let nh = match self.sets.remembered(h, op) {
+            Some(nh) => nh,
+            None => {
+                let list = self.sets.get(id);
+                self.scratch.extend_from_slice(list);
+                match pos {
+                    Ok(p) if tiers == 0 => {
+                        self.scratch.remove(p);
+                    }
+                    Ok(p) => self.scratch[p] = op,
+                    Err(p) => self.scratch.insert(p, op),
+                }
+                let nh = match self.scratch.as_slice() {
+                    [] => unreachable!("a set holds two workers or more"),
+                    [last] => *last,
+                    list => MANY | self.sets.acquire(list),
+                };
+                self.sets.remember(h, op, nh);
+                nh
             }
-            Ok(p) => self.scratch[p] = pack(worker, tiers),
-            Err(p) => self.scratch.insert(p, pack(worker, tiers)),
-        }
-        let nh = match self.scratch.as_slice() {
-            [] => unreachable!("a set holds two workers or more"),
-            [last] => *last,
-            list => MANY | self.sets.acquire(list),
         };
         *v = entry(nh, slot);
         self.runs.holders[slot as usize] = nh;
@@ -322,6 +405,15 @@ impl HolderIndex {
             assert_eq!(self.runs.holders[s], holder_of(*v), "runs: key {k:x}'s slot has its holders");
         }
         assert_eq!(self.runs.live(), self.map.len(), "runs: one live slot a key");
+        let mut refs = vec![0u32; self.sets.refs.len()];
+        for (_, v) in self.map.iter() {
+            let h = holder_of(*v);
+            if h & MANY != 0 {
+                refs[(h & !MANY) as usize] += 1;
+                assert!(self.sets.get(h & !MANY).len() >= 2, "sets: a set holds two workers or more");
+            }
+        }
+        assert_eq!(refs, self.sets.refs, "sets: each set counted by the keys using it");
         let slack = (self.runs.streams() + 3) * super::runs::CHUNK;
         assert!(
             self.runs.slots_used() <= 2 * self.runs.live() + slack,
