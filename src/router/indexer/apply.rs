@@ -200,6 +200,7 @@ impl Indexer {
         for &k in &self.scratch.keys {
             self.index.map.prefetch(k);
         }
+        self.index.runs.prefetch(w + 1, self.scratch.keys.len());
         Some(Staged { worker: w, bit, parent_key })
     }
 
@@ -311,10 +312,12 @@ impl Indexer {
         for &hash in &r.block_hashes {
             let hash = hash as u64;
             let worker = &mut self.workers[w];
-            if let Some(&key) = worker.keyed.get(hash) {
+            // Taken out first: most removals leave the block in no tier, and
+            // one probe then does it; a block left in another tier goes back.
+            if let Some(key) = worker.keyed.remove(hash) {
                 let (old, tiers) = self.index.update(key, w as u32, |t| t & !bit);
-                if tiers == 0 {
-                    worker.keyed.remove(hash);
+                if tiers != 0 {
+                    worker.keyed.insert(hash, key);
                 }
                 if old & bit != 0 {
                     self.counters.removed_blocks += 1;

@@ -272,17 +272,22 @@ impl HolderIndex {
 
     /// Sets `worker`'s tiers for `key`, which it does not hold under another
     /// engine hash: one probe when nobody holds the key yet.
-    #[inline]
+    #[inline(always)]
     pub(super) fn add(&mut self, key: u64, worker: u32, tiers: u8) {
         let stream = worker as usize + 1;
         let holder = pack(worker, tiers);
         let slot = self.runs.next_slot(stream);
         match self.map.insert_new(key, entry(holder, slot)) {
-            None => {
-                self.runs.take(stream, key, holder);
-            }
-            Some(_) => self.set(key, worker, tiers),
+            None => self.runs.fill(stream, slot, key, holder),
+            Some(_) => self.add_held(key, worker, tiers),
         }
+    }
+
+    /// [`HolderIndex::add`] of a key that others hold: out of line, so that
+    /// the common path stays small where it is inlined.
+    #[inline(never)]
+    fn add_held(&mut self, key: u64, worker: u32, tiers: u8) {
+        self.set(key, worker, tiers);
     }
 
     /// `worker`'s tiers for `key` (0 when it does not hold it).

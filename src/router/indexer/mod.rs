@@ -272,6 +272,7 @@ impl Indexer {
     pub fn add_worker(&mut self, name: &str) -> WorkerId {
         self.workers.push(WorkerBlocks { name: name.to_owned(), live: true, ..Default::default() });
         self.uuids.add_worker(self.workers.len() - 1);
+        self.index.runs.add_stream(self.workers.len());
         WorkerId(self.workers.len() as u32 - 1)
     }
 

@@ -72,24 +72,32 @@ pub(super) struct Runs {
 }
 
 impl Runs {
-    /// The open chunk of a stream: index 0 is the compaction's, worker `w`'s
-    /// is `w + 1`.
-    fn open_mut(&mut self, stream: usize) -> &mut Open {
+    /// Makes the streams `0..=stream` (the compaction's and worker
+    /// `stream - 1`'s), so that the store path indexes them unchecked of
+    /// growth.
+    pub(super) fn add_stream(&mut self, stream: usize) {
         if stream >= self.open.len() {
             self.open.resize(stream + 1, Open::default());
         }
-        &mut self.open[stream]
     }
 
     /// The slot `stream`'s next key will take (a worker's stream is its
     /// index plus one), opening a chunk when its open one is full;
-    /// [`Runs::take`] then takes it.
-    #[inline]
+    /// [`Runs::fill`] then takes it.
+    #[inline(always)]
     pub(super) fn next_slot(&mut self, stream: usize) -> u32 {
-        let o = *self.open_mut(stream);
+        let o = self.open[stream];
         if o.next as usize != CHUNK {
             return o.chunk * CHUNK as u32 + o.next;
         }
+        self.open_chunk(stream)
+    }
+
+    /// Gives `stream` a new open chunk (a free one, or one more).
+    #[cold]
+    #[inline(never)]
+    fn open_chunk(&mut self, stream: usize) -> u32 {
+        let o = self.open[stream];
         if o.chunk != NONE {
             let c = o.chunk as usize;
             self.owner[c] = NONE;
@@ -109,21 +117,46 @@ impl Runs {
             }
         };
         self.owner[c as usize] = stream as u32;
-        *self.open_mut(stream) = Open { chunk: c, next: 0 };
+        self.open[stream] = Open { chunk: c, next: 0 };
         c * CHUNK as u32
     }
 
-    /// Takes the slot [`Runs::next_slot`] gave for `stream`, for `key` with
-    /// holder value `holder` (not 0).
+    /// Hints the lines that `stream`'s next `n` keys will be written to.
+    #[inline]
+    pub(super) fn prefetch(&self, stream: usize, n: usize) {
+        let o = self.open[stream];
+        if o.chunk == NONE {
+            return;
+        }
+        let s = o.chunk as usize * CHUNK + o.next as usize;
+        let end = (o.chunk as usize + 1) * CHUNK;
+        for i in (s..(s + n).min(end)).step_by(8) {
+            crate::table::prefetch(&self.keys[i]);
+        }
+        if s < end {
+            crate::table::prefetch(&self.holders[s]);
+        }
+    }
+
+    /// Takes `slot`, which [`Runs::next_slot`] just gave for `stream`, for
+    /// `key` with holder value `holder` (not 0).
+    #[inline(always)]
+    pub(super) fn fill(&mut self, stream: usize, slot: u32, key: u64, holder: u32) {
+        debug_assert!(holder != 0, "a live slot has a holder");
+        debug_assert_eq!(slot, self.open[stream].chunk * CHUNK as u32 + self.open[stream].next);
+        self.open[stream].next += 1;
+        let s = slot as usize;
+        self.keys[s] = key;
+        self.holders[s] = holder;
+        self.live[s / CHUNK] += 1;
+        self.live_total += 1;
+    }
+
+    /// Takes the next slot of `stream` for `key` with holder value `holder`.
     #[inline]
     pub(super) fn take(&mut self, stream: usize, key: u64, holder: u32) -> u32 {
-        debug_assert!(holder != 0, "a live slot has a holder");
         let slot = self.next_slot(stream);
-        self.open_mut(stream).next += 1;
-        self.keys[slot as usize] = key;
-        self.holders[slot as usize] = holder;
-        self.live[slot as usize / CHUNK] += 1;
-        self.live_total += 1;
+        self.fill(stream, slot, key, holder);
         slot
     }
 
