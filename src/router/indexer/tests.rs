@@ -426,6 +426,73 @@ mod fleet_uuids {
         assert_eq!(ix.resolve("u"), UuidLookup::Digest(ImageDigest([1; 32])));
     }
 
+    /// Applies `(worker, hash, UUID, digest, tier)` stores (`None` as the
+    /// UUID: a removal from that tier) to a roomy and a tight indexer of 2
+    /// workers, then returns what each answers for `u`.
+    fn roomy_and_tight(
+        steps: &[(u32, i64, Option<&str>, u8, &str)],
+        uuids_max: usize,
+        blocks_max: usize,
+        u: &str,
+    ) -> (UuidLookup, UuidLookup) {
+        let roomy = IndexerConfig { uuids_max: 16, blocks_per_worker_max: 64, ..config() };
+        let tight = IndexerConfig { uuids_max, blocks_per_worker_max: blocks_max, ..config() };
+        let (mut exact, mut small) = (Indexer::new(roomy), Indexer::new(tight));
+        for ix in [&mut exact, &mut small] {
+            ix.add_worker("0");
+            ix.add_worker("1");
+            for &(w, h, uuid, d, medium) in steps {
+                let e = match uuid {
+                    Some(uuid) => image_event([h * 2, h * 2 + 1], uuid, ImageDigest([d + 1; 32]), medium),
+                    None => removed(&[h * 2, h * 2 + 1], medium),
+                };
+                ix.apply(WorkerId(w), &e);
+            }
+        }
+        (exact.resolve(u), small.resolve(u))
+    }
+
+    /// A worker at its block bound stores blocks 2 and 3 on the device
+    /// unrecorded; once it has room again it offloads them naming another
+    /// UUID, then drops the host copy. The device copy still names that
+    /// UUID with worker 1's pixels: another worker's pixels must not win.
+    #[test]
+    fn a_block_unrecorded_in_one_tier_keeps_its_uuids_after_leaving_another() {
+        let steps = [
+            (1, 2, Some("u0"), 0, "GPU"),
+            (1, 4, Some("u0"), 0, "GPU"),
+            (1, 3, Some("u0"), 0, "GPU"),
+            (1, 1, Some("u0"), 0, "GPU"),
+            (1, 2, None, 0, "GPU"),
+            (1, 1, Some("u2"), 0, "CPU"),
+            (1, 1, None, 0, "CPU"),
+            (0, 0, Some("u2"), 1, "GPU"),
+        ];
+        let (exact, small) = roomy_and_tight(&steps, 1, 2, "u2");
+        assert_eq!(exact, UuidLookup::Ambiguous);
+        assert_eq!(small, UuidLookup::Unsure, "worker 1 may still hold u2 on the device");
+    }
+
+    /// The same with a conflict already seen: the tight view must not end it
+    /// when the host copy of a block also held, unrecorded, on the device
+    /// goes.
+    #[test]
+    fn a_conflict_outlives_the_recorded_tier_of_a_block_unrecorded_in_another() {
+        let steps = [
+            (1, 2, Some("u0"), 0, "CPU"),
+            (1, 3, Some("u1"), 0, "GPU"),
+            (1, 4, Some("u1"), 0, "GPU"),
+            (1, 1, Some("u1"), 0, "GPU"),
+            (1, 2, None, 0, "CPU"),
+            (1, 1, Some("u0"), 0, "CPU"),
+            (0, 0, Some("u0"), 1, "GPU"),
+            (1, 1, None, 0, "CPU"),
+        ];
+        let (exact, small) = roomy_and_tight(&steps, 2, 2, "u0");
+        assert_eq!(exact, UuidLookup::Ambiguous);
+        assert_eq!(small, UuidLookup::Unsure, "worker 1 may still hold u0 on the device with its own pixels");
+    }
+
     /// One event of a random stream over 3 workers, 6 block hashes, 3 UUIDs
     /// and 3 digests.
     #[derive(Clone, Debug)]

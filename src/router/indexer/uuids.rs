@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   UUID ──► Entry { refs: [(digest, worker, blocks)] }      one digest: resolves; two or more: ambiguous
-//!   per worker: engine hash ──► BlockUuids { tiers, [(UUID, generation, digest)] }
+//!   per worker: engine hash ──► BlockUuids { tiers, partial, [(UUID, generation, digest)] }
 //!   per worker: unsure bits, 1024 slots of XXH3-64(UUID)     set when a reference could not be kept
 //! ```
 //!
@@ -32,6 +32,14 @@
 //!   [`UuidLookup::Unsure`] (keys stop at the image, as for an ambiguous
 //!   one) until each of those workers has cleared or been removed. Another
 //!   UUID sharing the slot is refused too; it is never resolved wrongly.
+//! - A block not recorded stays unknown to the view in its tier, so a later
+//!   record of the same hash in another tier would know that tier alone,
+//!   and its removal from there would give back references the block still
+//!   holds in the first. Hence a worker that failed to keep a reference is
+//!   lossy until it clears, a block first recorded while its worker is
+//!   lossy is partial, and a partial block leaving its last known tier sets
+//!   its UUIDs' slots in the worker's unsure bits as it gives its
+//!   references back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -73,6 +81,9 @@ impl Entry {
 struct BlockUuids {
     /// Tiers holding the block; references are given back at 0.
     tiers: u8,
+    /// First recorded while the worker was lossy: the block may also be
+    /// held in a tier whose store was not recorded.
+    partial: bool,
     /// `(UUID, generation of its entry, digest)`, each pair once.
     refs: Vec<(Arc<str>, u64, ImageDigest)>,
 }
@@ -84,6 +95,8 @@ struct WorkerUuids {
     blocks: U64Map<BlockUuids>,
     /// Unsure slots of this worker, one bit each (allocated on first use).
     unsure: Vec<u64>,
+    /// A reference was not kept since the worker last cleared.
+    lossy: bool,
 }
 
 /// What one update changed, for the indexer's counters.
@@ -153,12 +166,13 @@ impl UuidView {
             for (uuid, _) in items {
                 self.set_unsure(worker, slot(uuid));
             }
+            self.workers[worker].lossy = true;
             change.unrecorded += items.len() as u64;
             return change;
         }
         let mut refs = match self.workers[worker].blocks.remove(&hash) {
             Some(b) => b,
-            None => BlockUuids { tiers: 0, refs: Vec::new() },
+            None => BlockUuids { tiers: 0, partial: self.workers[worker].lossy, refs: Vec::new() },
         };
         refs.tiers |= bit;
         for &(uuid, digest) in items {
@@ -270,7 +284,8 @@ impl UuidView {
     }
 
     /// The block `hash` of `worker` left the tier `bit`: at its last tier its
-    /// references are given back. Unknown blocks are no-ops.
+    /// references are given back, and a partial block's UUIDs turn unsure on
+    /// the worker (it may still hold the block). Unknown blocks are no-ops.
     pub(super) fn remove(&mut self, worker: usize, hash: u64, bit: u8) -> ViewChange {
         let mut change = ViewChange::default();
         let Some(w) = self.workers.get_mut(worker) else { return change };
@@ -281,6 +296,9 @@ impl UuidView {
         }
         let b = w.blocks.remove(&hash).expect("looked up above");
         for (uuid, g, d) in b.refs {
+            if b.partial {
+                self.set_unsure(worker, slot(&uuid));
+            }
             change.conflicts_resolved += u64::from(self.release(worker as u32, &uuid, g, d));
         }
         change
@@ -299,6 +317,7 @@ impl UuidView {
         let Some(w) = self.workers.get_mut(worker) else { return change };
         let blocks = std::mem::take(&mut w.blocks);
         let bits = std::mem::take(&mut w.unsure);
+        w.lossy = false;
         for (word, &v) in bits.iter().enumerate() {
             let mut v = v;
             while v != 0 {
