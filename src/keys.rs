@@ -11,8 +11,15 @@
 //! | [`BlockKey`] | SHA-256 chain over parent, tokens, image runs | prefix index, block identity |
 //! | [`WireHash`] | first 8 bytes of the key, big-endian, as `i64` | `block_hashes` on the wire |
 //! | `mm_hash` | Dynamo's identifier rule (64-hex prefix or XXH3-64) | `block_mm_infos` on the wire |
+//! | [`block_content_hash`] | two-fold NH and a 64-bit finalizer ([`block_hash`]) | the router's per-block hash |
 
 use sha2::{Digest as _, Sha256};
+
+// Runtime dispatch to AVX2 and AVX-512 calls `#[target_feature]` functions,
+// which needs `unsafe`; each block has a SAFETY comment.
+#[allow(unsafe_code, reason = "calls into the CPU feature paths the hash detects at run time")]
+pub mod block_hash;
+pub use block_hash::{block_content_hash, block_content_hashes};
 
 /// BLAKE3-256 digest of an image item's content bytes: the image's cache identity.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]

@@ -39,7 +39,7 @@ mod engine;
 mod error;
 mod events;
 // The C ABI needs raw pointers; every `unsafe` block there names its invariant.
-#[allow(unsafe_code, reason = "the C ABI (src/ffi) is one of the two places allowed to hold unsafe code")]
+#[allow(unsafe_code, reason = "the C ABI (src/ffi) is one of the places allowed to hold unsafe code")]
 pub mod ffi;
 // Not API: the fuzz targets' entry points (fuzz/), kept in the library so that
 // their seeds also run under `cargo test` against the library as it is built
@@ -80,8 +80,8 @@ pub use events::{AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventI
 pub use group::{GroupKind, KIND_FULL_ATTENTION, KIND_SLIDING_WINDOW, KvGroup};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{
-    BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_key, key_of_block,
-    mm_hash, mm_hash_of_identifier, root_key,
+    BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_content_hash,
+    block_content_hashes, block_hash, block_key, key_of_block, mm_hash, mm_hash_of_identifier, root_key,
 };
 pub use outbound::{PublisherError, VacantPublisher};
 pub use replay::{Divergence, ReplayReport, replay_calls};

@@ -5,12 +5,16 @@
 //! what a `BlockStored` event carries and nothing else:
 //!
 //! ```text
-//! seed      = XXH3-64("kvcore-router/v2" ‖ block_size u32 LE ‖ tag(lora) ‖ tag(cache_salt))
-//! content_i = XXH3-64(tokens_i as u32 LE ‖ for each image run of block i:
+//! seed      = XXH3-64("kvcore-router/v3" ‖ block_size u32 LE ‖ tag(lora) ‖ tag(cache_salt))
+//! content_i = NH64(tokens_i)                       for a text block (no image runs)
+//!           = XXH3-64(tokens_i as u32 LE ‖ for each image run of block i:
 //!                     digest[32] ‖ item_offset u32 LE ‖ block_offset u32 LE ‖ len u32 LE)
+//!                                                  for a block with image runs
 //! key_i     = key_{i-1} · CHAIN_MUL + content_i  (mod 2⁶⁴)        key_{-1} = seed
 //! CHAIN_MUL = 0xD6E8_FEB8_6659_FD93 (odd)
 //! tag(x)    = 0u8 when absent, else 1u8 ‖ len u32 LE ‖ bytes
+//! NH64      = kvcore::block_content_hash: a two-fold (Toeplitz) NH over the
+//!             tokens and a 64-bit finalizer; XXH3-64 of the bytes past 256 tokens
 //! ```
 //!
 //! Why this shape:
@@ -20,18 +24,30 @@
 //! - **Two stages** (`content`, then `key`), so that a block whose parent the
 //!   router does not know yet can keep its 8-byte content hash and be keyed
 //!   later, when the parent arrives, without keeping its tokens.
-//! - **One XXH3 call per block.** The chain step is a multiply and an add:
-//!   a polynomial (Karp-Rabin) hash over the blocks' content hashes. Since
-//!   `CHAIN_MUL` is odd, both `parent ↦ key` (content fixed) and
+//! - **One content hash per block.** The chain step is a multiply and an
+//!   add: a polynomial (Karp-Rabin) hash over the blocks' content hashes.
+//!   Since `CHAIN_MUL` is odd, both `parent ↦ key` (content fixed) and
 //!   `content ↦ key` (parent fixed) are bijections of the 64-bit values: two
 //!   blocks of different content hashes under one parent, or one block under
-//!   two different parents, never get the same key. Two chains of different contents meet
-//!   only when their sums agree, which for XXH3's outputs has a chance of
-//!   2⁻⁶⁴ a pair. The step costs 4 cycles of latency, so the blocks' content
-//!   hashes, independent of each other, overlap in the CPU; the request hash
-//!   runs at the speed of XXH3 over the tokens. (Version 1 of the recipe,
-//!   `kvcore-router/v1`, chained with a second XXH3 call over the parent key
-//!   and the content hash, and took about 1.7 times as long per block.)
+//!   two different parents, never get the same key. Two chains of different
+//!   contents meet only when their sums agree, which for content hashes
+//!   that behave as random 64-bit values has a chance of 2⁻⁶⁴ a pair. The
+//!   step costs 4 cycles of latency, so the blocks' content hashes,
+//!   independent of each other, overlap in the CPU; the request hash runs at
+//!   the speed of the content hash over the tokens.
+//! - **A vector hash for text blocks.** `NH64` (its recipe and its collision
+//!   argument, about 2⁻⁶³ for two different blocks of one length, are in
+//!   [`kvcore::block_hash`]) runs in AVX2 or AVX-512 where the CPU has them,
+//!   detected once per process, and in a bit-identical scalar form
+//!   elsewhere. Blocks with image runs keep XXH3-64 over their bytes: they
+//!   are rare, and their bytes are not all tokens. Both sides of the router
+//!   (the indexer applying `BlockStored`, and request hashing) take a
+//!   block's content hash from the one function [`content_hash`], so they
+//!   agree by construction.
+//! - **History.** Version 1 (`kvcore-router/v1`) chained with a second
+//!   XXH3 call over the parent key and the content hash, and took about 1.7
+//!   times as long per block. Version 2 (`kvcore-router/v2`) hashed every
+//!   block's content with XXH3-64; version 3 hashes text blocks with NH64.
 //! - **Images by content digest**: a UUID never enters a key. A request that
 //!   names an image only by UUID is resolved through a UUID-to-digest view the
 //!   router learns from events ([`UuidResolver`]), and only while the whole
@@ -41,10 +57,10 @@
 //! - **Not cryptographic, and it need not be.** Router keys never leave the
 //!   router: they are not on the wire, not in the engine, not in any cache.
 //!   The engine's own SHA-256 block keys stay the cache identity, so a
-//!   collision here (or one crafted on purpose, XXH3 being unkeyed) can only
+//!   collision here (or one crafted on purpose, the hashes being unkeyed) can only
 //!   misroute a request to a worker that then computes what it lacks, never
 //!   corrupt a cache or make an engine reuse a block. With n blocks held in
-//!   all, the chance of any collision is about n² / 2⁶⁵ (3·10⁻⁶ for 10
+//!   all, the chance of any collision is about n² / 2⁶⁴ (5·10⁻⁶ for 10
 //!   million). The recipe is fixed and pinned by test vectors; a change to
 //!   it changes the seed's tag.
 //!
@@ -58,7 +74,7 @@ use kvcore::{ImageDigest, ImageRun};
 pub struct RouterKey(pub u64);
 
 /// Domain tag at the start of every scope seed.
-const SEED_TAG: &[u8; 16] = b"kvcore-router/v2";
+const SEED_TAG: &[u8; 16] = b"kvcore-router/v3";
 
 /// The odd multiplier of the chain step (see the module docs).
 const CHAIN_MUL: u64 = 0xD6E8_FEB8_6659_FD93;
@@ -137,37 +153,24 @@ impl RouterScope {
 /// Appends the chained keys of `tokens`' full blocks of `block_size`
 /// (at least 1), from `seed`.
 fn text_keys_into(seed: RouterKey, tokens: &[u32], block_size: usize, keys: &mut Vec<RouterKey>) {
-    // Borrowed as bytes on little-endian targets: `scratch` stays empty.
-    let mut scratch = Vec::new();
+    keys.reserve(tokens.len() / block_size);
     let mut parent = seed;
-    // `extend` from an iterator of known length: one capacity check, not
-    // one a block.
-    keys.extend(tokens.chunks_exact(block_size).map(|block| {
-        parent = chain(parent, content_hash(block, &[], &mut scratch));
-        parent
-    }));
-}
-
-/// Token ids as the little-endian bytes that are hashed. Borrows on
-/// little-endian targets, which is every target we ship.
-fn token_bytes<'a>(tokens: &'a [u32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
-    if cfg!(target_endian = "little") {
-        bytemuck::cast_slice(tokens)
-    } else {
-        scratch.clear();
-        for t in tokens {
-            scratch.extend_from_slice(&t.to_le_bytes());
-        }
-        scratch
-    }
+    // One feature dispatch for all blocks; the chain step runs inside the
+    // hash's vector loop.
+    kvcore::block_content_hashes(tokens, block_size, |content| {
+        parent = chain(parent, content);
+        keys.push(parent);
+    });
 }
 
 /// The content hash of one block: its tokens (with the image placeholder id
-/// at image positions) and its image runs in block order. `scratch` is reused
-/// between calls so that image blocks do not allocate.
+/// at image positions) and its image runs in block order. A text block
+/// hashes with [`kvcore::block_content_hash`]; a block with image runs with
+/// XXH3-64 over its bytes. `scratch` is reused between calls so that image
+/// blocks do not allocate.
 pub(crate) fn content_hash(tokens: &[u32], runs: &[ImageRun], scratch: &mut Vec<u8>) -> u64 {
     if runs.is_empty() {
-        return xxhash_rust::xxh3::xxh3_64(token_bytes(tokens, scratch));
+        return kvcore::block_content_hash(tokens);
     }
     let mut buf = std::mem::take(scratch);
     buf.clear();
@@ -546,7 +549,8 @@ mod tests {
     }
 
     /// The recipe, pinned: the seed, a text chain and an image block's key
-    /// recomputed here from the module docs' formulas with XXH3 alone, and
+    /// recomputed here from the module docs' formulas (XXH3 and
+    /// `kvcore::block_content_hash`, pinned by its own vectors), and
     /// the same values as literals, so that any change to the recipe (which
     /// must change the seed's tag) fails here.
     #[test]
@@ -554,13 +558,13 @@ mod tests {
         use xxhash_rust::xxh3::xxh3_64;
         let le = |v: &[u32]| v.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
         // seed = XXH3-64(tag ‖ block_size ‖ 0 ‖ 0)
-        let mut b = b"kvcore-router/v2".to_vec();
+        let mut b = b"kvcore-router/v3".to_vec();
         b.extend_from_slice(&16u32.to_le_bytes());
         b.extend_from_slice(&[0, 0]);
         let seed = xxh3_64(&b);
         assert_eq!(scope_seed(16, None, None).0, seed);
         // With a LoRA name and a salt: 1 ‖ len ‖ bytes for each.
-        let mut b2 = b"kvcore-router/v2".to_vec();
+        let mut b2 = b"kvcore-router/v3".to_vec();
         b2.extend_from_slice(&16u32.to_le_bytes());
         for v in ["lora-a", "salt"] {
             b2.push(1);
@@ -568,12 +572,12 @@ mod tests {
             b2.extend_from_slice(v.as_bytes());
         }
         assert_eq!(scope_seed(16, Some("lora-a"), Some("salt")).0, xxh3_64(&b2));
-        // key_i = key_{i-1} · 0xD6E8_FEB8_6659_FD93 + XXH3-64(tokens_i LE).
+        // key_i = key_{i-1} · 0xD6E8_FEB8_6659_FD93 + NH64(tokens_i).
         let tokens: Vec<u32> = (0..40).map(|i| i * 1000 + 7).collect();
         let mut expect = Vec::new();
         let mut k = seed;
         for block in tokens.chunks_exact(16) {
-            k = k.wrapping_mul(0xD6E8_FEB8_6659_FD93).wrapping_add(xxh3_64(&le(block)));
+            k = k.wrapping_mul(0xD6E8_FEB8_6659_FD93).wrapping_add(kvcore::block_content_hash(block));
             expect.push(RouterKey(k));
         }
         let scope = RouterScope { block_size: 16, lora: None, cache_salt: None };
@@ -604,7 +608,7 @@ mod tests {
         // The literals (computed once from the formulas above).
         assert_eq!(
             (seed, keys[0].0, keys[1].0, k1),
-            (0x0416_2b60_ef01_cfca, 0x7bc3_df89_b70a_7279, 0xc7f9_ea61_36eb_0438, 0x2733_3b62_58cc_a1cf),
+            (0x9a95_993f_f6ec_a28c, 0x2889_0d13_4807_a240, 0x12ac_c958_70b8_2c4f, 0xf0bf_67c1_b895_bc14),
             "the router key recipe changed: bump the seed's tag and these vectors together"
         );
     }

@@ -632,6 +632,36 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
     vec![fresh, warm, removed, ready_row]
 }
 
+/// Microseconds a call of `f`: the median of samples that each time 16
+/// calls back to back (a call may be shorter than the clock's resolution),
+/// after a warm-up.
+fn per_call(iters: usize, f: &mut dyn FnMut()) -> f64 {
+    for _ in 0..iters.min(50) {
+        f();
+    }
+    let mut ns: Vec<f64> = (0..iters.div_ceil(16))
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..16 {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / 16.0
+        })
+        .collect();
+    median(&mut ns) / 1000.0
+}
+
+/// The request hash row of one workload: kvcore's keys of the first half
+/// of the workload's request against `compute_block_hash_for_seq`.
+pub fn hash_row(w: &Workload, block_size: u32, n: usize, iters: usize) -> Row {
+    let half = &w.request[..w.request.len() / 2];
+    rounds(format!("hash a {}-token request", half.len()), "µs", false, n, &[Side::Kvcore, Side::Radix], |side| {
+        per_call(iters, &mut || {
+            black_box(hash_keys(side, black_box(half), block_size));
+        })
+    })
+}
+
 /// Lookup rows on one workload: the lookup alone (keys made untimed), the
 /// request hash alone, and both (a routing decision's index work).
 pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec<Row> {
@@ -662,23 +692,7 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
     // matched) are left out of the row: a wrong answer has no speed.
     let sides: Vec<Side> = Side::ALL.iter().copied().filter(|s| matched[*s as usize] == matched[0]).collect();
     let excluded: Vec<&str> = Side::ALL.iter().filter(|s| !sides.contains(s)).map(|s| s.name()).collect();
-    // Each sample times 16 calls back to back (a call may be shorter than
-    // the clock's resolution); the figure is the median sample over 16.
-    let per_call = |f: &mut dyn FnMut()| {
-        for _ in 0..iters.min(50) {
-            f();
-        }
-        let mut ns: Vec<f64> = (0..iters.div_ceil(16))
-            .map(|_| {
-                let t = Instant::now();
-                for _ in 0..16 {
-                    f();
-                }
-                t.elapsed().as_nanos() as f64 / 16.0
-            })
-            .collect();
-        median(&mut ns) / 1000.0
-    };
+    let per_call = |f: &mut dyn FnMut()| per_call(iters, f);
     let note = if excluded.is_empty() {
         String::new()
     } else {
@@ -697,13 +711,7 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
             })
         },
     );
-    let half = &w.request[..w.request.len() / 2];
-    let hash =
-        rounds(format!("hash a {}-token request", half.len()), "µs", false, n, &[Side::Kvcore, Side::Radix], |side| {
-            per_call(&mut || {
-                black_box(hash_keys(side, black_box(half), block_size));
-            })
-        });
+    let hash = hash_row(w, block_size, n, iters);
     let both = rounds(
         format!("hash + lookup of {} tokens{note}, {}", w.request.len(), w.name),
         "µs",

@@ -361,7 +361,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     chat_requests: usize,
     /// Only these native row groups, comma separated: apply, lookup, decode,
-    /// trace, chat, memory (default all).
+    /// trace, chat, memory (default all), or `hash`: the request hash rows
+    /// alone (uniform, Mooncake, chat), which no other group needs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// With `--native`: also compare one kvcore thread against Dynamo's
@@ -387,9 +388,17 @@ fn print_native(row: &kvcore_tools::bench::native::Row) {
     );
 }
 
+/// `row` with the workload's name after its label.
+fn with_name(mut row: kvcore_tools::bench::native::Row, name: &str) -> kvcore_tools::bench::native::Row {
+    row.what = format!("{}, {name}", row.what);
+    row
+}
+
 /// `route-bench --native`.
 fn native_bench(args: &BenchArgs) -> Result<(), Error> {
-    use kvcore_tools::bench::native::{Workload, apply_rows, decode_rows, lookup_rows, memory_row, thread_rows};
+    use kvcore_tools::bench::native::{
+        Workload, apply_rows, decode_rows, hash_row, lookup_rows, memory_row, thread_rows,
+    };
     let want = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
     let bs = args.block_size;
     let n = args.rounds.max(1);
@@ -403,6 +412,15 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
     };
     println!("kvcore against dynamo-kv-router 1.6.1 in one process; medians over {n} interleaved rounds");
     let uniform = Workload::uniform(&spec);
+    if args.only.iter().any(|o| o == "hash") {
+        print_native(&with_name(hash_row(&uniform, bs, n, args.iters), &uniform.name));
+        match Workload::mooncake(&args.trace, args.trace_requests, 4, bs) {
+            Ok(w) => print_native(&with_name(hash_row(&w, bs, n, args.iters), &w.name)),
+            Err(e) => println!("trace {} skipped: {e}", args.trace.display()),
+        }
+        let chat = Workload::chat(args.chat_requests, 4, bs);
+        print_native(&with_name(hash_row(&chat, bs, n, args.iters), &chat.name));
+    }
     if want("apply") {
         for r in apply_rows(&uniform, bs, n) {
             print_native(&r);
