@@ -164,6 +164,33 @@ fn warm_requests_allocate_nothing() {
 /// Cold requests under eviction (each admission evicts the previous
 /// request's 128 blocks): with events off, nothing is allocated once the
 /// engine has evicted once.
+/// A cold commit with events on allocates only the `BlockStored` it builds,
+/// each vector once: its keys, its token ids, its image list, its per-block
+/// image ends and runs (sized at the first image block for every block the
+/// event was started for), and the open step's event list that a drain
+/// handed away. None of them regrows block after block. (The engine's own
+/// buffers are sized by the first request of the shape.)
+#[test]
+fn cold_commit_allocates_its_event_once() {
+    let digest = *blake3::hash(b"image").as_bytes();
+    let mut e = engine(2, 0, true);
+    for first in 0..4u32 {
+        let tokens = prompt(first);
+        let spec = spec(&tokens, &digest, true);
+        let a = e.add_request(&spec).expect("capacity is ample");
+        assert_eq!(a.tokens_cached, 0, "every request is cold");
+        let ((), commit) = allocations(|| e.commit(a.id, PROMPT as u64).expect("live"));
+        // The first commit also sizes the engine's keying buffers.
+        assert!(first == 0 || commit <= 6, "request {first}: the commit allocated {commit} times");
+        e.finish(a.id).expect("live");
+        e.step();
+        e.drain_events();
+        e.clear();
+        e.step();
+        e.drain_events();
+    }
+}
+
 #[test]
 fn evicting_requests_allocate_nothing_without_events() {
     let digest = *blake3::hash(b"image").as_bytes();

@@ -122,6 +122,14 @@ impl BlockStored {
         if runs.is_empty() && self.block_images.is_empty() {
             return;
         }
+        if self.block_images.is_empty() {
+            // The first image block: size the per-block lists once, for
+            // every block the event was started for (the keys' capacity)
+            // and one run each from here on, instead of regrowing them
+            // block after block.
+            let blocks = self.keys.capacity().max(block_index + 1);
+            self.block_images.reserve(blocks, blocks - block_index);
+        }
         while self.block_images.len() < block_index {
             self.block_images.end_block();
         }
@@ -181,6 +189,13 @@ impl BlockImages {
     /// Each block's runs, in block order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &[EventImageRun]> + '_ {
         (0..self.ends.len()).map(|i| self.get(i).expect("i < len"))
+    }
+
+    /// Makes room for `blocks` blocks in all and `runs` more runs, so that
+    /// building them does not reallocate.
+    pub fn reserve(&mut self, blocks: usize, runs: usize) {
+        self.ends.reserve(blocks.saturating_sub(self.ends.len()));
+        self.runs.reserve(runs);
     }
 
     /// Appends a run to the block being built (the one after the last

@@ -37,14 +37,21 @@
 //! which it sorts) and allocates nothing beyond the events and copies it
 //! queues.
 //!
-//! The prefix index is an ahash map with a random seed per map. Nothing that
-//! the cache decides may follow its iteration order: lookups and inserts only,
-//! except `clear`, which sorts what it drains, and `indexed`, whose callers
-//! sort or only count.
+//! The prefix index is a hash table of block ids, hashed by their keys with
+//! ahash and a random seed per cache. Nothing that the cache decides may
+//! follow its iteration order: lookups and inserts only, except `clear`,
+//! which sorts what it drains, and `indexed`, whose callers sort or only
+//! count.
+//!
+//! The index holds ids alone (8 bytes a bucket, not the 40 of a key and its
+//! id): the key is in the block's row already, and a lookup that finds a
+//! candidate reads that row to compare keys, a row its caller reads next
+//! anyway. Inserting a committed block and removing an evicted one then
+//! touch a table a fifth the size, which stays in the fastest cache.
 
-use std::collections::hash_map::Entry;
-
-use ahash::AHashMap;
+use ahash::RandomState;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use super::block_pool::BlockPool;
 use super::{BlockCopy, PageRef, Scopes};
@@ -63,9 +70,12 @@ pub struct KvCache {
     blocks: KvBlocks,
     /// Free pages and LRUs.
     pool: BlockPool,
-    /// Key to the one indexed (advertised, matchable) block that holds it.
-    /// ahash: in-memory only, never on the wire.
-    index: AHashMap<BlockKey, BlockId>,
+    /// The one indexed (advertised, matchable) block of each cached key, by
+    /// the key in its row (see the module docs). In-memory only, never on
+    /// the wire.
+    index: HashTable<BlockId>,
+    /// The index's hasher: ahash with a random seed.
+    index_hasher: RandomState,
     /// Copies queued this step, at most `copies_max`.
     copies: Vec<BlockCopy>,
     /// The bound on `copies` (`EngineConfig::copies_per_step_max`).
@@ -140,12 +150,16 @@ impl KvCache {
             None
         };
         let total = (pages_device + pages_host) as usize;
-        let mut index = AHashMap::default();
-        index.try_reserve(total).ok()?;
+        let blocks = KvBlocks::try_new(block_size, pages_device, pages_host)?;
+        let index_hasher = RandomState::new();
+        let mut index = HashTable::new();
+        // Empty: the rehash that a reservation may make reads no row.
+        index.try_reserve(total, |_: &BlockId| 0).ok()?;
         Some(Self {
-            blocks: KvBlocks::try_new(block_size, pages_device, pages_host)?,
+            blocks,
             pool,
             index,
+            index_hasher,
             copies: Vec::with_capacity(copies_max.min(1 << 16)),
             copies_max,
             copies_reserved: 0,
@@ -216,14 +230,16 @@ impl KvCache {
 
     /// The indexed block that holds `key`, if it is cached.
     pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
-        self.index.get(key).copied()
+        let rows = &self.blocks.rows;
+        self.index.find(self.index_hasher.hash_one(key), |&id| rows[id].key.as_ref() == Some(key)).copied()
     }
 
     /// Every index entry (cached key and its block), in the index's hash
     /// order, which changes with its seed: callers sort what they hand out
     /// or decide on (see the module docs).
     pub fn indexed(&self) -> impl ExactSizeIterator<Item = (&BlockKey, BlockId)> + '_ {
-        self.index.iter().map(|(k, id)| (k, *id))
+        let rows = &self.blocks.rows;
+        self.index.iter().map(move |&id| (rows[id].key.as_ref().expect("indexed blocks have keys"), id))
     }
 
     /// The scope table (read only: scope references change with requests
@@ -365,14 +381,23 @@ impl KvCache {
     /// its last reference.
     pub fn index_block(&mut self, id: BlockId, block: &CommittedBlock<'_>, link_siblings: bool) -> bool {
         let row = &mut self.blocks.rows[id];
-        let matched = row.key.is_some();
-        row.key = Some(block.key);
-        let entry = match self.index.entry(block.key) {
-            Entry::Vacant(v) if !matched => v,
-            // A block matched at admission, or a private copy of a cached key.
-            _ => return false,
+        let matched = row.key.replace(block.key).is_some();
+        if matched {
+            // A block matched at admission.
+            return false;
+        }
+        let (rows, hasher) = (&self.blocks.rows, &self.index_hasher);
+        let entry = self.index.entry(
+            hasher.hash_one(block.key),
+            |&other| rows[other].key == Some(block.key),
+            |&other| hasher.hash_one(rows[other].key.expect("indexed blocks have keys")),
+        );
+        match entry {
+            Entry::Vacant(v) => v.insert(id),
+            // A private copy of a cached key.
+            Entry::Occupied(_) => return false,
         };
-        entry.insert(id);
+        let row = &mut self.blocks.rows[id];
         row.indexed = true;
         let (medium, page) = (row.medium, row.page);
         self.blocks.set_tokens(medium, page, block.tokens);
@@ -442,7 +467,10 @@ impl KvCache {
         let medium = row.medium;
         row.indexed = false;
         self.pool.lru(medium).remove(&mut self.blocks.rows, id);
-        self.index.remove(&key);
+        match self.index.find_entry(self.index_hasher.hash_one(key), |&other| other == id) {
+            Ok(entry) => drop(entry.remove()),
+            Err(_) => debug_assert!(false, "an indexed block has its index entry"),
+        }
         self.release_row(id);
         events.push_removed_in(key, medium, self.group);
     }
@@ -475,7 +503,7 @@ impl KvCache {
     /// reset the one `AllBlocksCleared` of a clear announces.
     pub fn clear_blocks(&mut self) {
         let mut cleared = std::mem::take(&mut self.cleared);
-        cleared.extend(self.index.drain().map(|(_, id)| id));
+        cleared.extend(self.index.drain());
         cleared.sort_unstable_by_key(|id| {
             let b = &self.blocks.rows[*id];
             (b.medium, b.page)
@@ -626,7 +654,7 @@ impl KvCache {
             }
             if b.indexed {
                 let key = b.key.expect("invariant 3: indexed blocks have keys");
-                assert_eq!(self.index.get(&key), Some(&id), "invariant 3: index entry of {id:?}");
+                assert_eq!(self.lookup(&key), Some(id), "invariant 3: index entry of {id:?}");
             }
             assert_eq!(b.has_content, b.indexed, "invariant 4: content of {id:?}");
         }
@@ -668,10 +696,14 @@ impl KvCache {
                 assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
             }
         }
-        for (key, id) in &self.index {
-            let b = self.blocks.rows.get(*id).expect("invariant 3: index names a live block");
-            assert!(b.indexed && b.key == Some(*key), "invariant 3: index entry matches its block");
+        let mut entries = 0usize;
+        for &id in &self.index {
+            let b = self.blocks.rows.get(id).expect("invariant 3: index names a live block");
+            assert!(b.indexed && b.key.is_some(), "invariant 3: index entry names an indexed, keyed block");
+            entries += 1;
         }
+        let indexed = self.blocks.rows.values().filter(|b| b.indexed).count();
+        assert_eq!(entries, indexed, "invariant 3: one index entry per indexed block");
         for medium in [Tier::Device, Tier::Host] {
             let lru = self.pool.lru_ref(medium);
             assert_eq!(lru.len(), linked[medium as usize], "invariant 6: {medium:?} LRU length");
