@@ -24,7 +24,7 @@ use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use kvcore::{ImageDigest, ImageRun, Tier};
 
 use super::holders::{HolderIndex, tier_bit};
-use super::worker::{Waiting, WorkerBlocks, unlink_child};
+use super::worker::{Dup, Waiting, WorkerBlocks, unlink_child};
 use super::{Indexer, IndexerCounters, StoreScratch, ViewChange, WorkerId};
 use crate::hashing::{RouterKey, chain, content_hash, lora_identity, scope_seed};
 use crate::table::prefetch;
@@ -315,7 +315,7 @@ impl Indexer {
             // Taken out first: most removals leave the block in no tier, and
             // one probe then does it; a block left in another tier goes back.
             if let Some(key) = worker.keyed.remove(hash) {
-                let (old, tiers) = self.index.update(key, w as u32, |t| t & !bit);
+                let (old, tiers) = retier(&mut self.index, worker, w as u32, hash, key, |t| t & !bit);
                 if tiers != 0 {
                     worker.keyed.insert(hash, key);
                 }
@@ -426,11 +426,12 @@ impl WorkerStore<'_> {
             }
         }
         let (w, bit) = (self.worker, self.bit);
-        for (&k, &new) in keys.iter().zip(added.iter()) {
+        for (i, (&k, &new)) in keys.iter().zip(added.iter()).enumerate() {
+            let hash = hashes[i] as u64;
             if new {
-                self.index.add(k, w, bit);
+                hold_new(self.index, self.blocks, w, hash, k, bit);
             } else {
-                self.index.update(k, w, |t| t | bit);
+                retier(self.index, self.blocks, w, hash, k, |t| t | bit);
             }
         }
         self.counters.stored_blocks += keys.len() as u64;
@@ -481,17 +482,17 @@ impl WorkerStore<'_> {
         {
             return Ok(Some(match worker.keyed.insert_new(hash, k) {
                 Some(kept) => {
-                    self.index.update(kept, w, |t| t | bit);
+                    retier(self.index, worker, w, hash, kept, |t| t | bit);
                     kept
                 }
                 None => {
-                    self.index.add(k, w, bit);
+                    hold_new(self.index, worker, w, hash, k, bit);
                     k
                 }
             }));
         }
         if let Some(&k) = worker.keyed.get(hash) {
-            self.index.update(k, w, |t| t | bit);
+            retier(self.index, worker, w, hash, k, |t| t | bit);
             return Ok(Some(k));
         }
         if let Some(wt) = worker.waiting.get_mut(&hash) {
@@ -504,7 +505,7 @@ impl WorkerStore<'_> {
                     worker.waiting.remove(&hash);
                     unlink_child(&mut worker.children, hash, old.parent);
                     worker.keyed.insert(hash, k);
-                    self.index.set(k, w, old.tiers);
+                    hold_new(self.index, worker, w, hash, k, old.tiers);
                     self.resolve_children(hash, k);
                 }
                 (None, Some(parent)) => {
@@ -525,7 +526,7 @@ impl WorkerStore<'_> {
             Some(k) => {
                 worker.keyed.insert(hash, k);
                 let has_children = !worker.children.is_empty();
-                self.index.set(k, w, bit);
+                hold_new(self.index, worker, w, hash, k, bit);
                 if has_children {
                     self.resolve_children(hash, k);
                 }
@@ -552,10 +553,72 @@ impl WorkerStore<'_> {
                 worker.waiting.remove(&c);
                 let ck = chain(RouterKey(k), wt.content).0;
                 worker.keyed.insert(c, ck);
-                self.index.set(ck, self.worker, wt.tiers);
+                hold_new(self.index, worker, self.worker, c, ck, wt.tiers);
                 self.counters.blocks_resolved_late += 1;
                 stack.push((c, ck));
             }
         }
     }
+}
+
+/// Engine hash `hash` of worker `w`, newly keyed `key`, takes `tiers`. When
+/// the worker holds `key` under another hash already, the key's hashes are
+/// recorded apart (`worker::Dup`).
+#[inline]
+fn hold_new(index: &mut HolderIndex, wb: &mut WorkerBlocks, w: u32, hash: u64, key: u64, tiers: u8) {
+    let before = index.add(key, w, tiers);
+    if before != 0 {
+        note_dup(wb, hash, key, before, tiers);
+    }
+}
+
+/// Records that `hash` holds `key` in `tiers` beside the worker's other
+/// hashes of it (`before`: their tiers).
+#[cold]
+#[inline(never)]
+fn note_dup(wb: &mut WorkerBlocks, hash: u64, key: u64, before: u8, tiers: u8) {
+    let d = wb.dups.entry(key).or_insert_with(|| Dup { first: before, hashes: Vec::new() });
+    d.hashes.push((hash, tiers));
+}
+
+/// Replaces the tiers `t` of worker `w`'s engine hash `hash`, keyed `key`,
+/// by `f(t)`; returns the hash's tiers before and after. The worker's tiers
+/// for the key become the union over its hashes of the key: one probe
+/// unless the worker holds the key under several hashes.
+#[inline]
+fn retier(
+    index: &mut HolderIndex,
+    wb: &mut WorkerBlocks,
+    w: u32,
+    hash: u64,
+    key: u64,
+    f: impl FnOnce(u8) -> u8,
+) -> (u8, u8) {
+    if wb.dups.is_empty() {
+        return index.update(key, w, f);
+    }
+    let Some(d) = wb.dups.get_mut(&key) else { return index.update(key, w, f) };
+    let i = match d.hashes.iter().position(|(h, _)| *h == hash) {
+        Some(i) => i,
+        None => {
+            // Not listed: the key's first hash, named for the first time.
+            debug_assert!(d.first != 0, "an unlisted hash of a key is its first, held");
+            d.hashes.push((hash, d.first));
+            d.first = 0;
+            d.hashes.len() - 1
+        }
+    };
+    let old = d.hashes[i].1;
+    let new = f(old);
+    if new == 0 {
+        d.hashes.swap_remove(i);
+    } else {
+        d.hashes[i].1 = new;
+    }
+    let union = d.tiers();
+    if d.hashes.len() + (d.first != 0) as usize <= 1 {
+        wb.dups.remove(&key);
+    }
+    index.update(key, w, |_| union);
+    (old, new)
 }

@@ -270,15 +270,20 @@ impl HolderIndex {
         self.update(key, worker, |_| tiers);
     }
 
-    /// Sets `worker`'s tiers for `key`, which it does not hold under another
-    /// engine hash: one probe when nobody holds the key yet.
+    /// Adds `tiers` to `worker`'s for `key`, for an engine hash of the worker
+    /// newly keyed `key`: one probe when nobody holds the key yet. Returns the
+    /// worker's tiers before (not 0 when it holds the key under another
+    /// hash, which the caller records, see `worker::Dup`).
     #[inline(always)]
-    pub(super) fn add(&mut self, key: u64, worker: u32, tiers: u8) {
+    pub(super) fn add(&mut self, key: u64, worker: u32, tiers: u8) -> u8 {
         let stream = worker as usize + 1;
         let holder = pack(worker, tiers);
         let slot = self.runs.next_slot(stream);
         match self.map.insert_new(key, entry(holder, slot)) {
-            None => self.runs.fill(stream, slot, key, holder),
+            None => {
+                self.runs.fill(stream, slot, key, holder);
+                0
+            }
             Some(_) => self.add_held(key, worker, tiers),
         }
     }
@@ -286,8 +291,8 @@ impl HolderIndex {
     /// [`HolderIndex::add`] of a key that others hold: out of line, so that
     /// the common path stays small where it is inlined.
     #[inline(never)]
-    fn add_held(&mut self, key: u64, worker: u32, tiers: u8) {
-        self.set(key, worker, tiers);
+    fn add_held(&mut self, key: u64, worker: u32, tiers: u8) -> u8 {
+        self.update(key, worker, |t| t | tiers).0
     }
 
     /// `worker`'s tiers for `key` (0 when it does not hold it).

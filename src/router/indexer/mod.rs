@@ -329,6 +329,7 @@ impl Indexer {
         wb.keyed.clear();
         wb.waiting.clear();
         wb.children.clear();
+        wb.dups.clear();
     }
 
     /// For each worker holding the request's first key, the longest prefix of
@@ -441,7 +442,13 @@ impl Indexer {
         let mut v: Vec<i64> = w
             .keyed
             .iter()
-            .filter(|(_, k)| self.index.tiers(**k, worker.0) & bit != 0)
+            .filter(|(h, k)| {
+                let tiers = match w.dups.get(*k) {
+                    Some(d) => d.tiers_of(*h),
+                    None => self.index.tiers(**k, worker.0),
+                };
+                tiers & bit != 0
+            })
             .map(|(h, _)| h as i64)
             .chain(w.waiting.iter().filter(|(_, k)| k.tiers & bit != 0).map(|(h, _)| *h as i64))
             .collect();
@@ -461,6 +468,8 @@ impl Indexer {
     /// 2. Every holder entry is a keyed block of that worker.
     /// 3. Every waiting block holds a tier and is listed under its parent;
     ///    every listed child is a waiting block with that parent.
+    /// 4. A key that a worker holds under several engine hashes has the
+    ///    union of their tiers in the holder index.
     pub fn check_invariants(&self) {
         let mut entries = 0usize;
         for (wi, w) in self.workers.iter().enumerate() {
@@ -469,6 +478,17 @@ impl Indexer {
                 let tiers = self.index.tiers(k, wi as u32);
                 assert!(tiers & TIER_BITS != 0 && tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
                 entries += 1;
+            }
+            for (k, d) in &w.dups {
+                assert_eq!(
+                    self.index.tiers(*k, wi as u32),
+                    d.tiers(),
+                    "invariant 4: key {k:x}'s tiers are its hashes'"
+                );
+                assert!(d.hashes.len() + (d.first != 0) as usize >= 2, "invariant 4: key {k:x} has two hashes or more");
+                for (h, t) in &d.hashes {
+                    assert!(*t != 0 && w.keyed.get(*h) == Some(k), "invariant 4: hash {h:x} is keyed {k:x}");
+                }
             }
             for (h, wt) in &w.waiting {
                 assert!(wt.tiers != 0, "invariant 3: waiting block {h:x} holds a tier");

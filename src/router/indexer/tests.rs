@@ -147,6 +147,127 @@ mod whole_event {
     }
 }
 
+/// One worker holding the same blocks (the same router keys) under two
+/// engine hashes, as an engine does when its hash covers what the router
+/// key does not (one image's pixels under two UUIDs): removing one copy
+/// leaves the other findable, in its own tiers, and removing both leaves
+/// nothing.
+#[test]
+fn a_key_held_under_two_engine_hashes_outlives_either() {
+    let mut ix = Indexer::new(config());
+    let w = ix.add_worker("w");
+    let tokens: Vec<u32> = (0..8).collect();
+    let keys = keys_of(&tokens);
+    let found = |ix: &Indexer| -> Vec<(u32, u32)> {
+        ix.find_matches(&keys).iter().map(|o| (o.device_blocks, o.any_tier_blocks)).collect()
+    };
+    ix.apply(w, &stored(&[4, 5], None, tokens.clone(), "GPU"));
+    ix.apply(w, &stored(&[8, 9], None, tokens.clone(), "GPU"));
+    ix.check_invariants();
+    ix.apply(w, &removed(&[4, 5], "GPU"));
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![(2, 2)], "the second copy still holds both blocks");
+    ix.apply(w, &removed(&[8, 9], "GPU"));
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![]);
+
+    // In two tiers: each copy keeps its own.
+    ix.apply(w, &stored(&[4, 5], None, tokens.clone(), "GPU"));
+    ix.apply(w, &stored(&[8, 9], None, tokens.clone(), "CPU"));
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![(2, 2)]);
+    ix.apply(w, &removed(&[4, 5], "GPU"));
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![(0, 2)], "only the host copy is left");
+    assert_eq!(ix.worker_blocks(w, Tier::Device), Vec::<i64>::new());
+    assert_eq!(ix.worker_blocks(w, Tier::Host), vec![8, 9]);
+    ix.apply(w, &stored(&[4, 5], None, tokens.clone(), "GPU"));
+    ix.apply(w, &removed(&[8, 9], "CPU"));
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![(2, 2)], "the device copy is back and the host one gone");
+    assert_eq!(ix.worker_blocks(w, Tier::Host), Vec::<i64>::new());
+    ix.apply(w, &WireEvent::AllBlocksCleared);
+    ix.check_invariants();
+    assert_eq!(found(&ix), vec![]);
+}
+
+mod shared_keys {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A single-block event: hash `h` of worker `w`, its content `h % 3`, so
+    /// that hashes 0, 3 and 6 (and so on) share a router key.
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Store { w: u32, h: i64, cpu: bool },
+        Remove { w: u32, h: i64, cpu: bool },
+        Clear { w: u32 },
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            5 => (0..2u32, 0..9i64, any::<bool>()).prop_map(|(w, h, cpu)| Ev::Store { w, h, cpu }),
+            4 => (0..2u32, 0..9i64, any::<bool>()).prop_map(|(w, h, cpu)| Ev::Remove { w, h, cpu }),
+            1 => (0..2u32).prop_map(|w| Ev::Clear { w }),
+        ]
+    }
+
+    fn content(h: i64) -> Vec<u32> {
+        (0..4).map(|t| (h % 3) as u32 * 4 + t).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Against the truth of each engine hash's tiers: a worker's overlap
+        /// with a key is the union of the tiers of every hash it holds under
+        /// that key, whatever the order of stores, tier moves and removals.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn overlaps_are_the_union_over_hashes(events in proptest::collection::vec(ev(), 1..60)) {
+            let mut ix = Indexer::new(config());
+            let ws: Vec<WorkerId> = (0..2).map(|w| ix.add_worker(&w.to_string())).collect();
+            let mut truth = std::collections::BTreeMap::<(u32, i64), u8>::new();
+            let medium = |cpu: bool| if cpu { "CPU" } else { "GPU" };
+            for e in &events {
+                match *e {
+                    Ev::Store { w, h, cpu } => {
+                        *truth.entry((w, h)).or_default() |= 1 << cpu as u8;
+                        ix.apply(ws[w as usize], &stored(&[h], None, content(h), medium(cpu)));
+                    }
+                    Ev::Remove { w, h, cpu } => {
+                        if let Some(t) = truth.get_mut(&(w, h)) {
+                            *t &= !(1 << cpu as u8);
+                            if *t == 0 {
+                                truth.remove(&(w, h));
+                            }
+                        }
+                        ix.apply(ws[w as usize], &removed(&[h], medium(cpu)));
+                    }
+                    Ev::Clear { w } => {
+                        truth.retain(|(tw, _), _| *tw != w);
+                        ix.apply(ws[w as usize], &WireEvent::AllBlocksCleared);
+                    }
+                }
+                ix.check_invariants();
+                for c in 0..3i64 {
+                    let keys = keys_of(&content(c));
+                    let got: Vec<(u32, u32, u32)> =
+                        ix.find_matches(&keys).iter().map(|o| (o.worker.0, o.device_blocks, o.any_tier_blocks)).collect();
+                    let mut want = Vec::new();
+                    for w in 0..2u32 {
+                        let t = truth.iter().filter(|((tw, h), _)| *tw == w && h % 3 == c).fold(0u8, |a, (_, t)| a | t);
+                        if t != 0 {
+                            want.push((w, (t & 1) as u32, 1));
+                        }
+                    }
+                    prop_assert_eq!(got, want, "content {}", c);
+                }
+            }
+        }
+    }
+}
+
 /// Stored blocks are found by the keys a request computes; removals,
 /// tier moves and clears change the overlap as the engine's cache did.
 #[test]

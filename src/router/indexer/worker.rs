@@ -55,6 +55,33 @@ pub(super) struct Waiting {
     pub(super) tiers: u8,
 }
 
+/// A router key that one worker holds under two engine hashes or more: an
+/// engine hash covers what the key does not (one image's pixels named by
+/// two UUIDs, for instance). The holder index keeps the union of their
+/// tiers; this keeps each hash's own, so that one leaving a tier leaves the
+/// key's tiers to the others. The first hash is listed only once an event
+/// names it (its tiers are `first` until then): finding it would take a
+/// walk of the worker's table.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Dup {
+    /// The tiers of the first hash while it is not listed (0 once it is).
+    pub(super) first: u8,
+    /// The other hashes (and the first, once listed) with their tiers.
+    pub(super) hashes: Vec<(u64, u8)>,
+}
+
+impl Dup {
+    /// The union of every hash's tiers.
+    pub(super) fn tiers(&self) -> u8 {
+        self.hashes.iter().fold(self.first, |a, (_, t)| a | t)
+    }
+
+    /// The tiers of `hash`, one of this key's hashes of the worker.
+    pub(super) fn tiers_of(&self, hash: u64) -> u8 {
+        self.hashes.iter().find(|(h, _)| *h == hash).map_or(self.first, |(_, t)| *t)
+    }
+}
+
 /// The router's view of one worker.
 #[derive(Debug, Default)]
 pub(super) struct WorkerBlocks {
@@ -72,6 +99,8 @@ pub(super) struct WorkerBlocks {
     pub(super) children: U64Map<Vec<u64>>,
     /// Blocks reserved by `Indexer::reserve`.
     pub(super) reserved: usize,
+    /// Router keys held under several engine hashes, by key (see [`Dup`]).
+    pub(super) dups: U64Map<Dup>,
 }
 
 impl WorkerBlocks {
@@ -86,6 +115,8 @@ impl WorkerBlocks {
             + self.waiting.capacity() * (8 + std::mem::size_of::<Waiting>() + 1)
             + self.children.capacity() * (8 + 24 + 1)
             + self.children.values().map(|v| v.capacity() * 8).sum::<usize>()
+            + self.dups.capacity() * (8 + std::mem::size_of::<Dup>() + 1)
+            + self.dups.values().map(|d| d.hashes.capacity() * 16).sum::<usize>()
     }
 }
 
