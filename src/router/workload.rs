@@ -92,20 +92,21 @@ impl EventWorkload {
 
     /// One `BlockRemoved` per stored event, in reverse order (children first).
     pub fn removals(&self) -> Vec<(usize, WireEvent)> {
-        removals_of(&self.events)
+        removals_of(self.events.iter().map(|(w, e)| (*w, e)))
     }
 }
 
 /// One `BlockRemoved` per `BlockStored` of `events` (worker, event), in
 /// reverse order, each removing its event's blocks children first: what
 /// undoes a stored stream.
-pub fn removals_of(events: &[(usize, WireEvent)]) -> Vec<(usize, WireEvent)> {
+pub fn removals_of<'a, W: Copy + 'a>(
+    events: impl DoubleEndedIterator<Item = (W, &'a WireEvent)>,
+) -> Vec<(W, WireEvent)> {
     events
-        .iter()
         .rev()
         .filter_map(|(w, e)| match e {
             WireEvent::BlockStored(s) => Some((
-                *w,
+                w,
                 WireEvent::BlockRemoved(WireBlockRemoved {
                     block_hashes: s.block_hashes.iter().rev().copied().collect(),
                     medium: s.medium.clone(),

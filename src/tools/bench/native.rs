@@ -498,7 +498,7 @@ impl Workload {
 
     /// One `BlockRemoved` per stored event, in reverse order.
     pub fn removals(&self) -> Vec<(usize, WireEvent)> {
-        kvcore_router::removals_of(&self.events)
+        kvcore_router::removals_of(self.events.iter().map(|(w, e)| (*w, e)))
     }
 }
 

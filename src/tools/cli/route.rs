@@ -733,24 +733,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Error> {
         &mut apply_current,
     );
     drop(current);
-    let removals: Vec<(WorkerId, WireEvent)> = events
-        .iter()
-        .zip(&wids)
-        .rev()
-        .filter_map(|((_, e), w)| match e {
-            WireEvent::BlockStored(s) => Some((
-                *w,
-                WireEvent::BlockRemoved(kvcore::wire::WireBlockRemoved {
-                    block_hashes: s.block_hashes.iter().rev().copied().collect(),
-                    medium: s.medium.clone(),
-                    group_idx: s.group_idx,
-                    kv_cache_spec_kind: s.kv_cache_spec_kind.clone(),
-                    kv_cache_spec_sliding_window: s.kv_cache_spec_sliding_window,
-                }),
-            )),
-            _ => None,
-        })
-        .collect();
+    let removals = kvcore_router::removals_of(events.iter().zip(&wids).map(|((_, e), w)| (*w, e)));
     let (mut remove_s, mut warm_s, mut warm_cpu) = (f64::INFINITY, f64::INFINITY, Some(0.0));
     for _ in 0..repeats {
         let (r, _) = measure_once(&mut || ix.apply_all(removals.iter().map(|(w, e)| (*w, e))));
