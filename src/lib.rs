@@ -35,6 +35,7 @@
 mod call_log;
 mod capabilities;
 mod config;
+mod copy;
 mod engine;
 mod error;
 mod events;

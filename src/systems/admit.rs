@@ -379,7 +379,7 @@ pub fn admit_request(
 
     let blocks_committed = matched.len() as u32;
     scratch.matched = matched;
-    row_tokens.extend_from_slice(spec.tokens);
+    crate::copy::extend_tokens(&mut row_tokens, spec.tokens);
     row_items.reserve(spec.items.len());
     let id = requests.rows.insert(Request {
         tokens: row_tokens,

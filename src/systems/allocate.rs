@@ -38,7 +38,7 @@ pub fn grow_request(
             return Err(RequestError::OutOfBlocks { needed, available });
         }
     }
-    request.tokens.extend_from_slice(tokens);
+    crate::copy::extend_tokens(&mut request.tokens, tokens);
     let KvGroups { main, windows } = groups;
     main.make_room(needed, config.offload_first, events, counters);
     main.allocate_device_blocks(needed, false, &mut request.blocks, events, counters);
