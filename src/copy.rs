@@ -2,11 +2,12 @@
 //!
 //! A prompt is copied into its request row at admission (tens of KB for a long
 //! prompt). Handed to `memcpy` in one piece, a copy that large takes glibc's
-//! string-move path (`rep movsb`), which on the Intel Xeons measured here runs
-//! about 25 times slower (5-6 µs instead of 0.2 µs for 16 KB) when the
-//! destination lies 1 to 31 bytes past the source modulo 4096: the two
-//! streams alias in the store buffer. Two heap vectors of the same size land
-//! in that window often, so the slowdown came and went with heap layout.
+//! string-move path (`rep movsb`). On an AMD EPYC (Zen 3) with glibc 2.36 that
+//! path runs about 25 times slower (5-6 µs instead of 0.2 µs for 16 KB) when
+//! the destination lies 1 to 31 bytes past the source modulo 4096, and two
+//! heap vectors of the same size land in that window often, so the engine's
+//! speed came and went with heap layout. (An Intel Xeon with glibc 2.39
+//! showed no such window.)
 //! Copying in pieces of [`PIECE`] ids keeps every call below glibc's
 //! string-move threshold, on its vector loop, whose speed does not depend on
 //! the addresses (docs/benchmarks.md, "Engine core", has the measurement).
