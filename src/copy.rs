@@ -8,6 +8,7 @@
 //! heap vectors of the same size land in that window often, so the engine's
 //! speed came and went with heap layout. (An Intel Xeon with glibc 2.39
 //! showed no such window.)
+//!
 //! Copying in pieces of [`PIECE`] ids keeps every call below glibc's
 //! string-move threshold, on its vector loop, whose speed does not depend on
 //! the addresses (docs/benchmarks.md, "Engine core", has the measurement).
