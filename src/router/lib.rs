@@ -12,6 +12,7 @@
 //! | images by UUID | [`UuidResolver`] (the [`Indexer`] is one, [`NoUuids`] knows none), [`UuidLookup`] |
 //! | text and images to token ids | [`ModelProfile`] renders [`Message`]s of [`Part`]s through a tokenizer |
 //! | which worker holds what | [`Indexer`]: events in, [`Overlap`]s per worker and [`Tier`] out |
+//! | ingest on several threads | [`ShardedIndexer`]: the workers split over indexers, each shard's events applied on a thread of its own ([`ShardedError`]) |
 //! | hybrid models | [`GroupViews`]: the KV cache groups beside the main one, and the prefix reusable in every group ([`GroupRole`], [`GroupCounters`]) |
 //! | the decision | [`decide`] weighs overlap against load ([`ScoringConfig`]) into a [`Decision`] |
 //! | the stream | [`Subscriber`]: ZMQ per worker, gap and restart detection, replay and snapshot recovery ([`Applied`] steps for followers) |
@@ -21,7 +22,7 @@
 //! Inside, the modules depend on each other in one direction only:
 //! `hashing` and `table` use nothing of the crate; `indexer` uses both;
 //! `profiles` uses `hashing`; `scoring` uses `hashing` and `indexer`;
-//! `groups` uses `hashing` and `indexer`; `subscriber` uses `indexer` and
+//! `groups` uses `hashing` and `indexer`; `sharded` uses both; `subscriber` uses `indexer` and
 //! `groups`; `relay` uses `hashing`, `indexer` and
 //! `subscriber`; `workload` stands alone.
 //!
@@ -35,6 +36,7 @@ mod indexer;
 mod profiles;
 mod relay;
 mod scoring;
+mod sharded;
 mod subscriber;
 mod table;
 mod workload;
@@ -52,5 +54,6 @@ pub use profiles::{
 };
 pub use relay::{Relay, RelayConfig, RelayCounters, RelayWorker};
 pub use scoring::{Decision, ScoringConfig, WorkerScore, decide};
+pub use sharded::{ShardedError, ShardedIndexer};
 pub use subscriber::{Applied, SubscribeError, Subscriber, SubscriberConfig, SubscriberCounters, WorkerSync};
 pub use workload::{EventWorkload, EventWorkloadSpec, removals_of};

@@ -161,6 +161,46 @@ pub struct IndexerMemory {
     pub bytes: usize,
 }
 
+impl IndexerCounters {
+    /// Adds `o`'s counts to these (a sum over indexers).
+    pub(crate) fn add(&mut self, o: &IndexerCounters) {
+        self.stored_events += o.stored_events;
+        self.stored_blocks += o.stored_blocks;
+        self.removed_events += o.removed_events;
+        self.removed_blocks += o.removed_blocks;
+        self.removed_unknown += o.removed_unknown;
+        self.cleared_events += o.cleared_events;
+        self.blocks_pending += o.blocks_pending;
+        self.blocks_resolved_late += o.blocks_resolved_late;
+        self.image_blocks_unkeyable += o.image_blocks_unkeyable;
+        self.blocks_without_tokens += o.blocks_without_tokens;
+        self.events_wrong_block_size += o.events_wrong_block_size;
+        self.events_malformed += o.events_malformed;
+        self.blocks_dropped_full += o.blocks_dropped_full;
+        self.events_unknown += o.events_unknown;
+        self.uuid_conflicts += o.uuid_conflicts;
+        self.uuid_conflicts_resolved += o.uuid_conflicts_resolved;
+        self.uuids_forgotten += o.uuids_forgotten;
+        self.uuid_refs_unrecorded += o.uuid_refs_unrecorded;
+        self.uuid_lookups_ambiguous += o.uuid_lookups_ambiguous;
+        self.uuid_lookups_unsure += o.uuid_lookups_unsure;
+    }
+}
+
+impl IndexerMemory {
+    /// Adds `o`'s sizes to these (a sum over indexers).
+    pub(crate) fn add(&mut self, o: &IndexerMemory) {
+        self.nodes += o.nodes;
+        self.pending += o.pending;
+        self.keys += o.keys;
+        self.uuids += o.uuids;
+        self.uuids_ambiguous += o.uuids_ambiguous;
+        self.uuid_blocks += o.uuid_blocks;
+        self.uuid_unsure_slots += o.uuid_unsure_slots;
+        self.bytes += o.bytes;
+    }
+}
+
 /// A worker's overlap with a request: the longest prefix, in blocks, held in
 /// each tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

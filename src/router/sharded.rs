@@ -1,0 +1,404 @@
+//! Sharded ingest: the fleet's workers split over several [`Indexer`]s, each
+//! applying its workers' events on a thread of its own.
+//!
+//! Why by worker: every event names one worker, and a worker's events must
+//! apply in order, so a shard that owns whole workers applies its share of
+//! a batch alone, with no lock or message per event and nothing shared with
+//! the other shards. A key held by workers of two shards is then held in
+//! both shards' holder indexes; a lookup asks every shard and merges their
+//! answers, which are disjoint (each worker lives in one shard).
+//!
+//! What it gives up against one [`Indexer`]:
+//! - A lookup costs one walk per shard (each one the walk of a smaller
+//!   index), where one indexer walks once.
+//! - Memory: a key held in several shards has an entry in each.
+//! - The UUID view is per shard. A UUID resolves to a digest only when no
+//!   shard finds it ambiguous or unsure and every shard that knows it gives
+//!   the same digest; two shards giving two digests make it ambiguous, as
+//!   two workers of one indexer would. `uuids_max` is split evenly over the
+//!   shards, so the view's bound stays the configured one in all.
+//!
+//! Concurrency: each shard sits behind a read-write lock. [`ShardedIndexer::apply_all`]
+//! write-locks each shard for its share of the batch, on the pool's
+//! threads; a lookup read-locks one shard at a time, from any thread, and
+//! so waits at most for one shard's share of one batch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use kvcore::wire::WireEvent;
+
+use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
+use crate::indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, Overlap, WorkerId};
+
+/// One shard: an indexer over some workers, and their fleet-wide ids.
+#[derive(Debug)]
+struct Shard {
+    /// The indexer, over the shard's workers under its own (local) ids.
+    indexer: Indexer,
+    /// The fleet-wide id of each local worker, by local id.
+    fleet_ids: Vec<WorkerId>,
+}
+
+/// The workers split over shards, events applied by shard in parallel (see
+/// the module docs).
+#[derive(Debug)]
+pub struct ShardedIndexer {
+    shards: Vec<RwLock<Shard>>,
+    /// Each fleet-wide worker's shard and its id there.
+    placement: Vec<(usize, WorkerId)>,
+    /// The threads that apply events: one per shard.
+    pool: rayon::ThreadPool,
+    /// Lookups of a UUID found ambiguous across shards (two shards, two
+    /// digests), which no shard's counters see.
+    cross_shard_ambiguous: AtomicU64,
+}
+
+/// What [`ShardedIndexer::new`] cannot do.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardedError {
+    /// Zero shards were asked for.
+    #[error("a sharded indexer needs one shard or more")]
+    NoShards,
+    /// The pool's threads could not be started.
+    #[error("the ingest threads could not start: {0}")]
+    Threads(String),
+}
+
+/// A shard's lock, taken even if a thread panicked while holding it: the
+/// indexer's tables stay consistent between events, and apply never panics
+/// on any event, so a poisoned lock holds nothing half done.
+fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
+    shard.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// See [`read`].
+fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    shard.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ShardedIndexer {
+    /// An empty indexer of `shards` shards, with as many ingest threads.
+    /// Each shard takes `config`, but for `uuids_max`, which is split over
+    /// the shards (at least one UUID each).
+    pub fn new(config: IndexerConfig, shards: usize) -> Result<Self, ShardedError> {
+        if shards == 0 {
+            return Err(ShardedError::NoShards);
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(shards)
+            .thread_name(|i| format!("kvcore-ingest-{i}"))
+            .build()
+            .map_err(|e| ShardedError::Threads(e.to_string()))?;
+        let per_shard = IndexerConfig { uuids_max: (config.uuids_max / shards).max(1), ..config };
+        let shards = (0..shards)
+            .map(|_| RwLock::new(Shard { indexer: Indexer::new(per_shard.clone()), fleet_ids: Vec::new() }))
+            .collect();
+        Ok(Self { shards, placement: Vec::new(), pool, cross_shard_ambiguous: AtomicU64::new(0) })
+    }
+
+    /// Shards (and ingest threads).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Adds a worker, to the shard holding the fewest workers (the lowest
+    /// such shard): workers added one after another go round the shards.
+    pub fn add_worker(&mut self, name: &str) -> WorkerId {
+        let fleet = WorkerId(self.placement.len() as u32);
+        let (i, shard) = self
+            .shards
+            .iter_mut()
+            .map(|s| s.get_mut().unwrap_or_else(|p| p.into_inner()))
+            .enumerate()
+            .min_by_key(|(i, s)| (s.fleet_ids.len(), *i))
+            .expect("one shard or more");
+        let local = shard.indexer.add_worker(name);
+        shard.fleet_ids.push(fleet);
+        self.placement.push((i, local));
+        fleet
+    }
+
+    /// Workers added so far, removed ones included.
+    pub fn workers_len(&self) -> usize {
+        self.placement.len()
+    }
+
+    /// The shard a worker was placed in, and its id there.
+    fn place(&self, worker: WorkerId) -> Option<(usize, WorkerId)> {
+        self.placement.get(worker.0 as usize).copied()
+    }
+
+    /// Forgets everything a worker holds and stops routing to it.
+    pub fn remove_worker(&self, worker: WorkerId) {
+        if let Some((s, local)) = self.place(worker) {
+            write(&self.shards[s]).indexer.remove_worker(local);
+        }
+    }
+
+    /// Forgets every block of one worker (its `AllBlocksCleared`, or a resync).
+    pub fn clear_worker(&self, worker: WorkerId) {
+        if let Some((s, local)) = self.place(worker) {
+            write(&self.shards[s]).indexer.clear_worker(local);
+        }
+    }
+
+    /// Applies one decoded event from `worker` on the calling thread, as
+    /// [`Indexer::apply`] does.
+    pub fn apply(&self, worker: WorkerId, event: &WireEvent) {
+        if let Some((s, local)) = self.place(worker) {
+            write(&self.shards[s]).indexer.apply(local, event);
+        }
+    }
+
+    /// Applies a batch of events, each worker's in their order: every shard
+    /// applies its workers' events on its own thread of the pool, and the
+    /// call returns when all have. Events of unknown workers are ignored.
+    pub fn apply_all(&self, events: &[(WorkerId, WireEvent)]) {
+        let placement = &self.placement;
+        if self.shards.len() == 1 {
+            let mut shard = write(&self.shards[0]);
+            shard.indexer.apply_all(events.iter().filter_map(|(w, e)| Some((placement.get(w.0 as usize)?.1, e))));
+            return;
+        }
+        self.pool.scope(|scope| {
+            for (i, shard) in self.shards.iter().enumerate() {
+                scope.spawn(move |_| {
+                    let mut shard = write(shard);
+                    let mine = events.iter().filter_map(|(w, e)| match placement.get(w.0 as usize) {
+                        Some(&(s, local)) if s == i => Some((local, e)),
+                        _ => None,
+                    });
+                    shard.indexer.apply_all(mine);
+                });
+            }
+        });
+    }
+
+    /// For each worker holding the request's first key, the longest prefix
+    /// of `keys` it holds, per tier, sorted by worker: what one [`Indexer`]
+    /// holding every worker answers ([`Indexer::find_matches`]).
+    pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let shard = read(shard);
+            let at = out.len();
+            out.extend(shard.indexer.find_matches(keys));
+            for o in &mut out[at..] {
+                o.worker = shard.fleet_ids[o.worker.0 as usize];
+            }
+        }
+        if self.shards.len() > 1 {
+            out.sort_unstable_by_key(|o| o.worker);
+        }
+        out
+    }
+
+    /// The counters, summed over the shards; `uuid_lookups_ambiguous` also
+    /// counts UUIDs found ambiguous across shards.
+    pub fn counters(&self) -> IndexerCounters {
+        let mut c = IndexerCounters::default();
+        for shard in &self.shards {
+            c.add(&read(shard).indexer.counters());
+        }
+        c.uuid_lookups_ambiguous += self.cross_shard_ambiguous.load(Ordering::Relaxed);
+        c
+    }
+
+    /// Table sizes and the memory estimate, summed over the shards (a key
+    /// held in two shards counts twice, as it is held twice).
+    pub fn memory(&self) -> IndexerMemory {
+        let mut m = IndexerMemory::default();
+        for shard in &self.shards {
+            m.add(&read(shard).indexer.memory());
+        }
+        m
+    }
+
+    /// Checks every shard's invariants ([`Indexer::check_invariants`]), and
+    /// that each worker's fleet-wide id maps back to itself.
+    pub fn check_invariants(&self) {
+        for (fleet, &(s, local)) in self.placement.iter().enumerate() {
+            let shard = read(&self.shards[s]);
+            assert_eq!(shard.fleet_ids.get(local.0 as usize), Some(&WorkerId(fleet as u32)), "placement of {fleet}");
+        }
+        for shard in &self.shards {
+            read(shard).indexer.check_invariants();
+        }
+    }
+}
+
+impl UuidResolver for ShardedIndexer {
+    fn resolve(&self, uuid: &str) -> UuidLookup {
+        let mut found: Option<kvcore::ImageDigest> = None;
+        let mut unsure = false;
+        for shard in &self.shards {
+            match read(shard).indexer.resolve(uuid) {
+                UuidLookup::Ambiguous => return UuidLookup::Ambiguous,
+                UuidLookup::Unsure => unsure = true,
+                UuidLookup::Digest(d) => match found {
+                    Some(f) if f != d => {
+                        self.cross_shard_ambiguous.fetch_add(1, Ordering::Relaxed);
+                        return UuidLookup::Ambiguous;
+                    }
+                    _ => found = Some(d),
+                },
+                UuidLookup::Unknown => {}
+            }
+        }
+        match (unsure, found) {
+            (true, _) => UuidLookup::Unsure,
+            (false, Some(d)) => UuidLookup::Digest(d),
+            (false, None) => UuidLookup::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvcore::Tier;
+    use kvcore::wire::{ImageRoutingV1, WireBlockRemoved, WireBlockStored, WireImageItem, WireImageRef};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::hashing::{NoUuids, TokenRequest, hash_request};
+
+    const WORKERS: u32 = 5;
+
+    fn config() -> IndexerConfig {
+        IndexerConfig { block_size: 4, blocks_per_worker_max: 24, ..Default::default() }
+    }
+
+    /// A stored event of blocks `first..first + len` under `parent`; a
+    /// block's tokens follow from its hash and `salt` alone, so that
+    /// workers storing the same hashes share router keys (across shards).
+    fn stored(first: i64, len: usize, parent: Option<i64>, salt: u32, cpu: bool) -> WireEvent {
+        let hashes: Vec<i64> = (first..first + len as i64).collect();
+        let tokens = hashes.iter().flat_map(|h| (0..4).map(move |t| (*h as u32) * 8 + t + salt)).collect();
+        WireEvent::BlockStored(WireBlockStored {
+            block_hashes: hashes,
+            parent_block_hash: parent,
+            token_ids: Some(tokens),
+            block_size: 4,
+            medium: Some(if cpu { "CPU" } else { "GPU" }.into()),
+            ..Default::default()
+        })
+    }
+
+    fn ev() -> impl Strategy<Value = (u32, WireEvent)> {
+        prop_oneof![
+            6 => (0..WORKERS, 0..20i64, 1..6usize, proptest::option::of(0..20i64), 0..2u32, any::<bool>())
+                .prop_map(|(w, first, len, parent, salt, cpu)| (w, stored(first, len, parent, salt, cpu))),
+            3 => (0..WORKERS, proptest::collection::vec(0..26i64, 1..6), any::<bool>()).prop_map(|(w, hashes, cpu)| {
+                let medium = Some(if cpu { "CPU" } else { "GPU" }.into());
+                (w, WireEvent::BlockRemoved(WireBlockRemoved { block_hashes: hashes, medium, ..Default::default() }))
+            }),
+            1 => (0..WORKERS).prop_map(|w| (w, WireEvent::AllBlocksCleared)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 150, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any number of shards, events applied a batch at a time on the
+        /// pool, answer every lookup as one indexer given the same events
+        /// does, with the same counters and the same blocks per worker and
+        /// tier; workers share keys across shards, are removed, cleared and
+        /// filled to their limit.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn shards_answer_as_one_indexer(
+            events in proptest::collection::vec(ev(), 1..80),
+            shards in 1..5usize,
+            batch in 1..12usize,
+            gone in proptest::option::of(0..WORKERS),
+        ) {
+            let mut one = Indexer::new(config());
+            let mut many = ShardedIndexer::new(config(), shards).unwrap();
+            for w in 0..WORKERS {
+                prop_assert_eq!(one.add_worker(&w.to_string()), many.add_worker(&w.to_string()));
+            }
+            let wired: Vec<(WorkerId, WireEvent)> = events.iter().map(|(w, e)| (WorkerId(*w), e.clone())).collect();
+            for (i, chunk) in wired.chunks(batch).enumerate() {
+                if i == 1 && let Some(g) = gone {
+                    one.remove_worker(WorkerId(g));
+                    many.remove_worker(WorkerId(g));
+                }
+                one.apply_all(chunk.iter().map(|(w, e)| (*w, e)));
+                many.apply_all(chunk);
+            }
+            many.check_invariants();
+            prop_assert_eq!(one.counters(), many.counters());
+            for (_, e) in &wired {
+                if let WireEvent::BlockStored(s) = e {
+                    let req = TokenRequest { tokens: s.token_ids.clone().unwrap_or_default(), ..Default::default() };
+                    let keys = hash_request(&req, 4, 0, &NoUuids).unwrap().keys;
+                    prop_assert_eq!(one.find_matches(&keys), many.find_matches(&keys));
+                }
+            }
+            let m = many.memory();
+            prop_assert_eq!(m.nodes, one.memory().nodes);
+            for w in 0..WORKERS {
+                let (s, local) = many.place(WorkerId(w)).unwrap();
+                let shard = read(&many.shards[s]);
+                for tier in [Tier::Device, Tier::Host] {
+                    prop_assert_eq!(shard.indexer.worker_blocks(local, tier), one.worker_blocks(WorkerId(w), tier));
+                }
+            }
+        }
+    }
+
+    /// An event naming image `uuid` with `digest`, for worker-independent
+    /// blocks 10 and 11.
+    fn image_event(uuid: &str, digest: [u8; 32]) -> WireEvent {
+        WireEvent::BlockStored(WireBlockStored {
+            block_hashes: vec![10, 11],
+            token_ids: Some(vec![1, 9, 9, 9, 9, 2, 3, 4]),
+            block_size: 4,
+            image_routing: Some(ImageRoutingV1 {
+                items: vec![WireImageItem { digest, uuid: Some(uuid.into()) }],
+                blocks: vec![
+                    vec![WireImageRef { item: 0, item_offset: 0, block_offset: 1, len: 3 }],
+                    vec![WireImageRef { item: 0, item_offset: 3, block_offset: 0, len: 1 }],
+                ],
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// A UUID held under two digests by workers of two shards identifies
+    /// nothing, as it would in one indexer; under one digest in both it
+    /// resolves to it; once the conflicting copy is cleared it resolves
+    /// again.
+    #[test]
+    fn a_uuid_conflict_across_shards_is_ambiguous() {
+        let mut ix = ShardedIndexer::new(config(), 2).unwrap();
+        let (a, b, c) = (ix.add_worker("a"), ix.add_worker("b"), ix.add_worker("c"));
+        assert_ne!(ix.place(a).unwrap().0, ix.place(b).unwrap().0, "a and b in two shards");
+        assert_eq!(ix.place(a).unwrap().0, ix.place(c).unwrap().0);
+        ix.apply_all(&[(a, image_event("u", [1; 32])), (b, image_event("u", [1; 32]))]);
+        assert_eq!(ix.resolve("u"), UuidLookup::Digest(kvcore::ImageDigest([1; 32])));
+        ix.apply_all(&[(b, image_event("v", [2; 32])), (a, image_event("v", [3; 32]))]);
+        assert_eq!(ix.resolve("v"), UuidLookup::Ambiguous);
+        assert_eq!(ix.counters().uuid_lookups_ambiguous, 1);
+        ix.clear_worker(a);
+        assert_eq!(ix.resolve("v"), UuidLookup::Digest(kvcore::ImageDigest([2; 32])));
+        assert_eq!(ix.resolve("w"), UuidLookup::Unknown);
+    }
+
+    /// Zero shards is an error, not a panic; events of a worker never added
+    /// change nothing.
+    #[test]
+    fn bad_shards_and_unknown_workers() {
+        assert!(matches!(ShardedIndexer::new(config(), 0), Err(ShardedError::NoShards)));
+        let mut ix = ShardedIndexer::new(config(), 3).unwrap();
+        let a = ix.add_worker("a");
+        ix.apply_all(&[(WorkerId(7), stored(0, 3, None, 0, false)), (a, stored(0, 2, None, 0, false))]);
+        ix.apply(WorkerId(9), &stored(0, 3, None, 0, false));
+        ix.remove_worker(WorkerId(9));
+        assert_eq!(ix.counters().stored_blocks, 2);
+        assert_eq!(ix.memory().nodes, 2);
+        assert_eq!(ix.workers_len(), 1);
+        assert_eq!(ix.shards(), 3);
+    }
+}
