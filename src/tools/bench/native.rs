@@ -62,7 +62,9 @@ use dynamo_kv_router::{
     ThreadPoolIndexer, compute_block_hash_for_seq,
 };
 use kvcore::wire::{EventForm, WireBatch, WireBlockStored, WireEvent, decode_payload, encode_payload};
-use kvcore_router::{EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, RouterKey, RouterScope, WorkerId};
+use kvcore_router::{
+    EventWorkload, EventWorkloadSpec, Indexer, IndexerConfig, RouterKey, RouterScope, ShardedIndexer, WorkerId,
+};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
 use super::alloc::live_bytes;
@@ -103,6 +105,9 @@ pub enum Side {
     /// Dynamo's `ConcurrentRadixTreeCompressed` in a `ThreadPoolIndexer` of
     /// several threads (only in [`thread_rows`], not in [`Side::ALL`]).
     CrtcPool,
+    /// kvcore's `ShardedIndexer`, one shard a thread (only in
+    /// [`thread_rows`]).
+    Sharded,
 }
 
 impl Side {
@@ -117,6 +122,7 @@ impl Side {
             Side::Crtc => "CRTC",
             Side::Positional => "Positional",
             Side::CrtcPool => "CRTC pool",
+            Side::Sharded => "kvcore shards",
         }
     }
 }
@@ -141,6 +147,7 @@ impl Index {
             Side::Crtc => Index::Crtc(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, block_size)),
             Side::Positional => Index::Positional(ThreadPoolIndexer::new(PositionalIndexer::new(32), 1, block_size)),
             Side::CrtcPool => Self::crtc_pool(1, block_size),
+            Side::Sharded => unreachable!("thread_rows makes its own sharded indexer"),
         }
     }
 
@@ -729,59 +736,104 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
     vec![lookup, hash, both]
 }
 
-/// One kvcore thread against `ThreadPoolIndexer<CRTC>` with `threads`
-/// threads: fresh apply from decoded events (kvcore on the calling thread;
-/// Dynamo's caller makes and hashes the events, as in [`apply_rows`], and
-/// the pool's threads apply them, each worker's events on one thread), and
-/// lookups (each a single call on the calling thread, on both sides). The
-/// pool's figure is what that many threads give; kvcore's router has no
-/// threaded or sharded ingest, so its side is one thread.
+/// kvcore's [`ShardedIndexer`] of `threads` shards against
+/// `ThreadPoolIndexer<CRTC>` with `threads` threads: the same number of
+/// threads applying events on each side, each worker's events on one of
+/// them.
+///
+/// Fresh apply from decoded events: kvcore's `apply_all` hands each shard
+/// its workers' events, and each shard hashes and applies them on its own
+/// thread. Dynamo's caller side makes and hashes the events (as in
+/// [`apply_rows`]) on `threads` producer threads, the workers split over
+/// them as the pool splits them, so that its hashing scales too; its pool's
+/// threads apply them, and the timed span ends when the pool has flushed.
+/// Dynamo thus runs twice as many threads as kvcore.
+///
+/// Lookups: one call at a time from the calling thread on both sides;
+/// kvcore's walks every shard in turn.
 pub fn thread_rows(w: &Workload, block_size: u32, n: usize, iters: usize, threads: usize) -> Vec<Row> {
-    let sides = [Side::Kvcore, Side::CrtcPool];
-    let make = |side: Side| match side {
-        Side::CrtcPool => Index::crtc_pool(threads, block_size),
-        _ => Index::new(side, w.workers, block_size),
-    };
+    let sides = [Side::Sharded, Side::CrtcPool];
     let blocks = w.blocks as f64;
-    let mut kept: Vec<Option<Index>> = vec![None, None];
-    let apply = rounds(
-        format!("fresh apply, one kvcore thread against CRTC with {threads} threads, {}", w.name),
-        "M blocks/s",
-        true,
-        n,
-        &sides,
-        |side| {
-            let slot = &mut kept[(side == Side::CrtcPool) as usize];
-            *slot = None;
-            let mut ix = make(side);
-            let t = Instant::now();
-            ix.apply(&w.events, block_size);
-            let s = t.elapsed().as_secs_f64();
-            *slot = Some(ix);
-            blocks / s / 1e6
-        },
-    );
-    let indexes: Vec<Index> = kept.into_iter().map(|k| k.expect("filled by the apply rounds")).collect();
-    let keys = [hash_keys(Side::Kvcore, &w.request, block_size), hash_keys(Side::CrtcPool, &w.request, block_size)];
-    let matched = [indexes[0].lookup(&keys[0]), indexes[1].lookup(&keys[1])];
+    let events: Vec<(WorkerId, WireEvent)> = w.events.iter().map(|(wk, e)| (WorkerId(*wk as u32), e.clone())).collect();
+    let make_sharded = || {
+        let mut ix = ShardedIndexer::new(IndexerConfig { block_size, ..Default::default() }, threads)
+            .expect("the ingest threads start");
+        for k in 0..w.workers {
+            ix.add_worker(&format!("w{k}"));
+        }
+        ix
+    };
+    let mut kept_sharded: Option<ShardedIndexer> = None;
+    let mut kept_pool: Option<Index> = None;
+    let apply =
+        rounds(format!("fresh apply, {threads} threads a side, {}", w.name), "M blocks/s", true, n, &sides, |side| {
+            match side {
+                Side::Sharded => {
+                    kept_sharded = None;
+                    let ix = make_sharded();
+                    let t = Instant::now();
+                    ix.apply_all(&events);
+                    let s = t.elapsed().as_secs_f64();
+                    kept_sharded = Some(ix);
+                    blocks / s / 1e6
+                }
+                _ => {
+                    kept_pool = None;
+                    let ix = Index::crtc_pool(threads, block_size);
+                    let Index::Crtc(pool) = &ix else { unreachable!("a CRTC pool") };
+                    let t = Instant::now();
+                    std::thread::scope(|scope| {
+                        for p in 0..threads {
+                            scope.spawn(move || {
+                                for (id, (wk, e)) in w.events.iter().enumerate() {
+                                    if wk % threads == p
+                                        && let Some(ev) = to_dynamo(*wk as u64, id as u64, e, block_size)
+                                    {
+                                        pool.enqueue_event(ev).expect("the pool is running");
+                                    }
+                                }
+                            });
+                        }
+                    });
+                    ix.flush();
+                    let s = t.elapsed().as_secs_f64();
+                    kept_pool = Some(ix);
+                    blocks / s / 1e6
+                }
+            }
+        });
+    let sharded = kept_sharded.expect("filled by the apply rounds");
+    let pool = kept_pool.expect("filled by the apply rounds");
+    let kv_keys = match hash_keys(Side::Kvcore, &w.request, block_size) {
+        Keys::Kvcore(k) => k,
+        Keys::Dynamo(_) => unreachable!("kvcore's keys"),
+    };
+    let dyn_keys = hash_keys(Side::CrtcPool, &w.request, block_size);
+    let matched = [sharded.find_matches(&kv_keys).len(), pool.lookup(&dyn_keys)];
     assert_eq!(matched[0], matched[1], "both sides match the same workers");
     let lookup = rounds(
-        format!("lookup, one kvcore thread against CRTC with {threads} threads (one call each), {}", w.name),
+        format!("lookup (one call at a time, workers matched {}), {threads} threads a side, {}", matched[0], w.name),
         "µs",
         false,
         n,
         &sides,
         |side| {
-            let i = (side == Side::CrtcPool) as usize;
-            let (ix, k) = (&indexes[i], &keys[i]);
+            let call = || match side {
+                Side::Sharded => {
+                    black_box(sharded.find_matches(&kv_keys));
+                }
+                _ => {
+                    black_box(pool.lookup(&dyn_keys));
+                }
+            };
             for _ in 0..iters.min(50) {
-                black_box(ix.lookup(k));
+                call();
             }
             let mut ns: Vec<f64> = (0..iters.div_ceil(16))
                 .map(|_| {
                     let t = Instant::now();
                     for _ in 0..16 {
-                        black_box(ix.lookup(k));
+                        call();
                     }
                     t.elapsed().as_nanos() as f64 / 16.0
                 })

@@ -365,12 +365,16 @@ pub struct BenchArgs {
     /// alone (uniform, Mooncake, chat), which no other group needs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// With `--native`: also compare one kvcore thread against Dynamo's
-    /// `ThreadPoolIndexer<CRTC>` with this many threads (fresh apply and
-    /// lookups on the uniform workload and the Mooncake trace); 0 for none.
-    /// Give it a machine with at least that many cores beside the caller.
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    /// With `--native`: also compare kvcore's sharded indexer against
+    /// Dynamo's `ThreadPoolIndexer<CRTC>` at each of these thread counts,
+    /// comma separated (fresh apply and lookups; the uniform workload, the
+    /// Mooncake trace and the chat stream, each over `--thread-workers`
+    /// workers). Give it a machine with twice the largest count in cores.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Workers of the `--threads` workloads.
+    #[arg(long, default_value_t = 64)]
+    thread_workers: usize,
 }
 
 /// Prints one native row.
@@ -457,19 +461,23 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
             }
         }
     }
-    if args.threads > 0 {
+    if !args.threads.is_empty() {
         let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
         println!(
-            "threads: one kvcore thread against ThreadPoolIndexer<CRTC> with {} threads ({cores} cores available)",
+            "threads: kvcore's ShardedIndexer against ThreadPoolIndexer<CRTC>, {:?} threads a side ({cores} cores available)",
             args.threads
         );
-        let mut loads = vec![uniform.clone()];
-        if let Ok(w) = Workload::mooncake(&args.trace, args.trace_requests, 4, bs) {
+        let tw = args.thread_workers.max(1);
+        let mut loads = vec![Workload::uniform(&EventWorkloadSpec { workers: tw, ..spec })];
+        if let Ok(w) = Workload::mooncake(&args.trace, args.trace_requests, tw, bs) {
             loads.push(w);
         }
+        loads.push(Workload::chat(args.chat_requests, tw, bs));
         for w in &loads {
-            for r in thread_rows(w, bs, n, args.iters, args.threads) {
-                print_native(&r);
+            for &t in &args.threads {
+                for r in thread_rows(w, bs, n, args.iters, t.max(1)) {
+                    print_native(&r);
+                }
             }
         }
     }
