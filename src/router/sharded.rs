@@ -176,20 +176,23 @@ impl ShardedIndexer {
     }
 
     /// For each worker holding the request's first key, the longest prefix
-    /// of `keys` it holds, per tier, sorted by worker: what one [`Indexer`]
-    /// holding every worker answers ([`Indexer::find_matches`]).
+    /// of `keys` it holds, per tier: what one [`Indexer`] holding every
+    /// worker answers ([`Indexer::find_matches`]), in another order. The
+    /// answer comes shard by shard (each shard's workers in the order they
+    /// were added), not sorted by worker across shards: merging the shards'
+    /// lists cost more than their walks did, and a caller picking a worker
+    /// needs no order. Sort by `worker` where one is wanted.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
-        let mut out = Vec::new();
+        // Room for every worker up to a bound, so that the shards' answers
+        // seldom regrow it.
+        let mut out = Vec::with_capacity(self.placement.len().min(256));
         for shard in &self.shards {
             let shard = read(shard);
             let at = out.len();
-            out.extend(shard.indexer.find_matches(keys));
+            shard.indexer.find_matches_into(keys, &mut out);
             for o in &mut out[at..] {
                 o.worker = shard.fleet_ids[o.worker.0 as usize];
             }
-        }
-        if self.shards.len() > 1 {
-            out.sort_unstable_by_key(|o| o.worker);
         }
         out
     }
@@ -333,7 +336,9 @@ mod tests {
                 if let WireEvent::BlockStored(s) = e {
                     let req = TokenRequest { tokens: s.token_ids.clone().unwrap_or_default(), ..Default::default() };
                     let keys = hash_request(&req, 4, 0, &NoUuids).unwrap().keys;
-                    prop_assert_eq!(one.find_matches(&keys), many.find_matches(&keys));
+                    let mut got = many.find_matches(&keys);
+                    got.sort_by_key(|o| o.worker);
+                    prop_assert_eq!(one.find_matches(&keys), got);
                 }
             }
             let m = many.memory();

@@ -387,11 +387,20 @@ impl Indexer {
     /// holders times the keys.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
         let mut out = Vec::new();
-        let Some(&e0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return out };
+        self.find_matches_into(keys, &mut out);
+        out
+    }
+
+    /// [`Indexer::find_matches`], appending its answer to `out` (sorted by
+    /// worker among themselves) instead of allocating a vector.
+    pub fn find_matches_into(&self, keys: &[RouterKey], out: &mut Vec<Overlap>) {
+        let Some(&e0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return };
         let v0 = holder_of(e0);
         // Candidates are the holders of the first key, sorted by worker (a
         // set's list is); a worker absent there cannot have a prefix > 0.
         let first = self.index.resolve(v0);
+        let base = out.len();
+        out.reserve(first.as_slice().len());
         for &h in first.as_slice() {
             let tiers = (h & 3) as u8;
             out.push(Overlap {
@@ -400,6 +409,7 @@ impl Indexer {
                 any_tier_blocks: 1,
             });
         }
+        let out = &mut out[base..];
         // `mat`: the last key whose set was walked; a candidate advanced
         // there (in any tier, on the device) iff its count is `mat + 1`.
         // `run`: the keys since `mat` with that same set, which advanced
@@ -444,7 +454,7 @@ impl Indexer {
                 i += 1;
                 continue;
             }
-            flush(&mut out, mat, run);
+            flush(out, mat, run);
             let i32 = i as u32;
             (prev, mat, run) = (v, i32, 0);
             // Merge the sorted candidates with the sorted holders of key `i`.
@@ -466,12 +476,11 @@ impl Indexer {
             }
             if !advanced {
                 // Nobody reached this key: no later key can extend a prefix.
-                return out;
+                return;
             }
             i += 1;
         }
-        flush(&mut out, mat, run);
-        out
+        flush(out, mat, run);
     }
 
     /// The engine hashes a worker holds in a tier (waiting ones included),
