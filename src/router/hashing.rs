@@ -150,6 +150,52 @@ impl RouterScope {
     }
 }
 
+impl RouterScope {
+    /// [`RouterScope::text_keys`] appended to `keys`, `chunk_blocks` blocks
+    /// (at least 1) at a time, stopping once the last key of a chunk fails
+    /// `held`: the keys kept end with that key. What a lookup uses to hash
+    /// a prompt only as far as some worker may hold it.
+    ///
+    /// `prefetch` is called with each chunk's last key as soon as it is
+    /// made, and `held` only after the next chunk has been hashed, so that
+    /// the table line `held` reads arrives while the hashing runs; a chunk
+    /// past the stop is then hashed and dropped.
+    pub(crate) fn text_keys_while(
+        &self,
+        tokens: &[u32],
+        chunk_blocks: usize,
+        keys: &mut Vec<RouterKey>,
+        mut prefetch: impl FnMut(RouterKey),
+        mut held: impl FnMut(RouterKey) -> bool,
+    ) {
+        let bs = self.block_size as usize;
+        if bs == 0 {
+            return;
+        }
+        let mut parent = self.seed();
+        // The last key of the chunk before, not yet checked.
+        let mut pending: Option<(usize, RouterKey)> = None;
+        for chunk in tokens.chunks(bs * chunk_blocks.max(1)) {
+            let at = keys.len();
+            text_keys_into(parent, chunk, bs, keys);
+            if let Some((end, last)) = pending.take()
+                && !held(last)
+            {
+                keys.truncate(end);
+                return;
+            }
+            match keys.get(at..).and_then(|k| k.last()) {
+                Some(&last) => {
+                    prefetch(last);
+                    pending = Some((keys.len(), last));
+                    parent = last;
+                }
+                None => return,
+            }
+        }
+    }
+}
+
 /// Appends the chained keys of `tokens`' full blocks of `block_size`
 /// (at least 1), from `seed`.
 fn text_keys_into(seed: RouterKey, tokens: &[u32], block_size: usize, keys: &mut Vec<RouterKey>) {

@@ -46,7 +46,7 @@ pub use hashing::{
     HashError, HashedRequest, ImagePlacement, ImageRef, KeysStop, NoUuids, RouterKey, RouterScope, TokenRequest,
     UuidLookup, UuidResolver, hash_request, lora_identity,
 };
-pub use indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, Overlap, WorkerId};
+pub use indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, LOOKUP_CHUNK_BLOCKS, Overlap, WorkerId};
 pub use kvcore::Tier;
 pub use profiles::{
     ChatTemplate, ImageInput, ImageTokens, Message, ModelProfile, Part, ProfileError, QWEN_VISION_END_TOKEN,

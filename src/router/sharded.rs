@@ -28,8 +28,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kvcore::wire::WireEvent;
 
-use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
-use crate::indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, Overlap, WorkerId};
+use crate::hashing::{RouterKey, RouterScope, UuidLookup, UuidResolver};
+use crate::indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, LOOKUP_CHUNK_BLOCKS, Overlap, WorkerId};
 
 /// One shard: an indexer over some workers, and their fleet-wide ids.
 #[derive(Debug)]
@@ -195,6 +195,24 @@ impl ShardedIndexer {
             }
         }
         out
+    }
+
+    /// [`ShardedIndexer::find_matches`] of the text keys of `tokens` in
+    /// `scope`, hashed only as far as some worker of some shard may hold
+    /// the prompt ([`Indexer::find_matches_text`]).
+    pub fn find_matches_text(&self, scope: &RouterScope, tokens: &[u32]) -> Vec<Overlap> {
+        let mut keys = Vec::new();
+        {
+            let shards: Vec<_> = self.shards.iter().map(read).collect();
+            scope.text_keys_while(
+                tokens,
+                LOOKUP_CHUNK_BLOCKS,
+                &mut keys,
+                |k| shards.iter().for_each(|s| s.indexer.prefetch_key(k)),
+                |k| shards.iter().any(|s| s.indexer.key_held(k)),
+            );
+        }
+        self.find_matches(&keys)
     }
 
     /// The counters, summed over the shards; `uuid_lookups_ambiguous` also

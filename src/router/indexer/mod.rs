@@ -61,7 +61,13 @@ mod tests;
 
 use kvcore::{ImageRun, Tier};
 
-use crate::hashing::{RouterKey, UuidLookup, UuidResolver};
+use crate::hashing::{RouterKey, RouterScope, UuidLookup, UuidResolver};
+
+/// Blocks that [`Indexer::find_matches_text`] hashes before it checks
+/// whether anyone holds the last of them: a check (one probe) per 32 blocks
+/// costs little beside their hashing (some 200 ns), and hashing stops at
+/// most 31 blocks past the last key held.
+pub const LOOKUP_CHUNK_BLOCKS: usize = 16;
 use holders::{HolderIndex, TIER_BITS, holder_of, slot_of, tier_bit};
 use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
@@ -389,6 +395,37 @@ impl Indexer {
         let mut out = Vec::new();
         self.find_matches_into(keys, &mut out);
         out
+    }
+
+    /// [`Indexer::find_matches`] of the text keys of `tokens` in `scope`
+    /// ([`RouterScope::text_keys`]), hashing only as far as some worker may
+    /// hold the prompt: the blocks are hashed [`LOOKUP_CHUNK_BLOCKS`] at a
+    /// time, and hashing stops after a chunk whose last key no worker holds.
+    /// The answer is the same: a prefix that stops at a key held by nobody
+    /// cannot reach the keys after it. A routing decision for a prompt that
+    /// shares only its start with the cache then costs the hashing of that
+    /// start, not of the whole prompt.
+    pub fn find_matches_text(&self, scope: &RouterScope, tokens: &[u32]) -> Vec<Overlap> {
+        let mut keys = Vec::new();
+        let map = self.index.map.reader();
+        scope.text_keys_while(
+            tokens,
+            LOOKUP_CHUNK_BLOCKS,
+            &mut keys,
+            |k| self.index.map.prefetch(k.0),
+            |k| map.get(k.0).is_some(),
+        );
+        self.find_matches(&keys)
+    }
+
+    /// Hints the CPU to fetch the holder index's line for `key`.
+    pub(crate) fn prefetch_key(&self, key: RouterKey) {
+        self.index.map.prefetch(key.0);
+    }
+
+    /// Whether any worker holds `key`.
+    pub(crate) fn key_held(&self, key: RouterKey) -> bool {
+        self.index.map.get(key.0).is_some()
     }
 
     /// [`Indexer::find_matches`], appending its answer to `out` (sorted by

@@ -911,3 +911,98 @@ mod shared_holders {
         ix.check_invariants();
     }
 }
+
+mod text_lookups {
+    use super::*;
+    use crate::hashing::RouterScope;
+    use crate::indexer::LOOKUP_CHUNK_BLOCKS;
+    use proptest::prelude::*;
+
+    /// Prompt `p`'s engine hash and tokens of block `j`: the first `shared`
+    /// blocks are the same in every prompt (a system prompt), the rest are
+    /// the prompt's own.
+    fn block(p: usize, j: usize, shared: usize) -> (i64, Vec<u32>) {
+        let id = if j < shared { j } else { (p + 1) * 1000 + j };
+        (id as i64 + 1, (0..4).map(|t| (id * 4 + t) as u32).collect())
+    }
+
+    fn prompt_tokens(p: usize, blocks: usize, shared: usize) -> Vec<u32> {
+        (0..blocks).flat_map(|j| block(p, j, shared).1).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The lookup that hashes a prompt only as far as some worker may
+        /// hold it answers as the lookup of all its keys, whatever prefixes
+        /// the workers hold (shorter and longer than a chunk of
+        /// `LOOKUP_CHUNK_BLOCKS`, with blocks removed from their middles),
+        /// for prompts that leave the cache before, at and after a chunk's
+        /// end.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn hashing_as_far_as_held_answers_as_all_keys(
+            shared in 0..80usize,
+            stores in proptest::collection::vec((0..3u32, 0..4usize, 0..130usize), 1..12),
+            holes in proptest::collection::vec((0..3u32, 0..4usize, 0..130usize), 0..6),
+            extra in 0..70usize,
+        ) {
+            let mut ix = Indexer::new(config());
+            for w in 0..3 {
+                ix.add_worker(&w.to_string());
+            }
+            for &(w, p, n) in &stores {
+                for start in (0..n).step_by(16) {
+                    let end = (start + 16).min(n);
+                    let blocks: Vec<_> = (start..end).map(|j| block(p, j, shared)).collect();
+                    let hashes: Vec<i64> = blocks.iter().map(|b| b.0).collect();
+                    let tokens = blocks.iter().flat_map(|b| b.1.clone()).collect();
+                    let parent = start.checked_sub(1).map(|j| block(p, j, shared).0);
+                    ix.apply(WorkerId(w), &stored(&hashes, parent, tokens, "GPU"));
+                }
+            }
+            for &(w, p, j) in &holes {
+                ix.apply(WorkerId(w), &removed(&[block(p, j, shared).0], "GPU"));
+            }
+            let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
+            for p in 0..4 {
+                for blocks in [1, LOOKUP_CHUNK_BLOCKS, LOOKUP_CHUNK_BLOCKS + 1, 130 + extra] {
+                    let mut tokens = prompt_tokens(p, blocks, shared);
+                    tokens.extend([7, 7]);
+                    let all = ix.find_matches(&scope.text_keys(&tokens));
+                    prop_assert_eq!(ix.find_matches_text(&scope, &tokens), all);
+                }
+            }
+        }
+    }
+
+    /// A prompt that leaves the cache after its first chunk is hashed no
+    /// further than that chunk.
+    #[test]
+    fn hashing_stops_after_the_first_chunk_held_by_nobody() {
+        let mut ix = Indexer::new(config());
+        let w = ix.add_worker("w");
+        let held = 10;
+        let blocks: Vec<_> = (0..held).map(|j| block(0, j, 0)).collect();
+        let hashes: Vec<i64> = blocks.iter().map(|b| b.0).collect();
+        ix.apply(w, &stored(&hashes, None, blocks.iter().flat_map(|b| b.1.clone()).collect(), "GPU"));
+        let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
+        let tokens = prompt_tokens(0, 200, 0);
+        let mut keys = Vec::new();
+        let mut asked = 0;
+        scope.text_keys_while(
+            &tokens,
+            LOOKUP_CHUNK_BLOCKS,
+            &mut keys,
+            |_| {},
+            |k| {
+                asked += 1;
+                ix.key_held(k)
+            },
+        );
+        assert_eq!((keys.len(), asked), (LOOKUP_CHUNK_BLOCKS, 1));
+        let m = ix.find_matches_text(&scope, &tokens);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].any_tier_blocks, held as u32);
+    }
+}

@@ -719,8 +719,33 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
         },
     );
     let hash = hash_row(w, block_size, n, iters);
+    // kvcore's routing call hashes the prompt only as far as some worker
+    // may hold it (`Indexer::find_matches_text`); Dynamo's lookup takes
+    // every block's hash. Both answer alike (checked here).
+    let scope = RouterScope { block_size, lora: None, cache_salt: None };
+    let Index::Kvcore(kv, _) = &indexes[Side::Kvcore as usize] else { unreachable!("kvcore's index comes first") };
+    assert_eq!(kv.find_matches_text(&scope, &w.request).len(), matched[0], "the routing call answers as the lookup");
     let both = rounds(
         format!("hash + lookup of {} tokens{note}, {}", w.request.len(), w.name),
+        "µs",
+        false,
+        n,
+        &sides,
+        |side| {
+            let ix = &indexes[side as usize];
+            per_call(&mut || match ix {
+                Index::Kvcore(kv, _) => {
+                    black_box(kv.find_matches_text(&scope, black_box(&w.request)));
+                }
+                _ => {
+                    let k = hash_keys(side, black_box(&w.request), block_size);
+                    black_box(ix.lookup(&k));
+                }
+            })
+        },
+    );
+    let every = rounds(
+        format!("hash every key + lookup of {} tokens{note}, {}", w.request.len(), w.name),
         "µs",
         false,
         n,
@@ -733,7 +758,7 @@ pub fn lookup_rows(w: &Workload, block_size: u32, n: usize, iters: usize) -> Vec
             })
         },
     );
-    vec![lookup, hash, both]
+    vec![lookup, hash, both, every]
 }
 
 /// kvcore's [`ShardedIndexer`] of `threads` shards against
