@@ -150,48 +150,52 @@ impl RouterScope {
     }
 }
 
-impl RouterScope {
-    /// [`RouterScope::text_keys`] appended to `keys`, `chunk_blocks` blocks
-    /// (at least 1) at a time, stopping once the last key of a chunk fails
-    /// `held`: the keys kept end with that key. What a lookup uses to hash
-    /// a prompt only as far as some worker may hold it.
-    ///
-    /// `prefetch` is called with each chunk's last key as soon as it is
-    /// made, and `held` only after the next chunk has been hashed, so that
-    /// the table line `held` reads arrives while the hashing runs; a chunk
-    /// past the stop is then hashed and dropped.
-    pub(crate) fn text_keys_while(
-        &self,
-        tokens: &[u32],
-        chunk_blocks: usize,
-        keys: &mut Vec<RouterKey>,
-        mut prefetch: impl FnMut(RouterKey),
-        mut held: impl FnMut(RouterKey) -> bool,
-    ) {
-        let bs = self.block_size as usize;
-        if bs == 0 {
-            return;
+/// A prompt's text keys, hashed a chunk of blocks at a time as a lookup's
+/// walk reaches the end of those made so far
+/// ([`crate::Indexer::find_matches_text`]).
+#[derive(Debug)]
+pub(crate) struct TextKeys<'a> {
+    /// Tokens not hashed yet (whole blocks only count).
+    rest: &'a [u32],
+    /// Tokens per block (at least 1 while any block is left).
+    block_size: usize,
+    /// Blocks hashed per chunk.
+    chunk_blocks: usize,
+    /// The keys made so far.
+    pub(crate) keys: Vec<RouterKey>,
+    /// The parent of the next key.
+    parent: RouterKey,
+}
+
+impl<'a> TextKeys<'a> {
+    /// The keys of `tokens` in `scope`, `chunk_blocks` blocks (at least 1)
+    /// a chunk, none made yet.
+    pub(crate) fn new(scope: &RouterScope, tokens: &'a [u32], chunk_blocks: usize) -> Self {
+        let block_size = scope.block_size as usize;
+        Self {
+            rest: if block_size == 0 { &[] } else { tokens },
+            block_size: block_size.max(1),
+            chunk_blocks: chunk_blocks.max(1),
+            // Room for every key: regrowing chunk by chunk measured some 15 %
+            // slower on a 2352-block prompt held whole.
+            keys: Vec::with_capacity(tokens.len().checked_div(block_size).unwrap_or(0)),
+            parent: scope.seed(),
         }
-        let mut parent = self.seed();
-        // The last key of the chunk before, not yet checked.
-        let mut pending: Option<(usize, RouterKey)> = None;
-        for chunk in tokens.chunks(bs * chunk_blocks.max(1)) {
-            let at = keys.len();
-            text_keys_into(parent, chunk, bs, keys);
-            if let Some((end, last)) = pending.take()
-                && !held(last)
-            {
-                keys.truncate(end);
-                return;
+    }
+
+    /// Hashes the next chunk; false when no full block is left.
+    pub(crate) fn more(&mut self) -> bool {
+        let take = self.rest.len().min(self.block_size * self.chunk_blocks);
+        let (chunk, rest) = self.rest.split_at(take);
+        self.rest = rest;
+        let at = self.keys.len();
+        text_keys_into(self.parent, chunk, self.block_size, &mut self.keys);
+        match self.keys.last() {
+            Some(&last) if self.keys.len() > at => {
+                self.parent = last;
+                true
             }
-            match keys.get(at..).and_then(|k| k.last()) {
-                Some(&last) => {
-                    prefetch(last);
-                    pending = Some((keys.len(), last));
-                    parent = last;
-                }
-                None => return,
-            }
+            _ => false,
         }
     }
 }

@@ -28,8 +28,10 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kvcore::wire::WireEvent;
 
-use crate::hashing::{RouterKey, RouterScope, UuidLookup, UuidResolver};
-use crate::indexer::{Indexer, IndexerConfig, IndexerCounters, IndexerMemory, LOOKUP_CHUNK_BLOCKS, Overlap, WorkerId};
+use crate::hashing::{RouterKey, RouterScope, TextKeys, UuidLookup, UuidResolver};
+use crate::indexer::{
+    Given, Indexer, IndexerConfig, IndexerCounters, IndexerMemory, KeySource, LOOKUP_CHUNK_BLOCKS, Overlap, WorkerId,
+};
 
 /// One shard: an indexer over some workers, and their fleet-wide ids.
 #[derive(Debug)]
@@ -183,36 +185,42 @@ impl ShardedIndexer {
     /// lists cost more than their walks did, and a caller picking a worker
     /// needs no order. Sort by `worker` where one is wanted.
     pub fn find_matches(&self, keys: &[RouterKey]) -> Vec<Overlap> {
+        self.gather(&mut Given(keys))
+    }
+
+    /// [`ShardedIndexer::find_matches`] of the text keys of `tokens` in
+    /// `scope`, hashed only as far as the walks go
+    /// ([`Indexer::find_matches_text`]); each key is hashed once, whatever
+    /// the shards.
+    pub fn find_matches_text(&self, scope: &RouterScope, tokens: &[u32]) -> Vec<Overlap> {
+        self.gather(&mut TextKeys::new(scope, tokens, LOOKUP_CHUNK_BLOCKS))
+    }
+
+    /// Every shard's walk over the keys of `src`, shard by shard, with the
+    /// fleet's ids. The first key's line is fetched in every shard before
+    /// the first walk, so that the shards holding none of the prompt (one
+    /// probe each) do not wait for their misses one after another.
+    fn gather(&self, src: &mut impl KeySource) -> Vec<Overlap> {
         // Room for every worker up to a bound, so that the shards' answers
         // seldom regrow it.
         let mut out = Vec::with_capacity(self.placement.len().min(256));
-        for shard in &self.shards {
-            let shard = read(shard);
+        if src.keys().is_empty() && !src.more() {
+            return out;
+        }
+        let shards: Vec<_> = self.shards.iter().map(read).collect();
+        if shards.len() > 1 {
+            for shard in &shards {
+                shard.indexer.prefetch_key(src.keys()[0]);
+            }
+        }
+        for shard in &shards {
             let at = out.len();
-            shard.indexer.find_matches_into(keys, &mut out);
+            shard.indexer.walk(src, &mut out);
             for o in &mut out[at..] {
                 o.worker = shard.fleet_ids[o.worker.0 as usize];
             }
         }
         out
-    }
-
-    /// [`ShardedIndexer::find_matches`] of the text keys of `tokens` in
-    /// `scope`, hashed only as far as some worker of some shard may hold
-    /// the prompt ([`Indexer::find_matches_text`]).
-    pub fn find_matches_text(&self, scope: &RouterScope, tokens: &[u32]) -> Vec<Overlap> {
-        let mut keys = Vec::new();
-        {
-            let shards: Vec<_> = self.shards.iter().map(read).collect();
-            scope.text_keys_while(
-                tokens,
-                LOOKUP_CHUNK_BLOCKS,
-                &mut keys,
-                |k| shards.iter().for_each(|s| s.indexer.prefetch_key(k)),
-                |k| shards.iter().any(|s| s.indexer.key_held(k)),
-            );
-        }
-        self.find_matches(&keys)
     }
 
     /// The counters, summed over the shards; `uuid_lookups_ambiguous` also
@@ -354,9 +362,14 @@ mod tests {
                 if let WireEvent::BlockStored(s) = e {
                     let req = TokenRequest { tokens: s.token_ids.clone().unwrap_or_default(), ..Default::default() };
                     let keys = hash_request(&req, 4, 0, &NoUuids).unwrap().keys;
+                    let want = one.find_matches(&keys);
                     let mut got = many.find_matches(&keys);
                     got.sort_by_key(|o| o.worker);
-                    prop_assert_eq!(one.find_matches(&keys), got);
+                    prop_assert_eq!(&want, &got);
+                    let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
+                    let mut text = many.find_matches_text(&scope, &req.tokens);
+                    text.sort_by_key(|o| o.worker);
+                    prop_assert_eq!(&want, &text);
                 }
             }
             let m = many.memory();

@@ -61,16 +61,17 @@ mod tests;
 
 use kvcore::{ImageRun, Tier};
 
-use crate::hashing::{RouterKey, RouterScope, UuidLookup, UuidResolver};
+use crate::hashing::{RouterKey, RouterScope, TextKeys, UuidLookup, UuidResolver};
 
-/// Blocks that [`Indexer::find_matches_text`] hashes before it checks
-/// whether anyone holds the last of them: a check (one probe) per 32 blocks
-/// costs little beside their hashing (some 200 ns), and hashing stops at
-/// most 31 blocks past the last key held.
-pub const LOOKUP_CHUNK_BLOCKS: usize = 16;
 use holders::{HolderIndex, TIER_BITS, holder_of, slot_of, tier_bit};
 use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
+
+/// Blocks that [`Indexer::find_matches_text`] hashes at a time, when its
+/// walk reaches the end of the keys made: hashing goes at most this many
+/// blocks past the key where the walk stops, and each chunk costs one
+/// call into the vector hash.
+pub const LOOKUP_CHUNK_BLOCKS: usize = 32;
 
 /// A worker's dense index in the indexer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -281,6 +282,36 @@ fn run_len(keys: &[RouterKey], rk: &[u64], rh: &[u32], h: u32) -> usize {
     j
 }
 
+/// Where a lookup's keys come from: given whole, or made as the walk needs
+/// them.
+pub(crate) trait KeySource {
+    /// The keys made so far.
+    fn keys(&self) -> &[RouterKey];
+    /// Makes more keys; false when there are none.
+    fn more(&mut self) -> bool;
+}
+
+/// Keys given whole.
+pub(crate) struct Given<'a>(pub(crate) &'a [RouterKey]);
+
+impl KeySource for Given<'_> {
+    fn keys(&self) -> &[RouterKey] {
+        self.0
+    }
+    fn more(&mut self) -> bool {
+        false
+    }
+}
+
+impl KeySource for TextKeys<'_> {
+    fn keys(&self) -> &[RouterKey] {
+        &self.keys
+    }
+    fn more(&mut self) -> bool {
+        TextKeys::more(self)
+    }
+}
+
 /// The router's view of every worker's cache (see the module docs).
 #[derive(Debug)]
 pub struct Indexer {
@@ -398,24 +429,17 @@ impl Indexer {
     }
 
     /// [`Indexer::find_matches`] of the text keys of `tokens` in `scope`
-    /// ([`RouterScope::text_keys`]), hashing only as far as some worker may
-    /// hold the prompt: the blocks are hashed [`LOOKUP_CHUNK_BLOCKS`] at a
-    /// time, and hashing stops after a chunk whose last key no worker holds.
-    /// The answer is the same: a prefix that stops at a key held by nobody
-    /// cannot reach the keys after it. A routing decision for a prompt that
-    /// shares only its start with the cache then costs the hashing of that
-    /// start, not of the whole prompt.
+    /// ([`RouterScope::text_keys`]), hashing only as far as the walk goes:
+    /// the blocks are hashed [`LOOKUP_CHUNK_BLOCKS`] at a time, each chunk
+    /// when the walk reaches the end of the keys made so far, so hashing
+    /// stops within a chunk of the first key that advances nobody. The
+    /// answer is the same as for every key: no prefix passes that key. A
+    /// routing decision for a prompt that shares only its start with the
+    /// cache then costs the hashing of that start, not of the whole prompt.
     pub fn find_matches_text(&self, scope: &RouterScope, tokens: &[u32]) -> Vec<Overlap> {
-        let mut keys = Vec::new();
-        let map = self.index.map.reader();
-        scope.text_keys_while(
-            tokens,
-            LOOKUP_CHUNK_BLOCKS,
-            &mut keys,
-            |k| self.index.map.prefetch(k.0),
-            |k| map.get(k.0).is_some(),
-        );
-        self.find_matches(&keys)
+        let mut out = Vec::new();
+        self.walk(&mut TextKeys::new(scope, tokens, LOOKUP_CHUNK_BLOCKS), &mut out);
+        out
     }
 
     /// Hints the CPU to fetch the holder index's line for `key`.
@@ -423,15 +447,19 @@ impl Indexer {
         self.index.map.prefetch(key.0);
     }
 
-    /// Whether any worker holds `key`.
-    pub(crate) fn key_held(&self, key: RouterKey) -> bool {
-        self.index.map.get(key.0).is_some()
-    }
-
     /// [`Indexer::find_matches`], appending its answer to `out` (sorted by
     /// worker among themselves) instead of allocating a vector.
     pub fn find_matches_into(&self, keys: &[RouterKey], out: &mut Vec<Overlap>) {
-        let Some(&e0) = keys.first().and_then(|k| self.index.map.get(k.0)) else { return };
+        self.walk(&mut Given(keys), out);
+    }
+
+    /// The walk of [`Indexer::find_matches`] over the keys of `src`, asking
+    /// it for more keys when it reaches the end of those made.
+    pub(crate) fn walk(&self, src: &mut impl KeySource, out: &mut Vec<Overlap>) {
+        if src.keys().is_empty() && !src.more() {
+            return;
+        }
+        let Some(&e0) = src.keys().first().and_then(|k| self.index.map.get(k.0)) else { return };
         let v0 = holder_of(e0);
         // Candidates are the holders of the first key, sorted by worker (a
         // set's list is); a worker absent there cannot have a prefix > 0.
@@ -470,12 +498,17 @@ impl Indexer {
         // goes on.
         let mut slot = slot_of(e0) as usize + 1;
         let mut i = 1;
-        while i < keys.len() {
+        loop {
+            if i >= src.keys().len() && !src.more() {
+                break;
+            }
+            let keys = src.keys();
             let n = run_len(&keys[i..], rk.get(slot..).unwrap_or_default(), rh.get(slot..).unwrap_or_default(), prev);
             run += n as u32;
             i += n;
             slot += n;
-            let Some(key) = keys.get(i) else { break };
+            // At the end of the keys made: the loop asks for more.
+            let Some(key) = keys.get(i) else { continue };
             // Key `i` is either in that slot under other holders, or
             // elsewhere: a live slot holding a key is that key's one slot.
             let (v, at) = match (rk.get(slot), rh.get(slot)) {

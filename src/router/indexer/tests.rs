@@ -914,7 +914,7 @@ mod shared_holders {
 
 mod text_lookups {
     use super::*;
-    use crate::hashing::RouterScope;
+    use crate::hashing::{RouterScope, TextKeys};
     use crate::indexer::LOOKUP_CHUNK_BLOCKS;
     use proptest::prelude::*;
 
@@ -976,33 +976,26 @@ mod text_lookups {
         }
     }
 
-    /// A prompt that leaves the cache after its first chunk is hashed no
-    /// further than that chunk.
+    /// A prompt is hashed no further than the chunk holding the first key
+    /// that nobody holds, wherever that key falls (inside the first chunk,
+    /// on a chunk's first key, inside a later one).
     #[test]
-    fn hashing_stops_after_the_first_chunk_held_by_nobody() {
-        let mut ix = Indexer::new(config());
-        let w = ix.add_worker("w");
-        let held = 10;
-        let blocks: Vec<_> = (0..held).map(|j| block(0, j, 0)).collect();
-        let hashes: Vec<i64> = blocks.iter().map(|b| b.0).collect();
-        ix.apply(w, &stored(&hashes, None, blocks.iter().flat_map(|b| b.1.clone()).collect(), "GPU"));
-        let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
-        let tokens = prompt_tokens(0, 200, 0);
-        let mut keys = Vec::new();
-        let mut asked = 0;
-        scope.text_keys_while(
-            &tokens,
-            LOOKUP_CHUNK_BLOCKS,
-            &mut keys,
-            |_| {},
-            |k| {
-                asked += 1;
-                ix.key_held(k)
-            },
-        );
-        assert_eq!((keys.len(), asked), (LOOKUP_CHUNK_BLOCKS, 1));
-        let m = ix.find_matches_text(&scope, &tokens);
-        assert_eq!(m.len(), 1);
-        assert_eq!(m[0].any_tier_blocks, held as u32);
+    fn hashing_stops_in_the_chunk_where_the_walk_stops() {
+        for held in [10, LOOKUP_CHUNK_BLOCKS, LOOKUP_CHUNK_BLOCKS + 4] {
+            let mut ix = Indexer::new(config());
+            let w = ix.add_worker("w");
+            let blocks: Vec<_> = (0..held).map(|j| block(0, j, 0)).collect();
+            let hashes: Vec<i64> = blocks.iter().map(|b| b.0).collect();
+            ix.apply(w, &stored(&hashes, None, blocks.iter().flat_map(|b| b.1.clone()).collect(), "GPU"));
+            let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
+            let tokens = prompt_tokens(0, 200, 0);
+            let mut src = TextKeys::new(&scope, &tokens, LOOKUP_CHUNK_BLOCKS);
+            let mut m = Vec::new();
+            ix.walk(&mut src, &mut m);
+            assert_eq!(src.keys.len(), (held / LOOKUP_CHUNK_BLOCKS + 1) * LOOKUP_CHUNK_BLOCKS, "held {held}");
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].any_tier_blocks, held as u32);
+            assert_eq!(ix.find_matches_text(&scope, &tokens), m);
+        }
     }
 }
