@@ -51,8 +51,6 @@ struct Shard {
 #[derive(Debug)]
 pub struct ShardedIndexer {
     shards: RwLock<Vec<Shard>>,
-    /// The shard count (the shards' vector never changes length).
-    count: usize,
     /// Each fleet-wide worker's shard and its id there.
     placement: Vec<(usize, WorkerId)>,
     /// The threads that apply events: one per shard.
@@ -99,21 +97,15 @@ impl ShardedIndexer {
             .build()
             .map_err(|e| ShardedError::Threads(e.to_string()))?;
         let per_shard = IndexerConfig { uuids_max: (config.uuids_max / shards).max(1), ..config };
-        let count = shards;
         let shards =
-            (0..count).map(|_| Shard { indexer: Indexer::new(per_shard.clone()), fleet_ids: Vec::new() }).collect();
-        Ok(Self {
-            shards: RwLock::new(shards),
-            count,
-            placement: Vec::new(),
-            pool,
-            cross_shard_ambiguous: AtomicU64::new(0),
-        })
+            (0..shards).map(|_| Shard { indexer: Indexer::new(per_shard.clone()), fleet_ids: Vec::new() }).collect();
+        Ok(Self { shards: RwLock::new(shards), placement: Vec::new(), pool, cross_shard_ambiguous: AtomicU64::new(0) })
     }
 
     /// Shards (and ingest threads).
     pub fn shards(&self) -> usize {
-        self.count
+        // The pool has one thread a shard; reading it takes no lock.
+        self.pool.current_num_threads()
     }
 
     /// Adds a worker, to the shard holding the fewest workers (the lowest
