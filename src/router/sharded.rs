@@ -411,6 +411,41 @@ mod tests {
         })
     }
 
+    /// Lookups from tokens over prompts many hashing chunks long, whose
+    /// holders sit in different shards and stop at different depths (one
+    /// inside the first chunk, others past one and two chunks, one holding
+    /// all): each shard's walk reads the keys the earlier shards' walks made
+    /// and asks for more, and the answer is one indexer's.
+    #[test]
+    fn lookups_from_tokens_span_chunks_and_shards() {
+        let blocks = 3 * LOOKUP_CHUNK_BLOCKS + 5;
+        let depths = [7, LOOKUP_CHUNK_BLOCKS + 3, 2 * LOOKUP_CHUNK_BLOCKS, blocks, LOOKUP_CHUNK_BLOCKS];
+        let big = IndexerConfig { block_size: 4, ..Default::default() };
+        let mut one = Indexer::new(big.clone());
+        let mut many = ShardedIndexer::new(big, 3).unwrap();
+        for (w, &depth) in depths.iter().enumerate() {
+            let (a, b) = (one.add_worker(&w.to_string()), many.add_worker(&w.to_string()));
+            for start in (0..depth).step_by(16) {
+                let e = stored(start as i64, (depth - start).min(16), start.checked_sub(1).map(|p| p as i64), 0, false);
+                one.apply(a, &e);
+                many.apply(b, &e);
+            }
+        }
+        let WireEvent::BlockStored(all) = stored(0, blocks, None, 0, false) else { unreachable!("a stored event") };
+        let scope = RouterScope { block_size: 4, lora: None, cache_salt: None };
+        for cut in [1, LOOKUP_CHUNK_BLOCKS, LOOKUP_CHUNK_BLOCKS + 4, blocks] {
+            let mut tokens = all.token_ids.as_deref().unwrap()[..cut * 4].to_vec();
+            tokens.push(1);
+            let want = one.find_matches(&scope.text_keys(&tokens));
+            let depth_of: Vec<u32> = want.iter().map(|o| o.any_tier_blocks).collect();
+            let expected: Vec<u32> = depths.iter().map(|&d| d.min(cut) as u32).collect();
+            assert_eq!(depth_of, expected, "every worker matches its own depth");
+            let mut got = many.find_matches_text(&scope, &tokens);
+            got.sort_by_key(|o| o.worker);
+            assert_eq!(got, want, "a prompt of {cut} blocks");
+        }
+    }
+
     /// A UUID held under two digests by workers of two shards identifies
     /// nothing, as it would in one indexer; under one digest in both it
     /// resolves to it; once the conflicting copy is cleared it resolves
