@@ -5,7 +5,9 @@
 //! table slots overlap instead of coming one at a time:
 //!
 //! 1. the content hash of each block, pure computation, while the worker's
-//!    table slots fetched ahead of the event arrive;
+//!    table slots fetched ahead of the event arrive (an event of text
+//!    blocks alone in one call into the vector hash, which dispatches on
+//!    the CPU's features once for all its blocks);
 //! 2. the router keys the blocks will most likely get, chained from the
 //!    parent's key, then a tight loop prefetching every holder slot step 3
 //!    will write;
@@ -349,6 +351,17 @@ impl StoreScratch {
         let (n, bs) = (s.block_hashes.len(), s.block_size as usize);
         let routing = s.image_routing.as_ref();
         self.contents.clear();
+        if bs > 0
+            && routing.is_none()
+            && s.block_mm_infos.as_ref().is_none_or(|m| m.iter().flatten().all(|i| i.mm_objects.is_empty()))
+        {
+            // Text only: the whole event in one call into the vector hash,
+            // instead of one call (and one feature dispatch) per block.
+            let contents = &mut self.contents;
+            contents.reserve(n);
+            kvcore::block_content_hashes(&tokens[..n * bs], bs, |h| contents.push(h));
+            return;
+        }
         for i in 0..n {
             let block = &tokens[i * bs..(i + 1) * bs];
             self.runs.clear();
