@@ -357,9 +357,10 @@ impl StoreScratch {
         {
             // Text only: the whole event in one call into the vector hash,
             // instead of one call (and one feature dispatch) per block.
+            // `checked_tokens` made `tokens` exactly `n` blocks long.
             let contents = &mut self.contents;
             contents.reserve(n);
-            kvcore::block_content_hashes(&tokens[..n * bs], bs, |h| contents.push(h));
+            kvcore::block_content_hashes(tokens, bs, |h| contents.push(h));
             return;
         }
         for i in 0..n {
