@@ -256,6 +256,18 @@ impl<V: Copy + Default> U64Table<V> {
         }
     }
 
+    /// [`U64Table::prefetch`], and the slot after the home slot's too (in
+    /// the next line when the home is the last slot of its line): a removal
+    /// reads the slots after the key's, to shift its run back.
+    #[inline]
+    pub fn prefetch_for_remove(&self, key: u64) {
+        if !self.slots.is_empty() {
+            let h = home(key, self.bits);
+            prefetch(&self.slots[h]);
+            prefetch(&self.slots[(h + 1) & self.mask()]);
+        }
+    }
+
     /// A reader for many lookups in a row: the table's shape read once.
     #[inline]
     pub fn reader(&self) -> Reader<'_, V> {
@@ -421,6 +433,25 @@ mod tests {
     fn key_at(slot: u64, bits: u32, salt: u64) -> u64 {
         let product = slot << (64 - bits) | (salt & ((1u64 << (64 - bits)) - 1));
         product.wrapping_mul(inverse())
+    }
+
+    /// The removal read-ahead names the slot after a key's home, which for
+    /// a home in the last slot is the first: it wraps instead of indexing
+    /// past the end, and a table with no slots is left alone.
+    #[test]
+    fn prefetch_for_remove_wraps_at_the_last_slot() {
+        let mut t: U64Table<u32> = U64Table::new();
+        t.prefetch_for_remove(7);
+        t.reserve(8);
+        assert_eq!(t.capacity(), 16);
+        let last = key_at(15, 4, 3);
+        assert_eq!(home(last, 4), 15);
+        t.prefetch_for_remove(last);
+        t.insert(last, 1);
+        t.insert(key_at(15, 4, 5), 2);
+        t.prefetch_for_remove(last);
+        assert_eq!(t.remove(last), Some(1));
+        assert_eq!(t.get(key_at(15, 4, 5)), Some(&2));
     }
 
     /// A full table grows four-fold below its bound and two-fold from it.
