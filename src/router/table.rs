@@ -327,25 +327,29 @@ impl<V: Copy + Default> U64Table<V> {
         }
     }
 
-    /// Inserts `key` unless it is present; returns the value present (left
-    /// as it is) when it is. One probe where `get` then `insert` take two.
+    /// The value of `key`, inserting `make()` first when it is absent;
+    /// `true` with it when it was. One probe, and `make` runs after the
+    /// probe (and any growth), so it may compute the value from other
+    /// tables.
     #[inline]
-    pub fn insert_new(&mut self, key: u64, value: V) -> Option<V> {
+    pub fn get_or_insert_with(&mut self, key: u64, make: impl FnOnce() -> V) -> (V, bool) {
         if key == EMPTY {
             return match self.side {
-                Some(v) => Some(v),
+                Some(v) => (v, false),
                 None => {
-                    self.side = Some(value);
-                    None
+                    let v = make();
+                    self.side = Some(v);
+                    (v, true)
                 }
             };
         }
         match self.slot_for_insert(key) {
-            Ok(i) => Some(self.slots[i].1),
+            Ok(i) => (self.slots[i].1, false),
             Err(i) => {
-                self.slots[i] = (key, value);
+                let v = make();
+                self.slots[i] = (key, v);
                 self.len += 1;
-                None
+                (v, true)
             }
         }
     }
@@ -389,6 +393,11 @@ impl<V: Copy + Default> U64Table<V> {
         self.side = None;
     }
 
+    /// Every value, mutably, in slot order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.slots.iter_mut().filter(|(k, _)| *k != EMPTY).map(|(_, v)| v).chain(self.side.iter_mut())
+    }
+
     /// Every entry, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
         self.slots.iter().filter(|(k, _)| *k != EMPTY).map(|(k, v)| (*k, v)).chain(self.side.iter().map(|v| (EMPTY, v)))
@@ -404,7 +413,7 @@ mod tests {
     #[derive(Clone, Debug)]
     enum Op {
         Insert(u64, u32),
-        InsertNew(u64, u32),
+        GetOrInsert(u64, u32),
         Remove(u64),
         Get(u64),
         Clear,
@@ -520,7 +529,7 @@ mod tests {
         fn behaves_like_a_hashmap(ops in proptest::collection::vec(
             prop_oneof![
                 4 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
-                2 => (key(), any::<u32>()).prop_map(|(k, v)| Op::InsertNew(k, v)),
+                2 => (key(), any::<u32>()).prop_map(|(k, v)| Op::GetOrInsert(k, v)),
                 3 => key().prop_map(Op::Remove),
                 2 => key().prop_map(Op::Get),
                 1 => Just(Op::Clear),
@@ -530,9 +539,9 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
-                    Op::InsertNew(k, v) => {
+                    Op::GetOrInsert(k, v) => {
                         let present = m.get(&k).copied();
-                        prop_assert_eq!(t.insert_new(k, v), present);
+                        prop_assert_eq!(t.get_or_insert_with(k, || v), (present.unwrap_or(v), present.is_none()));
                         m.entry(k).or_insert(v);
                     }
                     Op::Remove(k) => prop_assert_eq!(t.remove(k), m.remove(&k)),

@@ -9,14 +9,14 @@
 //!    blocks alone in one call into the vector hash, which dispatches on
 //!    the CPU's features once for all its blocks);
 //! 2. the router keys the blocks will most likely get, chained from the
-//!    parent's key, then a tight loop prefetching every holder slot step 3
-//!    will write;
+//!    parent's key;
 //! 3. the inserts: in the common case (every block keyed, no block of the
 //!    worker waiting for a parent, room for all) the whole event at once,
-//!    the worker's table first (its lines were fetched before the hashes),
-//!    then the holder index, whose lines have had those inserts' time to
-//!    arrive; otherwise block by block, keying what can be keyed and holding
-//!    the rest as pending.
+//!    one probe of the worker's table a block (its lines were fetched
+//!    before the hashes), the key found after its parent's slot or among
+//!    the run heads, or given the worker's next slot in the runs
+//!    (`holders.rs`); otherwise block by block, keying what can be keyed
+//!    and holding the rest as pending.
 //!
 //! The steps work in the indexer's [`StoreScratch`], borrowed whole beside
 //! the worker's tables ([`WorkerStore`]), so that applying allocates nothing
@@ -26,7 +26,7 @@ use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use kvcore::{ImageDigest, ImageRun, Tier};
 
 use super::holders::{HolderIndex, tier_bit};
-use super::worker::{Dup, Waiting, WorkerBlocks, unlink_child};
+use super::worker::{Dup, U64Map, Waiting, WorkerBlocks, unlink_child};
 use super::{Indexer, IndexerCounters, StoreScratch, ViewChange, WorkerId};
 use crate::hashing::{RouterKey, chain, content_hash, lora_identity, scope_seed};
 use crate::table::prefetch;
@@ -41,6 +41,8 @@ struct Staged {
     /// The parent's router key (the seed for a chain start); `None` when the
     /// worker does not hold the parent keyed.
     parent_key: Option<u64>,
+    /// The parent's slot in the runs, when the worker holds it keyed.
+    parent_slot: Option<u32>,
 }
 
 /// One worker's tables and the shared holder index, borrowed together so
@@ -82,6 +84,9 @@ impl Indexer {
             }
             // A newer publisher's event type: nothing this router keys on.
             WireEvent::Unknown { .. } => self.counters.events_unknown += 1,
+        }
+        if self.index.unsettled() {
+            self.settle();
         }
     }
 
@@ -160,8 +165,8 @@ impl Indexer {
         }
         let Some(staged) = self.stage_stored(worker, s) else { return };
         let (mut store, scratch) = self.store_for(staged);
-        if !store.store_whole_event(&s.block_hashes, scratch) {
-            store.store_block_by_block(s, scratch, staged.parent_key);
+        if !store.store_whole_event(&s.block_hashes, scratch, staged.parent_slot) {
+            store.store_block_by_block(s, scratch, staged.parent_key, staged.parent_slot);
         }
     }
 
@@ -177,7 +182,7 @@ impl Indexer {
                 }
                 let Some(staged) = self.stage_stored(worker, s) else { return };
                 let (mut store, scratch) = self.store_for(staged);
-                store.store_block_by_block(s, scratch, staged.parent_key);
+                store.store_block_by_block(s, scratch, staged.parent_key, staged.parent_slot);
             }
             _ => self.apply(worker, event),
         }
@@ -198,19 +203,14 @@ impl Indexer {
         // were fetched ahead (`prefetch_event`, by `apply` or `apply_all`)
         // and are read after the content hashes.
         self.scratch.hash_contents(s, tokens, &mut self.counters);
+        let parent_slot = s.parent_block_hash.and_then(|p| self.workers[w].keyed.get(p as u64).copied());
         let parent_key = match s.parent_block_hash {
-            Some(p) => self.workers[w].keyed.get(p as u64).copied(),
+            Some(_) => parent_slot.map(|p| self.index.key_at(p)),
             None => Some(seed.0),
         };
         self.scratch.predict_keys(parent_key);
-        // The reads are independent and few instructions apart, so their
-        // cache misses are all in flight at once instead of one or two at a
-        // time between hash computations.
-        for &k in &self.scratch.keys {
-            self.index.map.prefetch(k);
-        }
         self.index.runs.prefetch(w + 1, self.scratch.keys.len());
-        Some(Staged { worker: w, bit, parent_key })
+        Some(Staged { worker: w, bit, parent_key, parent_slot })
     }
 
     /// The token ids of a stored event, or `None`, counted, when it cannot
@@ -307,14 +307,14 @@ impl Indexer {
             self.count_view(change);
         }
         if r.block_hashes.len() > 1 {
-            // The blocks' slots were fetched ahead (`prefetch_event`); fetch
-            // the holder slots of the keys found there, so that their misses
-            // overlap. Only hints: the loop below looks everything up again
-            // (in cache by then).
+            // The blocks' entries were fetched ahead (`prefetch_event`);
+            // fetch the runs' lines of the slots found there, so that their
+            // misses overlap. Only hints: the loop below looks everything up
+            // again (in cache by then).
             let keyed = &self.workers[w].keyed;
             for &hash in &r.block_hashes {
-                if let Some(&k) = keyed.get(hash as u64) {
-                    self.index.map.prefetch_for_remove(k);
+                if let Some(&s) = keyed.get(hash as u64) {
+                    self.index.runs.prefetch_slot(s);
                 }
             }
         }
@@ -323,10 +323,10 @@ impl Indexer {
             let worker = &mut self.workers[w];
             // Taken out first: most removals leave the block in no tier, and
             // one probe then does it; a block left in another tier goes back.
-            if let Some(key) = worker.keyed.remove(hash) {
-                let (old, tiers) = retier(&mut self.index, worker, w as u32, hash, key, |t| t & !bit);
+            if let Some(slot) = worker.keyed.remove(hash) {
+                let (old, tiers) = retier(&mut self.index, worker, w as u32, hash, slot, |t| t & !bit);
                 if tiers != 0 {
-                    worker.keyed.insert(hash, key);
+                    worker.keyed.insert(hash, slot);
                 }
                 if old & bit != 0 {
                     self.counters.removed_blocks += 1;
@@ -420,40 +420,45 @@ impl StoreScratch {
 
 impl WorkerStore<'_> {
     /// Step 3 in the common case: every block keyed, no block of the worker
-    /// waiting for a parent, room for all. The worker's table first (its
-    /// lines were fetched before the hashes), then the holder index, whose
-    /// lines have had those inserts' time to arrive. Returns `false`, having
-    /// stored nothing, when the event is not that case.
-    fn store_whole_event(&mut self, hashes: &[i64], scratch: &mut StoreScratch) -> bool {
-        let StoreScratch { contents, keys, added, .. } = scratch;
+    /// waiting for a parent, room for all. One probe of the worker's table a
+    /// block (its lines were fetched before the hashes); a new entry takes
+    /// the key's slot, found after the previous block's or among the run
+    /// heads, or a new one. `after` is the parent's slot (`None` for a chain
+    /// start). Returns `false`, having stored nothing, when the event is not
+    /// that case.
+    fn store_whole_event(&mut self, hashes: &[i64], scratch: &mut StoreScratch, mut after: Option<u32>) -> bool {
+        let StoreScratch { contents, keys, .. } = scratch;
         if keys.is_empty() || !self.blocks.waiting.is_empty() || self.blocks.len() + keys.len() > self.blocks_max {
             return false;
         }
-        added.clear();
+        let (w, bit) = (self.worker, self.bit);
+        let WorkerBlocks { keyed, dups, .. } = &mut *self.blocks;
         for i in 0..keys.len() {
-            match self.blocks.keyed.insert_new(hashes[i] as u64, keys[i]) {
-                None => added.push(true),
-                Some(kept) => {
-                    added.push(false);
-                    // Stored before under another parent: it keeps its
-                    // key, and the chain goes on from there.
-                    if kept != keys[i] {
-                        keys[i] = kept;
-                        for j in i + 1..keys.len() {
-                            keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
-                        }
+            let hash = hashes[i] as u64;
+            let index = &mut *self.index;
+            let mut before = 0;
+            let (slot, new) = keyed.get_or_insert_with(hash, || {
+                let (slot, b) = index.hold(keys[i], w, bit, after);
+                before = b;
+                slot
+            });
+            if new {
+                if before != 0 {
+                    note_dup(dups, hash, keys[i], before, bit);
+                }
+            } else {
+                // Stored before under another parent: it keeps its key, and
+                // the chain goes on from there.
+                let kept = index.key_at(slot);
+                if kept != keys[i] {
+                    keys[i] = kept;
+                    for j in i + 1..keys.len() {
+                        keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
                     }
                 }
+                retier_in(index, dups, w, hash, slot, |t| t | bit);
             }
-        }
-        let (w, bit) = (self.worker, self.bit);
-        for (i, (&k, &new)) in keys.iter().zip(added.iter()).enumerate() {
-            let hash = hashes[i] as u64;
-            if new {
-                hold_new(self.index, self.blocks, w, hash, k, bit);
-            } else {
-                retier(self.index, self.blocks, w, hash, k, |t| t | bit);
-            }
+            after = Some(slot);
         }
         self.counters.stored_blocks += keys.len() as u64;
         true
@@ -462,7 +467,14 @@ impl WorkerStore<'_> {
     /// Step 3 in general: block by block, chaining on the keys the blocks
     /// really have (the predicted ones while each block took the key it was
     /// given). Stops when the worker is full, counting the blocks left.
-    fn store_block_by_block(&mut self, s: &WireBlockStored, scratch: &StoreScratch, mut parent_key: Option<u64>) {
+    /// `parent_slot` is the parent's slot when the worker holds it keyed.
+    fn store_block_by_block(
+        &mut self,
+        s: &WireBlockStored,
+        scratch: &StoreScratch,
+        mut parent_key: Option<u64>,
+        mut after: Option<u32>,
+    ) {
         let n = s.block_hashes.len();
         let mut parent = s.parent_block_hash.map(|p| p as u64);
         let mut on_track = !scratch.keys.is_empty();
@@ -470,51 +482,59 @@ impl WorkerStore<'_> {
             let hash = s.block_hashes[i] as u64;
             let key = if on_track { Some(scratch.keys[i]) } else { parent_key.map(|p| chain(RouterKey(p), content).0) };
             // The node may keep a key from before (its parent known then).
-            let Ok(kept) = self.insert_node(hash, content, parent, key) else {
+            let Ok(kept) = self.insert_node(hash, content, parent, key.map(|k| (k, after))) else {
                 self.counters.blocks_dropped_full += (n - i) as u64;
                 break;
             };
             self.counters.stored_blocks += 1;
-            on_track &= kept == key;
-            parent_key = kept;
+            on_track &= kept.map(|(k, _)| k) == key;
+            parent_key = kept.map(|(k, _)| k);
+            after = kept.map(|(_, s)| s);
             parent = Some(hash);
         }
     }
 
     /// Inserts or updates one block under `parent` (`None` for a chain
-    /// start). Returns its key when it has one, or `Err` when the worker is
-    /// full.
+    /// start). `key` is its key with its parent's slot (`None` for a chain
+    /// start) when the parent is keyed. Returns its key and slot when it
+    /// has them, or `Err` when the worker is full.
     fn insert_node(
         &mut self,
         hash: u64,
         content: u64,
         parent: Option<u64>,
-        key: Option<u64>,
-    ) -> Result<Option<u64>, ()> {
+        key: Option<(u64, Option<u32>)>,
+    ) -> Result<Option<(u64, u32)>, ()> {
         let (w, bit) = (self.worker, self.bit);
         let full = self.blocks.len() >= self.blocks_max;
         let worker = &mut *self.blocks;
         // The common case: a keyed block, no block waiting (so none to
         // resolve and none that could be this one), room left. One probe of
-        // each table, where the general path below takes two.
-        if let Some(k) = key
+        // the worker's table, where the general path below takes two.
+        if let Some((k, after)) = key
             && !full
             && worker.waiting.is_empty()
         {
-            return Ok(Some(match worker.keyed.insert_new(hash, k) {
-                Some(kept) => {
-                    retier(self.index, worker, w, hash, kept, |t| t | bit);
-                    kept
-                }
-                None => {
-                    hold_new(self.index, worker, w, hash, k, bit);
-                    k
-                }
-            }));
+            let index = &mut *self.index;
+            let WorkerBlocks { keyed, dups, .. } = worker;
+            let mut before = 0;
+            let (slot, new) = keyed.get_or_insert_with(hash, || {
+                let (slot, b) = index.hold(k, w, bit, after);
+                before = b;
+                slot
+            });
+            if !new {
+                retier_in(index, dups, w, hash, slot, |t| t | bit);
+                return Ok(Some((index.key_at(slot), slot)));
+            }
+            if before != 0 {
+                note_dup(dups, hash, k, before, bit);
+            }
+            return Ok(Some((k, slot)));
         }
-        if let Some(&k) = worker.keyed.get(hash) {
-            retier(self.index, worker, w, hash, k, |t| t | bit);
-            return Ok(Some(k));
+        if let Some(&slot) = worker.keyed.get(hash) {
+            retier(self.index, worker, w, hash, slot, |t| t | bit);
+            return Ok(Some((self.index.key_at(slot), slot)));
         }
         if let Some(wt) = worker.waiting.get_mut(&hash) {
             // A waiting block stored again: take the new parent, and key it
@@ -522,12 +542,12 @@ impl WorkerStore<'_> {
             wt.tiers |= bit;
             let old = *wt;
             match (key, parent) {
-                (Some(k), _) => {
+                (Some((k, after)), _) => {
                     worker.waiting.remove(&hash);
                     unlink_child(&mut worker.children, hash, old.parent);
-                    worker.keyed.insert(hash, k);
-                    hold_new(self.index, worker, w, hash, k, old.tiers);
-                    self.resolve_children(hash, k);
+                    let slot = hold_new(self.index, worker, w, hash, k, old.tiers, after);
+                    self.resolve_children(hash, k, slot);
+                    return Ok(Some((k, slot)));
                 }
                 (None, Some(parent)) => {
                     *wt = Waiting { content, parent, tiers: old.tiers };
@@ -538,19 +558,19 @@ impl WorkerStore<'_> {
                 }
                 (None, None) => {}
             }
-            return Ok(key);
+            return Ok(None);
         }
         if full {
             return Err(());
         }
         match key {
-            Some(k) => {
-                worker.keyed.insert(hash, k);
+            Some((k, after)) => {
                 let has_children = !worker.children.is_empty();
-                hold_new(self.index, worker, w, hash, k, bit);
+                let slot = hold_new(self.index, worker, w, hash, k, bit, after);
                 if has_children {
-                    self.resolve_children(hash, k);
+                    self.resolve_children(hash, k, slot);
                 }
+                Ok(Some((k, slot)))
             }
             None => {
                 debug_assert!(parent.is_some(), "a chain start always has a key (the seed)");
@@ -558,67 +578,93 @@ impl WorkerStore<'_> {
                 worker.waiting.insert(hash, Waiting { content, parent, tiers: bit });
                 worker.children.entry(parent).or_default().push(hash);
                 self.counters.blocks_pending += 1;
+                Ok(None)
             }
         }
-        Ok(key)
     }
 
-    /// Keys every waiting descendant of `hash`, now that it has key `key`.
-    fn resolve_children(&mut self, hash: u64, key: u64) {
-        let mut stack = vec![(hash, key)];
-        while let Some((h, k)) = stack.pop() {
+    /// Keys every waiting descendant of `hash`, now that it has key `key`
+    /// in slot `slot`.
+    fn resolve_children(&mut self, hash: u64, key: u64, slot: u32) {
+        let mut stack = vec![(hash, key, slot)];
+        while let Some((h, k, s)) = stack.pop() {
             let worker = &mut *self.blocks;
             let Some(children) = worker.children.remove(&h) else { continue };
             for c in children {
                 let Some(wt) = worker.waiting.get(&c).copied().filter(|wt| wt.parent == h) else { continue };
                 worker.waiting.remove(&c);
                 let ck = chain(RouterKey(k), wt.content).0;
-                worker.keyed.insert(c, ck);
-                hold_new(self.index, worker, self.worker, c, ck, wt.tiers);
+                let cs = hold_new(self.index, worker, self.worker, c, ck, wt.tiers, Some(s));
                 self.counters.blocks_resolved_late += 1;
-                stack.push((c, ck));
+                stack.push((c, ck, cs));
             }
         }
     }
 }
 
-/// Engine hash `hash` of worker `w`, newly keyed `key`, takes `tiers`. When
-/// the worker holds `key` under another hash already, the key's hashes are
-/// recorded apart (`worker::Dup`).
+/// Engine hash `hash` of worker `w`, not in its table, newly keyed `key`
+/// (its parent key in slot `after`, `None` for a chain start), takes
+/// `tiers`; returns the key's slot. When the worker holds `key` under
+/// another hash already, the key's hashes are recorded apart
+/// (`worker::Dup`).
 #[inline]
-fn hold_new(index: &mut HolderIndex, wb: &mut WorkerBlocks, w: u32, hash: u64, key: u64, tiers: u8) {
-    let before = index.add(key, w, tiers);
+fn hold_new(
+    index: &mut HolderIndex,
+    wb: &mut WorkerBlocks,
+    w: u32,
+    hash: u64,
+    key: u64,
+    tiers: u8,
+    after: Option<u32>,
+) -> u32 {
+    let (slot, before) = index.hold(key, w, tiers, after);
+    wb.keyed.insert(hash, slot);
     if before != 0 {
-        note_dup(wb, hash, key, before, tiers);
+        note_dup(&mut wb.dups, hash, key, before, tiers);
     }
+    slot
 }
 
 /// Records that `hash` holds `key` in `tiers` beside the worker's other
 /// hashes of it (`before`: their tiers).
 #[cold]
 #[inline(never)]
-fn note_dup(wb: &mut WorkerBlocks, hash: u64, key: u64, before: u8, tiers: u8) {
-    let d = wb.dups.entry(key).or_insert_with(|| Dup { first: before, hashes: Vec::new() });
+fn note_dup(dups: &mut U64Map<Dup>, hash: u64, key: u64, before: u8, tiers: u8) {
+    let d = dups.entry(key).or_insert_with(|| Dup { first: before, hashes: Vec::new() });
     d.hashes.push((hash, tiers));
 }
 
-/// Replaces the tiers `t` of worker `w`'s engine hash `hash`, keyed `key`,
-/// by `f(t)`; returns the hash's tiers before and after. The worker's tiers
-/// for the key become the union over its hashes of the key: one probe
-/// unless the worker holds the key under several hashes.
+/// Replaces the tiers `t` of worker `w`'s engine hash `hash`, whose key is
+/// in slot `slot`, by `f(t)`; returns the hash's tiers before and after.
+/// The worker's tiers for the key become the union over its hashes of the
+/// key: one update unless the worker holds the key under several hashes.
 #[inline]
 fn retier(
     index: &mut HolderIndex,
     wb: &mut WorkerBlocks,
     w: u32,
     hash: u64,
-    key: u64,
+    slot: u32,
     f: impl FnOnce(u8) -> u8,
 ) -> (u8, u8) {
-    if wb.dups.is_empty() {
-        return index.update(key, w, f);
+    retier_in(index, &mut wb.dups, w, hash, slot, f)
+}
+
+/// [`retier`] given the worker's record of keys held under several hashes.
+#[inline]
+fn retier_in(
+    index: &mut HolderIndex,
+    dups: &mut U64Map<Dup>,
+    w: u32,
+    hash: u64,
+    slot: u32,
+    f: impl FnOnce(u8) -> u8,
+) -> (u8, u8) {
+    if dups.is_empty() {
+        return index.update_at(slot, w, f);
     }
-    let Some(d) = wb.dups.get_mut(&key) else { return index.update(key, w, f) };
+    let key = index.key_at(slot);
+    let Some(d) = dups.get_mut(&key) else { return index.update_at(slot, w, f) };
     let i = match d.hashes.iter().position(|(h, _)| *h == hash) {
         Some(i) => i,
         None => {
@@ -638,8 +684,8 @@ fn retier(
     }
     let union = d.tiers();
     if d.hashes.len() + (d.first != 0) as usize <= 1 {
-        wb.dups.remove(&key);
+        dups.remove(&key);
     }
-    index.update(key, w, |_| union);
+    index.update_at(slot, w, |_| union);
     (old, new)
 }

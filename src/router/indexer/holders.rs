@@ -1,15 +1,34 @@
 //! The shared holder index: for each router key, the workers holding it and
 //! in which tiers.
 //!
-//! Most keys have one holder, so a slot of the table holds that holder packed
-//! in place (`worker << 2 | tier bits`); a key held by several workers points
-//! to an interned holder set instead (one list for every key with the same
-//! holders and tiers). A lookup of a singly held key is then one probe with
-//! no second load.
+//! Every held key has a slot in the runs (`runs.rs`), which holds its holder
+//! value: most keys have one holder, packed in place (`worker << 2 | tier
+//! bits`); a key held by several workers names an interned holder set
+//! instead (one list for every key with the same holders and tiers).
+//!
+//! Where a key is found:
+//!
+//! ```text
+//!   parent's slot p ──► slot p + 1 holds the key?  (a chained key: no probe)
+//!   otherwise ────────► heads: router key ──► slot  (run heads only)
+//! ```
+//!
+//! Why this shape: a worker's blocks are stored in order, so nearly every
+//! key lands in the slot after its parent's. Only the keys that do not (a
+//! chain start, the first key a worker adds after a prefix another worker
+//! laid out, a key whose parent died or that a compaction moved apart) go
+//! into the map of run heads. That map is a small fraction of the keys, so
+//! it mostly stays in cache, and a store or removal of a block touches one
+//! random line (its entry in the worker's table) instead of two. The
+//! workers' tables name each block's key by its slot.
+//!
+//! The invariant, checked by `check_runs`: a live key not in the map sits
+//! right after its parent's live slot. A slot dying (its last holder gone)
+//! puts the key after it into the map, if that key was chained to it.
 
 use kvcore::Tier;
 
-use super::runs::Runs;
+use super::runs::{CHUNK, Runs};
 use crate::table::U64Table;
 
 /// A tier's bit in a block's holder mask.
@@ -23,66 +42,49 @@ pub(super) const TIER_BITS: u8 = 0b11;
 /// Marks a holder value that is the id of an interned holder set.
 pub(super) const MANY: u32 = 1 << 31;
 
-/// A value of the holder index's map: the key's holder value (low 32 bits)
-/// and its slot in the runs (high 32 bits).
-#[inline(always)]
-pub(super) fn entry(holder: u32, slot: u32) -> u64 {
-    holder as u64 | (slot as u64) << 32
-}
-
-/// The holder value of a map entry.
-#[inline(always)]
-pub(super) fn holder_of(v: u64) -> u32 {
-    v as u32
-}
-
-/// The slot in the runs of a map entry.
-#[inline(always)]
-pub(super) fn slot_of(v: u64) -> u32 {
-    (v >> 32) as u32
-}
-
-/// Slots below which the holder index grows four-fold (1 Mi slots, 16 MiB).
-///
-/// Why larger than a worker table's bound: an indexer has one holder index
-/// but a table per worker, so the memory this may cost (a 16 MiB table
-/// where two-fold growth from empty would hold 8 MiB; after an
-/// `Indexer::reserve` to an odd power of two, up to 16 MiB more) is small
-/// next to the workers' tables, while the keys that its two-fold
-/// growths would move are the sum of every worker's blocks. Measured: 18-20
-/// % faster applies into fresh tables (docs/benchmarks.md, "Router").
-const HOLDER_FOUR_BELOW: usize = 1 << 20;
-
-/// The workers holding each router key. A key's holder value is one holder
-/// packed as `worker << 2 | tier bits`, or, with [`MANY`] set, the id of an
-/// interned holder set in `sets`; its map entry holds that value and the
-/// key's slot in the runs (`runs.rs`), where the value is kept too.
+/// The workers holding each router key. A key's holder value, in its slot
+/// of the runs, is one holder packed as `worker << 2 | tier bits`, or, with
+/// [`MANY`] set, the id of an interned holder set in `sets`.
 ///
 /// Holder sets are interned: every key held by the same workers in the same
 /// tiers points at one shared, sorted list. The keys of a prefix that a
 /// group of workers holds as a whole then carry one id, so a lookup compares
 /// ids from key to key and walks a list only where the holders change: its
 /// cost does not grow with the holders per key (see `Indexer::find_matches`).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct HolderIndex {
-    /// Router key to its [`entry`]: holder value and slot.
-    pub(super) map: U64Table<u64>,
+    /// Run heads: the router key to the slot of every key that is not
+    /// chained to its parent's slot (see the module docs).
+    pub(super) map: U64Table<u32>,
     /// Every key and its holder value in store order (`runs.rs`).
     pub(super) runs: Runs,
     /// The interned holder sets.
     sets: HolderSets,
     /// The next list of an update, built before it is interned.
     scratch: Vec<u32>,
+    /// Slots freed since the last [`HolderIndex::settle`], whose next slot
+    /// may hold a key chained to them.
+    released: Vec<u32>,
+    /// The runs waste enough to compact at the next settle.
+    compact_due: bool,
 }
 
-impl Default for HolderIndex {
-    fn default() -> Self {
-        Self {
-            map: U64Table::with_four_fold_below(HOLDER_FOUR_BELOW),
-            runs: Runs::default(),
-            sets: HolderSets::default(),
-            scratch: Vec::new(),
-        }
+/// Where a compaction moved slots: for each moved chunk, the new slot of
+/// each of its live slots, so that the workers' tables can follow.
+#[derive(Debug, Default)]
+pub(super) struct Moved {
+    /// Each chunk's index into `to`, or `u32::MAX` for a chunk not moved.
+    chunk: Vec<u32>,
+    /// `CHUNK` new slots per moved chunk.
+    to: Vec<u32>,
+}
+
+impl Moved {
+    /// The slot that `slot` moved to, if its chunk moved.
+    #[inline]
+    pub(super) fn get(&self, slot: u32) -> Option<u32> {
+        let c = *self.chunk.get(slot as usize / CHUNK)?;
+        (c != u32::MAX).then(|| self.to[c as usize * CHUNK + slot as usize % CHUNK])
     }
 }
 
@@ -241,16 +243,22 @@ fn pack(worker: u32, tiers: u8) -> u32 {
 }
 
 impl HolderIndex {
-    /// The holders of `key`.
-    #[inline]
-    pub(super) fn get(&self, key: u64) -> Option<HolderRef<'_>> {
-        self.map.get(key).map(|v| self.resolve(holder_of(*v)))
-    }
-
     /// The holders a holder value stands for.
     #[inline]
     pub(super) fn resolve(&self, h: u32) -> HolderRef<'_> {
         if h & MANY != 0 { HolderRef::Many(self.sets.get(h & !MANY)) } else { HolderRef::One([h]) }
+    }
+
+    /// The holders of the key in live slot `slot`.
+    #[inline]
+    pub(super) fn at(&self, slot: u32) -> HolderRef<'_> {
+        self.resolve(self.runs.holders[slot as usize])
+    }
+
+    /// The key in slot `slot`.
+    #[inline(always)]
+    pub(super) fn key_at(&self, slot: u32) -> u64 {
+        self.runs.keys[slot as usize]
     }
 
     /// Interned holder sets in use.
@@ -261,78 +269,83 @@ impl HolderIndex {
 
     /// Keys held by some worker.
     pub(super) fn len(&self) -> usize {
-        self.map.len()
+        self.runs.live()
     }
 
-    /// Sets `worker`'s tiers for `key`: 0 removes the worker, and a key with
-    /// no holder left is removed.
-    pub(super) fn set(&mut self, key: u64, worker: u32, tiers: u8) {
-        self.update(key, worker, |_| tiers);
-    }
-
-    /// Adds `tiers` to `worker`'s for `key`, for an engine hash of the worker
-    /// newly keyed `key`: one probe when nobody holds the key yet. Returns the
-    /// worker's tiers before (not 0 when it holds the key under another
-    /// hash, which the caller records, see `worker::Dup`).
+    /// The slot of `key`, given the slot of its parent key when that is
+    /// live (`None` for a chain start, or when unknown): the slot after the
+    /// parent's if the key sits there, else the map of run heads.
     #[inline(always)]
-    pub(super) fn add(&mut self, key: u64, worker: u32, tiers: u8) -> u8 {
-        let stream = worker as usize + 1;
-        let holder = pack(worker, tiers);
-        let slot = self.runs.next_slot(stream);
-        match self.map.insert_new(key, entry(holder, slot)) {
-            None => {
-                self.runs.fill(stream, slot, key, holder);
-                0
+    pub(super) fn find(&self, key: u64, after: Option<u32>) -> Option<u32> {
+        if let Some(p) = after {
+            let s = p as usize + 1;
+            if self.runs.keys.get(s) == Some(&key) && self.runs.holders[s] != 0 {
+                return Some(s as u32);
             }
-            Some(_) => self.add_held(key, worker, tiers),
         }
+        self.map.get(key).copied()
     }
 
-    /// [`HolderIndex::add`] of a key that others hold: out of line, so that
+    /// Adds `tiers` to `worker`'s for `key`, whose parent key is live in
+    /// slot `after` (`None` for a chain start), for an engine hash of the
+    /// worker newly keyed `key`. Returns the key's slot and the worker's
+    /// tiers before (not 0 when it holds the key under another hash, which
+    /// the caller records, see `worker::Dup`). A new key takes the worker's
+    /// next slot in the runs and goes into the map of run heads unless that
+    /// slot is the one after its parent's.
+    #[inline(always)]
+    pub(super) fn hold(&mut self, key: u64, worker: u32, tiers: u8, after: Option<u32>) -> (u32, u8) {
+        if let Some(s) = self.find(key, after) {
+            return (s, self.add_held(s, worker, tiers));
+        }
+        let stream = worker as usize + 1;
+        let slot = self.runs.next_slot(stream);
+        self.runs.fill(stream, slot, key, pack(worker, tiers));
+        if after.is_none_or(|p| p + 1 != slot) {
+            self.map.insert(key, slot);
+            self.runs.set_mapped(slot as usize);
+        }
+        (slot, 0)
+    }
+
+    /// [`HolderIndex::hold`] of a key already held: out of line, so that
     /// the common path stays small where it is inlined.
     #[inline(never)]
-    fn add_held(&mut self, key: u64, worker: u32, tiers: u8) -> u8 {
-        self.update(key, worker, |t| t | tiers).0
+    fn add_held(&mut self, slot: u32, worker: u32, tiers: u8) -> u8 {
+        self.update_at(slot, worker, |t| t | tiers).0
     }
 
-    /// `worker`'s tiers for `key` (0 when it does not hold it).
-    pub(super) fn tiers(&self, key: u64, worker: u32) -> u8 {
-        self.get(key).and_then(|h| h.as_slice().iter().find(|x| *x >> 2 == worker).map(|x| (x & 3) as u8)).unwrap_or(0)
+    /// `worker`'s tiers for the key in slot `slot` (0 when it does not hold
+    /// it, or the slot is dead).
+    pub(super) fn tiers_at(&self, slot: u32, worker: u32) -> u8 {
+        if self.runs.holders.get(slot as usize).is_none_or(|h| *h == 0) {
+            return 0;
+        }
+        self.at(slot).as_slice().iter().find(|x| *x >> 2 == worker).map_or(0, |x| (x & 3) as u8)
     }
 
-    /// Replaces `worker`'s tiers `t` for `key` by `f(t)` (0 when it did not
-    /// hold the key; a result of 0 removes the worker, and a key with no
-    /// holder left is removed). Returns the tiers before and after: one probe
-    /// for a read and a write. Inline: it sits in the loops of every store
-    /// and removal, which lie in another module (without the hint it stayed
-    /// a call per block there).
+    /// Replaces `worker`'s tiers `t` for the key in slot `slot` by `f(t)`
+    /// (0 when it did not hold the key; a result of 0 removes the worker,
+    /// and a key with no holder left frees its slot). Returns the tiers
+    /// before and after. A dead slot is left alone: `(0, 0)`. Inline: it
+    /// sits in the loops of every store and removal, which lie in another
+    /// module.
     #[inline]
-    pub(super) fn update(&mut self, key: u64, worker: u32, f: impl FnOnce(u8) -> u8) -> (u8, u8) {
-        let Some(v) = self.map.get_mut(key) else {
-            let tiers = f(0);
-            if tiers != 0 {
-                let stream = worker as usize + 1;
-                let holder = pack(worker, tiers);
-                let slot = self.runs.take(stream, key, holder);
-                self.map.insert(key, entry(holder, slot));
-            }
-            return (0, tiers);
-        };
+    pub(super) fn update_at(&mut self, slot: u32, worker: u32, f: impl FnOnce(u8) -> u8) -> (u8, u8) {
+        let s = slot as usize;
+        let h = self.runs.holders[s];
+        if h == 0 {
+            return (0, 0);
+        }
         self.scratch.clear();
-        let (h, slot) = (holder_of(*v), slot_of(*v));
         if h & MANY == 0 {
             if h >> 2 == worker {
                 let old = (h & 3) as u8;
                 let tiers = f(old);
                 if tiers == 0 {
-                    self.map.remove(key);
-                    if self.runs.release(slot) {
-                        self.compact();
-                    }
+                    self.free(slot);
                 } else {
-                    let nh = pack(worker, tiers);
-                    *v = entry(nh, slot);
-                    self.runs.holders[slot as usize] = nh;
+                    self.runs.holders[s] = pack(worker, tiers);
                 }
                 return (old, tiers);
             }
@@ -350,8 +363,7 @@ impl HolderIndex {
                     nh
                 }
             };
-            *v = entry(nh, slot);
-            self.runs.holders[slot as usize] = nh;
+            self.runs.holders[s] = nh;
             return (0, tiers);
         }
         let id = h & !MANY;
@@ -384,46 +396,126 @@ impl HolderIndex {
                 nh
             }
         };
-        *v = entry(nh, slot);
-        self.runs.holders[slot as usize] = nh;
+        self.runs.holders[s] = nh;
         self.sets.release(id);
         (old, tiers)
     }
 
-    /// Moves the keys of the runs' sparse chunks together, so that the
-    /// chunks in use are at least half live again (`runs.rs`).
-    #[cold]
-    fn compact(&mut self) {
-        let Self { map, runs, .. } = self;
-        for c in runs.sparse_chunks() {
-            runs.relocate(c, |key, slot| {
-                if let Some(v) = map.get_mut(key) {
-                    *v = entry(holder_of(*v), slot);
-                }
-            });
+    /// Frees the slot of a key with no holder left: out of the map if it
+    /// was a run head, and noted for [`HolderIndex::settle`], which puts the
+    /// key chained after it (if any) into the map.
+    #[inline]
+    fn free(&mut self, slot: u32) {
+        if self.runs.mapped(slot as usize) {
+            self.map.remove(self.runs.keys[slot as usize]);
+        }
+        self.compact_due |= self.runs.release(slot);
+        self.released.push(slot);
+    }
+
+    /// Whether slots were freed since the last settle.
+    #[inline(always)]
+    pub(super) fn unsettled(&self) -> bool {
+        !self.released.is_empty()
+    }
+
+    /// Restores the invariant after slots were freed: a live key that was
+    /// chained to a freed slot becomes a run head. Then compacts the runs
+    /// when they waste enough; the slots it moved are returned, for the
+    /// workers' tables to follow.
+    pub(super) fn settle(&mut self) -> Option<Moved> {
+        let mut released = std::mem::take(&mut self.released);
+        for &s in &released {
+            self.head_if_orphaned(s as usize + 1);
+        }
+        released.clear();
+        self.released = released;
+        if !std::mem::take(&mut self.compact_due) {
+            return None;
+        }
+        Some(self.compact())
+    }
+
+    /// Puts the key in `slot` into the map of run heads if it is live and
+    /// not there: called for a slot whose previous slot died or moved, so
+    /// that a key chained to it is found again.
+    #[inline]
+    fn head_if_orphaned(&mut self, slot: usize) {
+        if self.runs.holders.get(slot).is_some_and(|h| *h != 0) && !self.runs.mapped(slot) {
+            self.map.insert(self.runs.keys[slot], slot as u32);
+            self.runs.set_mapped(slot);
         }
     }
 
-    /// Checks that every key's entry names a slot holding that key and its
-    /// holder value, and that no other slot is live; panics naming what is
-    /// wrong.
+    /// Moves the keys of the runs' sparse chunks together, so that the
+    /// chunks in use are at least half live again (`runs.rs`). A moved key
+    /// stays chained when its parent moved just before it into the slot
+    /// before its new one; otherwise it becomes a run head (or its map
+    /// entry follows it). A key left in place after a moved chunk becomes
+    /// a run head too.
+    #[cold]
+    fn compact(&mut self) -> Moved {
+        let Self { map, runs, .. } = self;
+        let chunks = runs.sparse_chunks();
+        let mut moved = Moved { chunk: vec![u32::MAX; runs.slots() / CHUNK], to: vec![0; chunks.len() * CHUNK] };
+        let mut last: Option<(u32, u32)> = None;
+        for (i, &c) in chunks.iter().enumerate() {
+            moved.chunk[c as usize] = i as u32;
+            let to = &mut moved.to[i * CHUNK..(i + 1) * CHUNK];
+            runs.relocate(c, |old, key, new, was_mapped| {
+                to[old as usize % CHUNK] = new;
+                let chained = !was_mapped && old > 0 && new > 0 && last == Some((old - 1, new - 1));
+                last = Some((old, new));
+                if was_mapped {
+                    if let Some(v) = map.get_mut(key) {
+                        *v = new;
+                    }
+                    true
+                } else if chained {
+                    false
+                } else {
+                    map.insert(key, new);
+                    true
+                }
+            });
+        }
+        for &c in &chunks {
+            self.head_if_orphaned((c as usize + 1) * CHUNK);
+        }
+        moved
+    }
+
+    /// Checks that every run head's entry names a live slot holding that
+    /// key and marked mapped, that every live key not in the map sits after
+    /// a live slot (its parent's), and that the holder sets are counted
+    /// right; panics naming what is wrong.
     pub(super) fn check_runs(&self) {
         self.runs.check();
-        for (k, v) in self.map.iter() {
-            let s = slot_of(*v) as usize;
-            assert_eq!(self.runs.keys.get(s), Some(&k), "runs: key {k:x} sits in its slot");
-            assert_eq!(self.runs.holders[s], holder_of(*v), "runs: key {k:x}'s slot has its holders");
+        for (k, &s) in self.map.iter() {
+            let s = s as usize;
+            assert_eq!(self.runs.keys.get(s), Some(&k), "runs: head {k:x} sits in its slot");
+            assert!(self.runs.holders[s] != 0, "runs: head {k:x}'s slot is live");
+            assert!(self.runs.mapped(s), "runs: head {k:x}'s slot is marked");
         }
-        assert_eq!(self.runs.live(), self.map.len(), "runs: one live slot a key");
+        let mut marked = 0;
         let mut refs = vec![0u32; self.sets.refs.len()];
-        for (_, v) in self.map.iter() {
-            let h = holder_of(*v);
+        for (s, &h) in self.runs.holders.iter().enumerate() {
+            if h == 0 {
+                continue;
+            }
+            if self.runs.mapped(s) {
+                marked += 1;
+            } else {
+                assert!(s > 0 && self.runs.holders[s - 1] != 0, "runs: chained slot {s} follows a live slot");
+            }
             if h & MANY != 0 {
                 refs[(h & !MANY) as usize] += 1;
                 assert!(self.sets.get(h & !MANY).len() >= 2, "sets: a set holds two workers or more");
             }
         }
+        assert_eq!(marked, self.map.len(), "runs: one marked slot a head");
         assert_eq!(refs, self.sets.refs, "sets: each set counted by the keys using it");
+        assert!(self.released.is_empty(), "runs: settled");
         let slack = (self.runs.streams() + 3) * super::runs::CHUNK;
         assert!(
             self.runs.slots_used() <= 2 * self.runs.live() + slack,
@@ -435,6 +527,10 @@ impl HolderIndex {
 
     /// Bytes allocated (capacity times entry size, an estimate).
     pub(super) fn bytes(&self) -> usize {
-        self.map.bytes() + self.runs.bytes() + self.sets.bytes() + self.scratch.capacity() * 4
+        self.map.bytes()
+            + self.runs.bytes()
+            + self.sets.bytes()
+            + self.scratch.capacity() * 4
+            + self.released.capacity() * 4
     }
 }

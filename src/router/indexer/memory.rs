@@ -6,15 +6,15 @@ use super::{Indexer, IndexerMemory, WorkerId};
 impl Indexer {
     /// Reserves room for `blocks` blocks of one worker (its cache capacity,
     /// when known), so that its table does not grow while events arrive.
-    /// The shared holder index is sized for the sum of every worker's
-    /// reservation.
+    /// The runs of the shared holder index are sized for the sum of every
+    /// worker's reservation.
     pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
         let blocks = blocks.min(self.config.blocks_per_worker_max);
         if let Some(w) = self.workers.get_mut(worker.0 as usize) {
             w.keyed.reserve(blocks.saturating_sub(w.keyed.len()));
             w.reserved = blocks;
             let total: usize = self.workers.iter().map(|w| w.reserved).sum();
-            self.index.map.reserve(total.saturating_sub(self.index.len()));
+            self.index.runs.reserve(total.saturating_sub(self.index.runs.slots()));
         }
     }
 

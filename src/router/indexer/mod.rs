@@ -63,7 +63,7 @@ use kvcore::{ImageRun, Tier};
 
 use crate::hashing::{RouterKey, RouterScope, TextKeys, UuidLookup, UuidResolver};
 
-use holders::{HolderIndex, TIER_BITS, holder_of, slot_of, tier_bit};
+use holders::{HolderIndex, TIER_BITS, tier_bit};
 use uuids::{UuidView, ViewChange};
 use worker::WorkerBlocks;
 
@@ -241,20 +241,11 @@ struct StoreScratch {
     /// Step 2: the router key each block will most likely get (empty when the
     /// parent's key is unknown).
     keys: Vec<u64>,
-    /// Step 3, whole event at once: whether each block's entry in the
-    /// worker's table is new.
-    added: Vec<bool>,
 }
 
 impl StoreScratch {
     fn new() -> Self {
-        Self {
-            bytes: Vec::with_capacity(1024),
-            runs: Vec::new(),
-            contents: Vec::new(),
-            keys: Vec::new(),
-            added: Vec::new(),
-        }
+        Self { bytes: Vec::with_capacity(1024), runs: Vec::new(), contents: Vec::new(), keys: Vec::new() }
     }
 }
 
@@ -400,13 +391,31 @@ impl Indexer {
         let change = self.uuids.clear_worker(w);
         self.count_view(change);
         let wb = &mut self.workers[w];
-        for (_, k) in wb.keyed.iter() {
-            self.index.set(*k, w as u32, 0);
+        for (_, &slot) in wb.keyed.iter() {
+            // A key held under two hashes is named twice: the second finds
+            // the worker gone (or the slot dead) and changes nothing.
+            self.index.update_at(slot, w as u32, |_| 0);
         }
         wb.keyed.clear();
         wb.waiting.clear();
         wb.children.clear();
         wb.dups.clear();
+        self.settle();
+    }
+
+    /// Restores the holder index's invariant after slots were freed
+    /// (`holders.rs`); when that compacts the runs, the workers' tables
+    /// follow the slots that moved.
+    fn settle(&mut self) {
+        if let Some(moved) = self.index.settle() {
+            for w in &mut self.workers {
+                for s in w.keyed.values_mut() {
+                    if let Some(n) = moved.get(*s) {
+                        *s = n;
+                    }
+                }
+            }
+        }
     }
 
     /// For each worker holding the request's first key, the longest prefix of
@@ -459,8 +468,9 @@ impl Indexer {
         if src.keys().is_empty() && !src.more() {
             return;
         }
+        // A first key is a chain start: always a run head.
         let Some(&e0) = src.keys().first().and_then(|k| self.index.map.get(k.0)) else { return };
-        let v0 = holder_of(e0);
+        let v0 = self.index.runs.holders[e0 as usize];
         // Candidates are the holders of the first key, sorted by worker (a
         // set's list is); a worker absent there cannot have a prefix > 0.
         let first = self.index.resolve(v0);
@@ -496,7 +506,7 @@ impl Indexer {
         let (rk, rh) = (&self.index.runs.keys[..], &self.index.runs.holders[..]);
         // The slot the next key sits in if the run of the last one found
         // goes on.
-        let mut slot = slot_of(e0) as usize + 1;
+        let mut slot = e0 as usize + 1;
         let mut i = 1;
         loop {
             if i >= src.keys().len() && !src.more() {
@@ -515,7 +525,7 @@ impl Indexer {
                 (Some(&k), Some(&h)) if k == key.0 && h != 0 => (h, slot),
                 _ => {
                     let Some(e) = probe.get(key.0) else { break };
-                    (holder_of(e), slot_of(e) as usize)
+                    (rh[e as usize], e as usize)
                 }
             };
             slot = at + 1;
@@ -561,10 +571,10 @@ impl Indexer {
         let mut v: Vec<i64> = w
             .keyed
             .iter()
-            .filter(|(h, k)| {
-                let tiers = match w.dups.get(*k) {
+            .filter(|(h, s)| {
+                let tiers = match w.dups.get(&self.index.key_at(**s)) {
                     Some(d) => d.tiers_of(*h),
-                    None => self.index.tiers(**k, worker.0),
+                    None => self.index.tiers_at(**s, worker.0),
                 };
                 tiers & bit != 0
             })
@@ -577,7 +587,7 @@ impl Indexer {
 
     /// The router key a worker's block was filed under, when it is keyed.
     pub fn router_key_of(&self, worker: WorkerId, hash: i64) -> Option<RouterKey> {
-        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|k| RouterKey(*k))
+        self.workers.get(worker.0 as usize)?.keyed.get(hash as u64).map(|s| RouterKey(self.index.key_at(*s)))
     }
 
     /// Checks the indexer's invariants; panics naming the one broken.
@@ -592,21 +602,25 @@ impl Indexer {
     pub fn check_invariants(&self) {
         let mut entries = 0usize;
         for (wi, w) in self.workers.iter().enumerate() {
-            for (h, &k) in w.keyed.iter() {
-                assert!(self.index.get(k).is_some(), "invariant 1: keyed block {h:x} is indexed");
-                let tiers = self.index.tiers(k, wi as u32);
+            for (h, &s) in w.keyed.iter() {
+                assert!((s as usize) < self.index.runs.slots(), "invariant 1: keyed block {h:x} has a slot");
+                let tiers = self.index.tiers_at(s, wi as u32);
                 assert!(tiers & TIER_BITS != 0 && tiers & !TIER_BITS == 0, "invariant 1: block {h:x} holds a tier");
                 entries += 1;
             }
             for (k, d) in &w.dups {
-                assert_eq!(
-                    self.index.tiers(*k, wi as u32),
-                    d.tiers(),
-                    "invariant 4: key {k:x}'s tiers are its hashes'"
-                );
                 assert!(d.hashes.len() + (d.first != 0) as usize >= 2, "invariant 4: key {k:x} has two hashes or more");
                 for (h, t) in &d.hashes {
-                    assert!(*t != 0 && w.keyed.get(*h) == Some(k), "invariant 4: hash {h:x} is keyed {k:x}");
+                    let s = w.keyed.get(*h).copied();
+                    assert!(
+                        *t != 0 && s.is_some_and(|s| self.index.key_at(s) == *k),
+                        "invariant 4: hash {h:x} is keyed {k:x}"
+                    );
+                    assert_eq!(
+                        s.map(|s| self.index.tiers_at(s, wi as u32)),
+                        Some(d.tiers()),
+                        "invariant 4: key {k:x}'s tiers are its hashes'"
+                    );
                 }
             }
             for (h, wt) in &w.waiting {
@@ -620,8 +634,10 @@ impl Indexer {
                 }
             }
         }
-        let total: usize =
-            self.index.map.iter().map(|(k, _)| self.index.get(k).map_or(0, |h| h.as_slice().len())).sum();
+        let total: usize = (0..self.index.runs.slots() as u32)
+            .filter(|&s| self.index.runs.holders[s as usize] != 0)
+            .map(|s| self.index.at(s).as_slice().len())
+            .sum();
         assert!(total <= entries, "invariant 2: no stray holder entries ({total} > {entries})");
         self.index.check_runs();
     }

@@ -15,10 +15,14 @@
 //!   worker's open chunk. A request's walk down a held prefix is then a
 //!   comparison loop over two arrays, with a probe only where the run breaks
 //!   (a branch point, another worker's layout, a chunk boundary).
-//! - A slot belongs to its key for the key's whole life in the index: the
-//!   holder index stores the slot beside the holders, and updates write the
-//!   holder value in both places. A dead slot has holder value 0, which no
-//!   live key has, so a walk never runs through one.
+//! - A slot belongs to its key for the key's whole life in the index (until
+//!   a compaction moves it): the workers' tables name a block's key by its
+//!   slot, and the holder value lives here alone. A dead slot has holder
+//!   value 0, which no live key has, so a walk never runs through one.
+//! - A key sits either in the slot just after its parent's (it is
+//!   *chained*) or in the holder index's map of run heads, which a bit per
+//!   slot marks (`mapped`); `holders.rs` keeps that true as slots die and
+//!   move.
 //! - Keys and holders are separate arrays (12 bytes a key), so the loop reads
 //!   two sequential streams.
 //! - Memory stays bounded by the live keys: a chunk whose last key dies is
@@ -59,6 +63,9 @@ pub(super) struct Runs {
     pub(super) keys: Vec<u64>,
     /// Each slot's holder value, 0 in dead slots.
     pub(super) holders: Vec<u32>,
+    /// A bit a slot: its key is in the holder index's map of run heads
+    /// (never set in a dead slot).
+    mapped: Vec<u64>,
     /// Live slots per chunk.
     live: Vec<u32>,
     /// The stream each chunk is the open chunk of, or [`NONE`].
@@ -111,6 +118,7 @@ impl Runs {
                 let c = self.live.len() as u32;
                 self.keys.resize(self.keys.len() + CHUNK, 0);
                 self.holders.resize(self.holders.len() + CHUNK, 0);
+                self.mapped.resize(self.mapped.len() + CHUNK / 64, 0);
                 self.live.push(0);
                 self.owner.push(NONE);
                 c
@@ -119,6 +127,30 @@ impl Runs {
         self.owner[c as usize] = stream as u32;
         self.open[stream] = Open { chunk: c, next: 0 };
         c * CHUNK as u32
+    }
+
+    /// Whether `slot`'s key is in the map of run heads.
+    #[inline(always)]
+    pub(super) fn mapped(&self, slot: usize) -> bool {
+        self.mapped[slot / 64] >> (slot % 64) & 1 != 0
+    }
+
+    /// Marks `slot`'s key as in the map of run heads (a live slot).
+    #[inline(always)]
+    pub(super) fn set_mapped(&mut self, slot: usize) {
+        self.mapped[slot / 64] |= 1 << (slot % 64);
+    }
+
+    /// Slots allocated.
+    pub(super) fn slots(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Reserves room for `more` slots beyond those allocated.
+    pub(super) fn reserve(&mut self, more: usize) {
+        self.keys.reserve(more);
+        self.holders.reserve(more);
+        self.mapped.reserve(more.div_ceil(64));
     }
 
     /// Hints the lines that `stream`'s next `n` keys will be written to.
@@ -135,6 +167,14 @@ impl Runs {
         }
         if s < end {
             crate::table::prefetch(&self.holders[s]);
+        }
+    }
+
+    /// Hints the line holding `slot`'s holder value.
+    #[inline]
+    pub(super) fn prefetch_slot(&self, slot: u32) {
+        if let Some(h) = self.holders.get(slot as usize) {
+            crate::table::prefetch(h);
         }
     }
 
@@ -166,6 +206,7 @@ impl Runs {
     pub(super) fn release(&mut self, slot: u32) -> bool {
         let (s, c) = (slot as usize, slot as usize / CHUNK);
         self.holders[s] = 0;
+        self.mapped[s / 64] &= !(1 << (s % 64));
         self.live[c] -= 1;
         self.live_total -= 1;
         if self.live[c] == 0 {
@@ -197,8 +238,10 @@ impl Runs {
     }
 
     /// Moves the live slots of chunk `c` into the compaction stream, in
-    /// order, calling `moved(key, new slot)` for each; the chunk is freed.
-    pub(super) fn relocate(&mut self, c: u32, mut moved: impl FnMut(u64, u32)) {
+    /// order, calling `moved(old slot, key, new slot, mapped)` for each,
+    /// which says whether the key is in the map at its new slot; the chunk
+    /// is freed.
+    pub(super) fn relocate(&mut self, c: u32, mut moved: impl FnMut(u32, u64, u32, bool) -> bool) {
         let base = c as usize * CHUNK;
         for s in base..base + CHUNK {
             let h = self.holders[s];
@@ -206,11 +249,15 @@ impl Runs {
                 continue;
             }
             let key = self.keys[s];
+            let was = self.mapped(s);
             self.holders[s] = 0;
+            self.mapped[s / 64] &= !(1 << (s % 64));
             self.live[c as usize] -= 1;
             self.live_total -= 1;
             let new = self.take(COMPACTION, key, h);
-            moved(key, new);
+            if moved(s as u32, key, new, was) {
+                self.set_mapped(new as usize);
+            }
         }
         debug_assert_eq!(self.live[c as usize], 0);
         if self.owner[c as usize] == NONE {
@@ -243,6 +290,9 @@ impl Runs {
             }
         }
         assert_eq!(live, self.live, "runs: live counts per chunk");
+        for (s, &h) in self.holders.iter().enumerate() {
+            assert!(h != 0 || !self.mapped(s), "runs: dead slot {s} is not mapped");
+        }
         assert_eq!(self.live_total, live.iter().map(|&l| l as usize).sum::<usize>(), "runs: live total");
         for &c in &self.free {
             assert_eq!(self.live[c as usize], 0, "runs: a free chunk is empty");
@@ -254,6 +304,7 @@ impl Runs {
     pub(super) fn bytes(&self) -> usize {
         self.keys.capacity() * 8
             + self.holders.capacity() * 4
+            + self.mapped.capacity() * 8
             + self.live.capacity() * 4
             + self.owner.capacity() * 4
             + self.free.capacity() * 4

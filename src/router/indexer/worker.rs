@@ -89,10 +89,11 @@ pub(super) struct WorkerBlocks {
     pub(super) name: String,
     /// Added and not removed.
     pub(super) live: bool,
-    /// Keyed blocks by engine hash: their router keys. Their tiers are in
-    /// the holder index, which every store and removal touches anyway, so a
-    /// slot here is 16 bytes (four to a cache line, none straddling two).
-    pub(super) keyed: U64Table<u64>,
+    /// Keyed blocks by engine hash: the slot of their router key in the
+    /// runs (`runs.rs`), which holds the key and its holders. Their tiers
+    /// are there too, so a slot here is 16 bytes (four to a cache line,
+    /// none straddling two).
+    pub(super) keyed: U64Table<u32>,
     /// Blocks waiting for their parent, by engine hash.
     pub(super) waiting: U64Map<Waiting>,
     /// Parent engine hash to the waiting blocks stored under it.
