@@ -25,7 +25,7 @@
 use kvcore::wire::{WireBlockRemoved, WireBlockStored, WireEvent};
 use kvcore::{ImageDigest, ImageRun, Tier};
 
-use super::holders::{HolderIndex, tier_bit};
+use super::holders::{HolderIndex, TierOp, tier_bit};
 use super::worker::{Dup, U64Map, Waiting, WorkerBlocks, unlink_child};
 use super::{Indexer, IndexerCounters, StoreScratch, ViewChange, WorkerId};
 use crate::hashing::{RouterKey, chain, content_hash, lora_identity, scope_seed};
@@ -94,15 +94,24 @@ impl Indexer {
     /// one event: while an event is applied, the table slots that the next
     /// one will touch are already being fetched.
     pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (WorkerId, &'a WireEvent)>) {
-        let mut it = events.into_iter().peekable();
-        if let Some((w, e)) = it.peek() {
-            self.prefetch_event(*w, e);
+        let mut it = events.into_iter();
+        let (mut this, mut next) = (it.next(), it.next());
+        if let Some((w, e)) = this {
+            self.prefetch_event(w, e);
         }
-        while let Some((w, e)) = it.next() {
-            if let Some((nw, ne)) = it.peek() {
-                self.prefetch_event(*nw, ne);
+        if let Some((_, e)) = next {
+            prefetch_contents(e);
+        }
+        while let Some((w, e)) = this {
+            let after = it.next();
+            if let Some((_, e)) = after {
+                prefetch_contents(e);
+            }
+            if let Some((nw, ne)) = next {
+                self.prefetch_event(nw, ne);
             }
             self.apply_fetched(w, e);
+            (this, next) = (next, after);
         }
     }
 
@@ -306,33 +315,23 @@ impl Indexer {
             }
             self.count_view(change);
         }
-        if r.block_hashes.len() > 1 {
-            // The blocks' entries were fetched ahead (`prefetch_event`);
-            // fetch the runs' lines of the slots found there, so that their
-            // misses overlap. Only hints: the loop below looks everything up
-            // again (in cache by then).
-            let keyed = &self.workers[w].keyed;
-            for &hash in &r.block_hashes {
-                if let Some(&s) = keyed.get(hash as u64) {
-                    self.index.runs.prefetch_slot(s);
-                }
-            }
-        }
+        // Two passes. The first takes every block out of the worker's table
+        // (its lines were fetched ahead, `prefetch_event`) and fetches the
+        // line of its slot in the runs; the second changes the holders
+        // there, by then in cache or on their way, one miss overlapping
+        // the next. Most removals leave the block in no tier, so one probe
+        // of the worker's table does it; a block left in another tier goes
+        // back. A hash named twice is taken out once: the second finds
+        // nothing, as it would after the first's whole removal.
+        let Self { workers, index, counters, scratch, .. } = self;
+        let worker = &mut workers[w];
+        let taken = &mut scratch.taken;
+        taken.clear();
         for &hash in &r.block_hashes {
             let hash = hash as u64;
-            let worker = &mut self.workers[w];
-            // Taken out first: most removals leave the block in no tier, and
-            // one probe then does it; a block left in another tier goes back.
             if let Some(slot) = worker.keyed.remove(hash) {
-                let (old, tiers) = retier(&mut self.index, worker, w as u32, hash, slot, |t| t & !bit);
-                if tiers != 0 {
-                    worker.keyed.insert(hash, slot);
-                }
-                if old & bit != 0 {
-                    self.counters.removed_blocks += 1;
-                } else {
-                    self.counters.removed_unknown += 1;
-                }
+                index.runs.prefetch_slot(slot);
+                taken.push((hash, slot));
             } else if let Some(wt) = worker.waiting.get_mut(&hash).filter(|wt| wt.tiers & bit != 0) {
                 wt.tiers &= !bit;
                 if wt.tiers == 0 {
@@ -340,11 +339,37 @@ impl Indexer {
                     worker.waiting.remove(&hash);
                     unlink_child(&mut worker.children, hash, parent);
                 }
-                self.counters.removed_blocks += 1;
+                counters.removed_blocks += 1;
             } else {
-                self.counters.removed_unknown += 1;
+                counters.removed_unknown += 1;
             }
         }
+        for &(hash, slot) in taken.iter() {
+            let (old, tiers) = retier(index, worker, w as u32, hash, slot, TierOp::Drop(bit));
+            if tiers != 0 {
+                worker.keyed.insert(hash, slot);
+            }
+            if old & bit != 0 {
+                counters.removed_blocks += 1;
+            } else {
+                counters.removed_unknown += 1;
+            }
+        }
+    }
+}
+
+/// Hints the lines of an event's engine hashes, which live apart from the
+/// event: `apply_all` calls it two events ahead, so that `prefetch_event`,
+/// one event ahead, reads them from the cache instead of waiting on them.
+#[inline]
+fn prefetch_contents(event: &WireEvent) {
+    let hashes = match event {
+        WireEvent::BlockStored(s) => &s.block_hashes,
+        WireEvent::BlockRemoved(r) => &r.block_hashes,
+        _ => return,
+    };
+    for line in hashes.iter().step_by(8) {
+        prefetch(line);
     }
 }
 
@@ -456,7 +481,7 @@ impl WorkerStore<'_> {
                         keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
                     }
                 }
-                retier_in(index, dups, w, hash, slot, |t| t | bit);
+                retier_in(index, dups, w, hash, slot, TierOp::Add(bit));
             }
             after = Some(slot);
         }
@@ -524,7 +549,7 @@ impl WorkerStore<'_> {
                 slot
             });
             if !new {
-                retier_in(index, dups, w, hash, slot, |t| t | bit);
+                retier_in(index, dups, w, hash, slot, TierOp::Add(bit));
                 return Ok(Some((index.key_at(slot), slot)));
             }
             if before != 0 {
@@ -533,7 +558,7 @@ impl WorkerStore<'_> {
             return Ok(Some((k, slot)));
         }
         if let Some(&slot) = worker.keyed.get(hash) {
-            retier(self.index, worker, w, hash, slot, |t| t | bit);
+            retier(self.index, worker, w, hash, slot, TierOp::Add(bit));
             return Ok(Some((self.index.key_at(slot), slot)));
         }
         if let Some(wt) = worker.waiting.get_mut(&hash) {
@@ -635,36 +660,22 @@ fn note_dup(dups: &mut U64Map<Dup>, hash: u64, key: u64, before: u8, tiers: u8) 
 }
 
 /// Replaces the tiers `t` of worker `w`'s engine hash `hash`, whose key is
-/// in slot `slot`, by `f(t)`; returns the hash's tiers before and after.
+/// in slot `slot`, by `op`; returns the hash's tiers before and after.
 /// The worker's tiers for the key become the union over its hashes of the
 /// key: one update unless the worker holds the key under several hashes.
 #[inline]
-fn retier(
-    index: &mut HolderIndex,
-    wb: &mut WorkerBlocks,
-    w: u32,
-    hash: u64,
-    slot: u32,
-    f: impl FnOnce(u8) -> u8,
-) -> (u8, u8) {
-    retier_in(index, &mut wb.dups, w, hash, slot, f)
+fn retier(index: &mut HolderIndex, wb: &mut WorkerBlocks, w: u32, hash: u64, slot: u32, op: TierOp) -> (u8, u8) {
+    retier_in(index, &mut wb.dups, w, hash, slot, op)
 }
 
 /// [`retier`] given the worker's record of keys held under several hashes.
 #[inline]
-fn retier_in(
-    index: &mut HolderIndex,
-    dups: &mut U64Map<Dup>,
-    w: u32,
-    hash: u64,
-    slot: u32,
-    f: impl FnOnce(u8) -> u8,
-) -> (u8, u8) {
+fn retier_in(index: &mut HolderIndex, dups: &mut U64Map<Dup>, w: u32, hash: u64, slot: u32, op: TierOp) -> (u8, u8) {
     if dups.is_empty() {
-        return index.update_at(slot, w, f);
+        return index.update_at(slot, w, op);
     }
     let key = index.key_at(slot);
-    let Some(d) = dups.get_mut(&key) else { return index.update_at(slot, w, f) };
+    let Some(d) = dups.get_mut(&key) else { return index.update_at(slot, w, op) };
     let i = match d.hashes.iter().position(|(h, _)| *h == hash) {
         Some(i) => i,
         None => {
@@ -676,7 +687,7 @@ fn retier_in(
         }
     };
     let old = d.hashes[i].1;
-    let new = f(old);
+    let new = op.apply(old);
     if new == 0 {
         d.hashes.swap_remove(i);
     } else {
@@ -686,6 +697,6 @@ fn retier_in(
     if d.hashes.len() + (d.first != 0) as usize <= 1 {
         dups.remove(&key);
     }
-    index.update_at(slot, w, |_| union);
+    index.update_at(slot, w, TierOp::Set(union));
     (old, new)
 }

@@ -104,28 +104,71 @@ struct HolderSets {
     gens: Vec<u32>,
     /// Recent transitions (empty until the first one).
     moves: Vec<Move>,
+    /// The last transition taken, checked before `moves`: the keys of a
+    /// prefix one after another take the same one, and this is in a
+    /// register's reach where a slot of `moves` may be a cache miss.
+    /// Cleared when a set is dropped.
+    last: Move,
 }
 
 /// Entries of the transition cache, a power of two.
 const MOVES: usize = 1 << 12;
 
-/// A remembered transition: holder value `src` with holder `op` set (a
-/// worker and its new tier bits, 0 tiers for its removal) gave `dst`.
-/// Many keys of a prefix go through the same transition one after another
-/// (a worker storing or dropping a prefix others hold): after the first,
-/// each is a cache hit instead of a list built, hashed and looked up.
+/// A change of one worker's tiers for a key, as the holder index takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TierOp {
+    /// Adds these tiers.
+    Add(u8),
+    /// Takes these tiers away.
+    Drop(u8),
+    /// Sets the tiers to these (0: the worker no longer holds the key).
+    Set(u8),
+}
+
+impl TierOp {
+    /// The tiers after the change, from `t`.
+    #[inline(always)]
+    pub(super) fn apply(self, t: u8) -> u8 {
+        match self {
+            TierOp::Add(b) => t | b,
+            TierOp::Drop(b) => t & !b,
+            TierOp::Set(b) => b,
+        }
+    }
+
+    /// A small code naming the change, for the transition cache.
+    #[inline(always)]
+    fn code(self) -> u8 {
+        match self {
+            TierOp::Add(b) => b,
+            TierOp::Drop(b) => 4 | b,
+            TierOp::Set(b) => 8 | b,
+        }
+    }
+}
+
+/// A remembered transition: holder value `src`, with `worker`'s tiers
+/// changed by the operation `code` ([`TierOp`]), gave `dst`, the worker's
+/// tiers going from `old` to `new`. Many keys of a prefix go through the
+/// same transition one after another (a worker storing or dropping a prefix
+/// others hold): after the first, each is a cache hit, without reading the
+/// source list, nor building, hashing and looking up the new one.
 #[derive(Clone, Copy, Debug, Default)]
 struct Move {
     src: u32,
     src_gen: u32,
-    op: u32,
+    worker: u32,
     dst: u32,
     dst_gen: u32,
+    code: u8,
+    old: u8,
+    new: u8,
 }
 
 /// The cache entry of a transition.
 #[inline]
-fn move_slot(src: u32, op: u32) -> usize {
+fn move_slot(src: u32, worker: u32, code: u8) -> usize {
+    let op = worker << 4 ^ code as u32;
     ((src.wrapping_mul(0x9E37_79B1) ^ op.wrapping_mul(0x85EB_CA77)).rotate_left(7).wrapping_mul(0xC2B2_AE3D) >> 20)
         as usize
         & (MOVES - 1)
@@ -139,30 +182,48 @@ impl HolderSets {
         if h & MANY != 0 { self.gens[(h & !MANY) as usize] } else { 0 }
     }
 
-    /// The holder value that `src` with holder `op` set became the last
-    /// time, if that is remembered and both sets are still the same ones.
-    /// The result's set (if one) is acquired for the caller.
+    /// What holder value `src` became the last time `worker`'s tiers in
+    /// it changed by `op`, with the worker's tiers before and after, if
+    /// that is remembered and both sets are still the same ones. The
+    /// result's set (if one) is acquired for the caller.
     #[inline]
-    fn remembered(&mut self, src: u32, op: u32) -> Option<u32> {
-        let m = *self.moves.get(move_slot(src, op))?;
-        if m.src != src || m.op != op || m.dst == 0 || m.src_gen != self.gen_of(src) || m.dst_gen != self.gen_of(m.dst)
+    fn remembered(&mut self, src: u32, worker: u32, op: TierOp) -> Option<(u32, u8, u8)> {
+        let code = op.code();
+        let l = self.last;
+        if l.src == src && l.worker == worker && l.code == code && l.dst != 0 {
+            if l.dst & MANY != 0 {
+                self.refs[(l.dst & !MANY) as usize] += 1;
+            }
+            return Some((l.dst, l.old, l.new));
+        }
+        let m = *self.moves.get(move_slot(src, worker, code))?;
+        if m.src != src
+            || m.worker != worker
+            || m.code != code
+            || m.dst == 0
+            || m.src_gen != self.gen_of(src)
+            || m.dst_gen != self.gen_of(m.dst)
         {
             return None;
         }
         if m.dst & MANY != 0 {
             self.refs[(m.dst & !MANY) as usize] += 1;
         }
-        Some(m.dst)
+        self.last = m;
+        Some((m.dst, m.old, m.new))
     }
 
-    /// Remembers that `src` with holder `op` set gave `dst`.
+    /// Remembers that `src`, with `worker`'s tiers changed by `op` from
+    /// `old` to `new`, gave `dst`.
     #[inline]
-    fn remember(&mut self, src: u32, op: u32, dst: u32) {
+    fn remember(&mut self, src: u32, worker: u32, op: TierOp, dst: u32, old: u8, new: u8) {
         if self.moves.is_empty() {
             self.moves = vec![Move::default(); MOVES];
         }
-        let (src_gen, dst_gen) = (self.gen_of(src), self.gen_of(dst));
-        self.moves[move_slot(src, op)] = Move { src, src_gen, op, dst, dst_gen };
+        let (src_gen, dst_gen, code) = (self.gen_of(src), self.gen_of(dst), op.code());
+        let m = Move { src, src_gen, worker, dst, dst_gen, code, old, new };
+        self.moves[move_slot(src, worker, code)] = m;
+        self.last = m;
     }
 
     fn get(&self, id: u32) -> &[u32] {
@@ -201,6 +262,7 @@ impl HolderSets {
             let b = std::mem::take(&mut self.lists[id as usize]);
             self.ids.remove(&b);
             self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
+            self.last = Move::default();
             self.free.push(id);
         }
     }
@@ -312,7 +374,7 @@ impl HolderIndex {
     /// the common path stays small where it is inlined.
     #[inline(never)]
     fn add_held(&mut self, slot: u32, worker: u32, tiers: u8) -> u8 {
-        self.update_at(slot, worker, |t| t | tiers).0
+        self.update_at(slot, worker, TierOp::Add(tiers)).0
     }
 
     /// `worker`'s tiers for the key in slot `slot` (0 when it does not hold
@@ -324,45 +386,56 @@ impl HolderIndex {
         self.at(slot).as_slice().iter().find(|x| *x >> 2 == worker).map_or(0, |x| (x & 3) as u8)
     }
 
-    /// Replaces `worker`'s tiers `t` for the key in slot `slot` by `f(t)`
-    /// (0 when it did not hold the key; a result of 0 removes the worker,
-    /// and a key with no holder left frees its slot). Returns the tiers
-    /// before and after. A dead slot is left alone: `(0, 0)`. Inline: it
-    /// sits in the loops of every store and removal, which lie in another
-    /// module.
+    /// Changes `worker`'s tiers for the key in slot `slot` by `op` (from 0
+    /// when it did not hold the key; a result of 0 removes the worker, and
+    /// a key with no holder left frees its slot). Returns the tiers before
+    /// and after. A dead slot is left alone: `(0, 0)`. Inline: it sits in
+    /// the loops of every store and removal, which lie in another module.
     #[inline]
-    pub(super) fn update_at(&mut self, slot: u32, worker: u32, f: impl FnOnce(u8) -> u8) -> (u8, u8) {
+    pub(super) fn update_at(&mut self, slot: u32, worker: u32, op: TierOp) -> (u8, u8) {
         let s = slot as usize;
         let h = self.runs.holders[s];
         if h == 0 {
             return (0, 0);
         }
+        if h & MANY == 0 && h >> 2 == worker {
+            let old = (h & 3) as u8;
+            let tiers = op.apply(old);
+            if tiers == 0 {
+                self.free(slot);
+            } else {
+                self.runs.holders[s] = pack(worker, tiers);
+            }
+            return (old, tiers);
+        }
+        self.update_shared(s, h, worker, op)
+    }
+
+    /// [`HolderIndex::update_at`] where the key's holders are not `worker`
+    /// alone: a holder set to change, or one to make. A transition taken
+    /// before is a hit in the transition cache, which gives the new holder
+    /// value and the worker's tiers without reading the list.
+    #[inline(never)]
+    fn update_shared(&mut self, s: usize, h: u32, worker: u32, op: TierOp) -> (u8, u8) {
+        if let Some((nh, old, tiers)) = self.sets.remembered(h, worker, op) {
+            self.runs.holders[s] = nh;
+            if h & MANY != 0 {
+                self.sets.release(h & !MANY);
+            }
+            return (old, tiers);
+        }
         self.scratch.clear();
         if h & MANY == 0 {
-            if h >> 2 == worker {
-                let old = (h & 3) as u8;
-                let tiers = f(old);
-                if tiers == 0 {
-                    self.free(slot);
-                } else {
-                    self.runs.holders[s] = pack(worker, tiers);
-                }
-                return (old, tiers);
-            }
-            let tiers = f(0);
-            if tiers == 0 {
-                return (0, 0);
-            }
-            let new = pack(worker, tiers);
-            let nh = match self.sets.remembered(h, new) {
-                Some(nh) => nh,
-                None => {
-                    self.scratch.extend(if h >> 2 < worker { [h, new] } else { [new, h] });
-                    let nh = MANY | self.sets.acquire(&self.scratch);
-                    self.sets.remember(h, new, nh);
-                    nh
-                }
+            // One other holder: a set of two, unless the worker gains nothing.
+            let tiers = op.apply(0);
+            let nh = if tiers == 0 {
+                h
+            } else {
+                let new = pack(worker, tiers);
+                self.scratch.extend(if h >> 2 < worker { [h, new] } else { [new, h] });
+                MANY | self.sets.acquire(&self.scratch)
             };
+            self.sets.remember(h, worker, op, nh, 0, tiers);
             self.runs.holders[s] = nh;
             return (0, tiers);
         }
@@ -370,32 +443,26 @@ impl HolderIndex {
         let list = self.sets.get(id);
         let pos = list.binary_search_by_key(&worker, |x| x >> 2);
         let old = pos.map_or(0, |p| (list[p] & 3) as u8);
-        let tiers = f(old);
+        let tiers = op.apply(old);
         if tiers == old {
+            self.sets.remember(h, worker, op, h, old, tiers);
             return (old, tiers);
         }
-        let op = pack(worker, tiers);
-        let nh = match self.sets.remembered(h, op) {
-            Some(nh) => nh,
-            None => {
-                let list = self.sets.get(id);
-                self.scratch.extend_from_slice(list);
-                match pos {
-                    Ok(p) if tiers == 0 => {
-                        self.scratch.remove(p);
-                    }
-                    Ok(p) => self.scratch[p] = op,
-                    Err(p) => self.scratch.insert(p, op),
-                }
-                let nh = match self.scratch.as_slice() {
-                    [] => unreachable!("a set holds two workers or more"),
-                    [last] => *last,
-                    list => MANY | self.sets.acquire(list),
-                };
-                self.sets.remember(h, op, nh);
-                nh
+        let new = pack(worker, tiers);
+        self.scratch.extend_from_slice(list);
+        match pos {
+            Ok(p) if tiers == 0 => {
+                self.scratch.remove(p);
             }
+            Ok(p) => self.scratch[p] = new,
+            Err(p) => self.scratch.insert(p, new),
+        }
+        let nh = match self.scratch.as_slice() {
+            [] => unreachable!("a set holds two workers or more"),
+            [last] => *last,
+            list => MANY | self.sets.acquire(list),
         };
+        self.sets.remember(h, worker, op, nh, old, tiers);
         self.runs.holders[s] = nh;
         self.sets.release(id);
         (old, tiers)

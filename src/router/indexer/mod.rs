@@ -241,11 +241,20 @@ struct StoreScratch {
     /// Step 2: the router key each block will most likely get (empty when the
     /// parent's key is unknown).
     keys: Vec<u64>,
+    /// A removal's blocks taken out of the worker's table, with their
+    /// slots, for its second pass.
+    taken: Vec<(u64, u32)>,
 }
 
 impl StoreScratch {
     fn new() -> Self {
-        Self { bytes: Vec::with_capacity(1024), runs: Vec::new(), contents: Vec::new(), keys: Vec::new() }
+        Self {
+            bytes: Vec::with_capacity(1024),
+            runs: Vec::new(),
+            contents: Vec::new(),
+            keys: Vec::new(),
+            taken: Vec::new(),
+        }
     }
 }
 
@@ -394,7 +403,7 @@ impl Indexer {
         for (_, &slot) in wb.keyed.iter() {
             // A key held under two hashes is named twice: the second finds
             // the worker gone (or the slot dead) and changes nothing.
-            self.index.update_at(slot, w as u32, |_| 0);
+            self.index.update_at(slot, w as u32, holders::TierOp::Set(0));
         }
         wb.keyed.clear();
         wb.waiting.clear();
