@@ -218,6 +218,11 @@ impl Indexer {
             None => Some(seed.0),
         };
         self.scratch.predict_keys(parent_key);
+        // A new key is looked up among the run heads before it takes a
+        // slot: fetch those lines now, the misses overlapping.
+        for &k in &self.scratch.keys {
+            self.index.map.prefetch(k);
+        }
         self.index.runs.prefetch(w + 1, self.scratch.keys.len());
         Some(Staged { worker: w, bit, parent_key, parent_slot })
     }
