@@ -926,6 +926,46 @@ mod shared_holders {
         assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(w, A as u32)]);
     }
 
+    /// A key left in place after a moved chunk, chained to that chunk's
+    /// last slot, becomes a run head. Sequence X fills the first 600 slots
+    /// of a chunk and sequence A the rest of it and the next chunk; X is
+    /// removed, and most of a third sequence B, so that the runs compact:
+    /// A's first chunk (424 keys left) moves, the full one after it stays,
+    /// and A's key at that chunk's start no longer follows its parent.
+    #[test]
+    fn a_key_after_a_moved_chunk_is_found() {
+        const X: usize = 600;
+        const A: usize = 1448;
+        const B: usize = 8192;
+        let mut ix = Indexer::new(config());
+        let w = ix.add_worker("0");
+        let toks = |seq: u32, n: usize| -> Vec<u32> { (0..n as u32 * 4).map(|t| seq << 20 | t).collect() };
+        let hash = |seq: u32, b: usize| (seq as i64) << 32 | b as i64;
+        let store = |ix: &mut Indexer, seq: u32, n: usize| {
+            let t = toks(seq, n);
+            for first in (0..n).step_by(8) {
+                let end = (first + 8).min(n);
+                let hashes: Vec<i64> = (first..end).map(|b| hash(seq, b)).collect();
+                let parent = (first > 0).then(|| hash(seq, first - 1));
+                ix.apply(w, &stored(&hashes, parent, t[first * 4..end * 4].to_vec(), "GPU"));
+            }
+        };
+        store(&mut ix, 1, X);
+        store(&mut ix, 2, A);
+        store(&mut ix, 3, B);
+        let used = ix.index.runs.slots_used();
+        for b in (0..X).rev() {
+            ix.apply(w, &removed(&[hash(1, b)], "GPU"));
+        }
+        for b in (0..B).rev().filter(|b| b % 64 != 0) {
+            ix.apply(w, &removed(&[hash(3, b)], "GPU"));
+        }
+        assert!(ix.index.runs.slots_used() < used, "the runs were compacted");
+        ix.check_invariants();
+        let m = ix.find_matches(&keys_of(&toks(2, A)));
+        assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(w, A as u32)]);
+    }
+
     /// A prefix that 64 workers hold in the same tier is one interned holder
     /// set for all its keys, and a lookup answers every worker with the whole
     /// prefix; when one worker drops a block, that key alone gets a set of
