@@ -350,7 +350,7 @@ impl Indexer {
             }
         }
         for &(hash, slot) in taken.iter() {
-            let (old, tiers) = retier(index, worker, w as u32, hash, slot, TierOp::Drop(bit));
+            let (old, tiers) = retier(index, &mut worker.dups, w as u32, hash, slot, TierOp::Drop(bit));
             if tiers != 0 {
                 worker.keyed.insert(hash, slot);
             }
@@ -462,31 +462,15 @@ impl WorkerStore<'_> {
             return false;
         }
         let (w, bit) = (self.worker, self.bit);
-        let WorkerBlocks { keyed, dups, .. } = &mut *self.blocks;
         for i in 0..keys.len() {
-            let hash = hashes[i] as u64;
-            let index = &mut *self.index;
-            let mut before = 0;
-            let (slot, new) = keyed.get_or_insert_with(hash, || {
-                let (slot, b) = index.hold(keys[i], w, bit, after);
-                before = b;
-                slot
-            });
-            if new {
-                if before != 0 {
-                    note_dup(dups, hash, keys[i], before, bit);
+            let (slot, new) = store_keyed(self.index, self.blocks, w, hashes[i] as u64, keys[i], bit, after);
+            // Stored before under another parent: it keeps its key, and the
+            // chain goes on from there.
+            if !new && self.index.key_at(slot) != keys[i] {
+                keys[i] = self.index.key_at(slot);
+                for j in i + 1..keys.len() {
+                    keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
                 }
-            } else {
-                // Stored before under another parent: it keeps its key, and
-                // the chain goes on from there.
-                let kept = index.key_at(slot);
-                if kept != keys[i] {
-                    keys[i] = kept;
-                    for j in i + 1..keys.len() {
-                        keys[j] = chain(RouterKey(keys[j - 1]), contents[j]).0;
-                    }
-                }
-                retier_in(index, dups, w, hash, slot, TierOp::Add(bit));
             }
             after = Some(slot);
         }
@@ -545,25 +529,11 @@ impl WorkerStore<'_> {
             && !full
             && worker.waiting.is_empty()
         {
-            let index = &mut *self.index;
-            let WorkerBlocks { keyed, dups, .. } = worker;
-            let mut before = 0;
-            let (slot, new) = keyed.get_or_insert_with(hash, || {
-                let (slot, b) = index.hold(k, w, bit, after);
-                before = b;
-                slot
-            });
-            if !new {
-                retier_in(index, dups, w, hash, slot, TierOp::Add(bit));
-                return Ok(Some((index.key_at(slot), slot)));
-            }
-            if before != 0 {
-                note_dup(dups, hash, k, before, bit);
-            }
-            return Ok(Some((k, slot)));
+            let (slot, _) = store_keyed(self.index, worker, w, hash, k, bit, after);
+            return Ok(Some((self.index.key_at(slot), slot)));
         }
         if let Some(&slot) = worker.keyed.get(hash) {
-            retier(self.index, worker, w, hash, slot, TierOp::Add(bit));
+            retier(self.index, &mut worker.dups, w, hash, slot, TierOp::Add(bit));
             return Ok(Some((self.index.key_at(slot), slot)));
         }
         if let Some(wt) = worker.waiting.get_mut(&hash) {
@@ -575,7 +545,7 @@ impl WorkerStore<'_> {
                 (Some((k, after)), _) => {
                     worker.waiting.remove(&hash);
                     unlink_child(&mut worker.children, hash, old.parent);
-                    let slot = hold_new(self.index, worker, w, hash, k, old.tiers, after);
+                    let (slot, _) = store_keyed(self.index, worker, w, hash, k, old.tiers, after);
                     self.resolve_children(hash, k, slot);
                     return Ok(Some((k, slot)));
                 }
@@ -596,7 +566,7 @@ impl WorkerStore<'_> {
         match key {
             Some((k, after)) => {
                 let has_children = !worker.children.is_empty();
-                let slot = hold_new(self.index, worker, w, hash, k, bit, after);
+                let (slot, _) = store_keyed(self.index, worker, w, hash, k, bit, after);
                 if has_children {
                     self.resolve_children(hash, k, slot);
                 }
@@ -624,7 +594,7 @@ impl WorkerStore<'_> {
                 let Some(wt) = worker.waiting.get(&c).copied().filter(|wt| wt.parent == h) else { continue };
                 worker.waiting.remove(&c);
                 let ck = chain(RouterKey(k), wt.content).0;
-                let cs = hold_new(self.index, worker, self.worker, c, ck, wt.tiers, Some(s));
+                let (cs, _) = store_keyed(self.index, worker, self.worker, c, ck, wt.tiers, Some(s));
                 self.counters.blocks_resolved_late += 1;
                 stack.push((c, ck, cs));
             }
@@ -632,13 +602,15 @@ impl WorkerStore<'_> {
     }
 }
 
-/// Engine hash `hash` of worker `w`, not in its table, newly keyed `key`
-/// (its parent key in slot `after`, `None` for a chain start), takes
-/// `tiers`; returns the key's slot. When the worker holds `key` under
-/// another hash already, the key's hashes are recorded apart
-/// (`worker::Dup`).
+/// Engine hash `hash` of worker `w` takes `tiers` under key `key` (its
+/// parent key in slot `after`, `None` for a chain start), with one probe of
+/// the worker's table: a new entry takes the key's slot
+/// ([`HolderIndex::hold`]); an entry there already keeps the key it has and
+/// gains the tiers. Returns the slot and whether the entry is new. When the
+/// worker holds `key` under another hash already, the key's hashes are
+/// recorded apart (`worker::Dup`).
 #[inline]
-fn hold_new(
+fn store_keyed(
     index: &mut HolderIndex,
     wb: &mut WorkerBlocks,
     w: u32,
@@ -646,13 +618,19 @@ fn hold_new(
     key: u64,
     tiers: u8,
     after: Option<u32>,
-) -> u32 {
-    let (slot, before) = index.hold(key, w, tiers, after);
-    wb.keyed.insert(hash, slot);
-    if before != 0 {
+) -> (u32, bool) {
+    let mut before = 0;
+    let (slot, new) = wb.keyed.get_or_insert_with(hash, || {
+        let (slot, b) = index.hold(key, w, tiers, after);
+        before = b;
+        slot
+    });
+    if !new {
+        retier(index, &mut wb.dups, w, hash, slot, TierOp::Add(tiers));
+    } else if before != 0 {
         note_dup(&mut wb.dups, hash, key, before, tiers);
     }
-    slot
+    (slot, new)
 }
 
 /// Records that `hash` holds `key` in `tiers` beside the worker's other
@@ -668,14 +646,9 @@ fn note_dup(dups: &mut U64Map<Dup>, hash: u64, key: u64, before: u8, tiers: u8) 
 /// in slot `slot`, by `op`; returns the hash's tiers before and after.
 /// The worker's tiers for the key become the union over its hashes of the
 /// key: one update unless the worker holds the key under several hashes.
+/// `dups` is the worker's record of keys held under several hashes.
 #[inline]
-fn retier(index: &mut HolderIndex, wb: &mut WorkerBlocks, w: u32, hash: u64, slot: u32, op: TierOp) -> (u8, u8) {
-    retier_in(index, &mut wb.dups, w, hash, slot, op)
-}
-
-/// [`retier`] given the worker's record of keys held under several hashes.
-#[inline]
-fn retier_in(index: &mut HolderIndex, dups: &mut U64Map<Dup>, w: u32, hash: u64, slot: u32, op: TierOp) -> (u8, u8) {
+fn retier(index: &mut HolderIndex, dups: &mut U64Map<Dup>, w: u32, hash: u64, slot: u32, op: TierOp) -> (u8, u8) {
     if dups.is_empty() {
         return index.update_at(slot, w, op);
     }
