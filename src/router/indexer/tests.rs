@@ -893,6 +893,45 @@ mod shared_holders {
         check(&ix);
     }
 
+    /// The tokens of test sequence `seq`, `n` blocks of 4.
+    fn seq_tokens(seq: u32, n: usize) -> Vec<u32> {
+        (0..n as u32 * 4).map(|t| seq << 20 | t).collect()
+    }
+
+    /// The engine hash of block `b` of test sequence `seq`.
+    fn seq_hash(seq: u32, b: usize) -> i64 {
+        (seq as i64) << 32 | b as i64
+    }
+
+    /// Worker `w` stores the `n` blocks of sequence `seq` in order, eight
+    /// to a parent-linked event.
+    fn store_seq(ix: &mut Indexer, w: WorkerId, seq: u32, n: usize) {
+        let t = seq_tokens(seq, n);
+        for first in (0..n).step_by(8) {
+            let end = (first + 8).min(n);
+            let hashes: Vec<i64> = (first..end).map(|b| seq_hash(seq, b)).collect();
+            let parent = (first > 0).then(|| seq_hash(seq, first - 1));
+            ix.apply(w, &stored(&hashes, parent, t[first * 4..end * 4].to_vec(), "GPU"));
+        }
+    }
+
+    /// Worker `w` removes the blocks `blocks` of sequence `seq`, one to an
+    /// event.
+    fn remove_seq(ix: &mut Indexer, w: WorkerId, seq: u32, blocks: impl Iterator<Item = usize>) {
+        for b in blocks {
+            ix.apply(w, &removed(&[seq_hash(seq, b)], "GPU"));
+        }
+    }
+
+    /// After the removals, the runs were compacted, the invariants hold, and
+    /// a lookup of sequence `seq` finds its `n` blocks at worker `w`.
+    fn check_found_after_compaction(ix: &Indexer, used: usize, w: WorkerId, seq: u32, n: usize) {
+        assert!(ix.index.runs.slots_used() < used, "the runs were compacted");
+        ix.check_invariants();
+        let m = ix.find_matches(&keys_of(&seq_tokens(seq, n)));
+        assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(w, n as u32)]);
+    }
+
     /// A compaction that moves a key away from its parent's slot makes it a
     /// run head. Sequence A fills one chunk and half the next; sequence B
     /// follows it in the same stream, and all of B but a few blocks in later
@@ -905,25 +944,11 @@ mod shared_holders {
         const B: usize = 8192;
         let mut ix = Indexer::new(config());
         let w = ix.add_worker("0");
-        let toks = |seq: u32, n: usize| -> Vec<u32> { (0..n as u32 * 4).map(|t| seq << 20 | t).collect() };
-        let store = |ix: &mut Indexer, seq: u32, n: usize| {
-            let t = toks(seq, n);
-            for first in (0..n).step_by(16) {
-                let hashes: Vec<i64> = (first..first + 16).map(|b| (seq as i64) << 32 | b as i64).collect();
-                let parent = (first > 0).then(|| (seq as i64) << 32 | (first - 1) as i64);
-                ix.apply(w, &stored(&hashes, parent, t[first * 4..(first + 16) * 4].to_vec(), "GPU"));
-            }
-        };
-        store(&mut ix, 1, A);
-        store(&mut ix, 2, B);
+        store_seq(&mut ix, w, 1, A);
+        store_seq(&mut ix, w, 2, B);
         let used = ix.index.runs.slots_used();
-        for b in (0..B).filter(|b| *b < 512 || b % 64 != 0) {
-            ix.apply(w, &removed(&[2i64 << 32 | b as i64], "GPU"));
-        }
-        assert!(ix.index.runs.slots_used() < used, "the runs were compacted");
-        ix.check_invariants();
-        let m = ix.find_matches(&keys_of(&toks(1, A)));
-        assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(w, A as u32)]);
+        remove_seq(&mut ix, w, 2, (0..B).filter(|b| *b < 512 || b % 64 != 0));
+        check_found_after_compaction(&ix, used, w, 1, A);
     }
 
     /// A key left in place after a moved chunk, chained to that chunk's
@@ -939,31 +964,13 @@ mod shared_holders {
         const B: usize = 8192;
         let mut ix = Indexer::new(config());
         let w = ix.add_worker("0");
-        let toks = |seq: u32, n: usize| -> Vec<u32> { (0..n as u32 * 4).map(|t| seq << 20 | t).collect() };
-        let hash = |seq: u32, b: usize| (seq as i64) << 32 | b as i64;
-        let store = |ix: &mut Indexer, seq: u32, n: usize| {
-            let t = toks(seq, n);
-            for first in (0..n).step_by(8) {
-                let end = (first + 8).min(n);
-                let hashes: Vec<i64> = (first..end).map(|b| hash(seq, b)).collect();
-                let parent = (first > 0).then(|| hash(seq, first - 1));
-                ix.apply(w, &stored(&hashes, parent, t[first * 4..end * 4].to_vec(), "GPU"));
-            }
-        };
-        store(&mut ix, 1, X);
-        store(&mut ix, 2, A);
-        store(&mut ix, 3, B);
+        store_seq(&mut ix, w, 1, X);
+        store_seq(&mut ix, w, 2, A);
+        store_seq(&mut ix, w, 3, B);
         let used = ix.index.runs.slots_used();
-        for b in (0..X).rev() {
-            ix.apply(w, &removed(&[hash(1, b)], "GPU"));
-        }
-        for b in (0..B).rev().filter(|b| b % 64 != 0) {
-            ix.apply(w, &removed(&[hash(3, b)], "GPU"));
-        }
-        assert!(ix.index.runs.slots_used() < used, "the runs were compacted");
-        ix.check_invariants();
-        let m = ix.find_matches(&keys_of(&toks(2, A)));
-        assert_eq!(m.iter().map(|o| (o.worker, o.any_tier_blocks)).collect::<Vec<_>>(), vec![(w, A as u32)]);
+        remove_seq(&mut ix, w, 1, (0..X).rev());
+        remove_seq(&mut ix, w, 3, (0..B).rev().filter(|b| b % 64 != 0));
+        check_found_after_compaction(&ix, used, w, 2, A);
     }
 
     /// A prefix that 64 workers hold in the same tier is one interned holder
