@@ -94,24 +94,15 @@ impl Indexer {
     /// one event: while an event is applied, the table slots that the next
     /// one will touch are already being fetched.
     pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (WorkerId, &'a WireEvent)>) {
-        let mut it = events.into_iter();
-        let (mut this, mut next) = (it.next(), it.next());
-        if let Some((w, e)) = this {
-            self.prefetch_event(w, e);
+        let mut it = events.into_iter().peekable();
+        if let Some((w, e)) = it.peek() {
+            self.prefetch_event(*w, e);
         }
-        if let Some((_, e)) = next {
-            prefetch_contents(e);
-        }
-        while let Some((w, e)) = this {
-            let after = it.next();
-            if let Some((_, e)) = after {
-                prefetch_contents(e);
-            }
-            if let Some((nw, ne)) = next {
-                self.prefetch_event(nw, ne);
+        while let Some((w, e)) = it.next() {
+            if let Some((nw, ne)) = it.peek() {
+                self.prefetch_event(*nw, ne);
             }
             self.apply_fetched(w, e);
-            (this, next) = (next, after);
         }
     }
 
@@ -360,21 +351,6 @@ impl Indexer {
                 counters.removed_unknown += 1;
             }
         }
-    }
-}
-
-/// Hints the lines of an event's engine hashes, which live apart from the
-/// event: `apply_all` calls it two events ahead, so that `prefetch_event`,
-/// one event ahead, reads them from the cache instead of waiting on them.
-#[inline]
-fn prefetch_contents(event: &WireEvent) {
-    let hashes = match event {
-        WireEvent::BlockStored(s) => &s.block_hashes,
-        WireEvent::BlockRemoved(r) => &r.block_hashes,
-        _ => return,
-    };
-    for line in hashes.iter().step_by(8) {
-        prefetch(line);
     }
 }
 
