@@ -203,13 +203,16 @@ impl<'a> TextKeys<'a> {
 /// Appends the chained keys of `tokens`' full blocks of `block_size`
 /// (at least 1), from `seed`.
 fn text_keys_into(seed: RouterKey, tokens: &[u32], block_size: usize, keys: &mut Vec<RouterKey>) {
-    keys.reserve(tokens.len() / block_size);
-    let mut parent = seed;
+    let at = keys.len();
+    keys.resize(at + tokens.len() / block_size, RouterKey(0));
+    let out = &mut keys[at..];
     // One feature dispatch for all blocks; the chain step runs inside the
-    // hash's vector loop.
-    kvcore::block_content_hashes(tokens, block_size, |content| {
-        parent = chain(parent, content);
-        keys.push(parent);
+    // hash's vector loop, the parent and the count passed by value (held in
+    // registers, not reloaded from memory after every key's store).
+    kvcore::block_content_hashes_fold(tokens, block_size, (seed, 0), |(parent, i), content| {
+        let key = chain(parent, content);
+        out[i] = key;
+        (key, i + 1)
     });
 }
 

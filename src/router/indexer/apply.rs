@@ -371,9 +371,14 @@ impl StoreScratch {
             // Text only: the whole event in one call into the vector hash,
             // instead of one call (and one feature dispatch) per block.
             // `checked_tokens` made `tokens` exactly `n` blocks long.
-            let contents = &mut self.contents;
-            contents.reserve(n);
-            kvcore::block_content_hashes(tokens, bs, |h| contents.push(h));
+            self.contents.resize(n, 0);
+            let contents = &mut self.contents[..];
+            // The index passed by value: held in a register, not reloaded
+            // after every store.
+            kvcore::block_content_hashes_fold(tokens, bs, 0, |i, h| {
+                contents[i] = h;
+                i + 1
+            });
             return;
         }
         for i in 0..n {
