@@ -26,6 +26,7 @@
 //! right after its parent's live slot. A slot dying (its last holder gone)
 //! puts the key after it into the map, if that key was chained to it.
 
+use hashbrown::HashTable;
 use kvcore::Tier;
 
 use super::runs::{CHUNK, Runs};
@@ -93,10 +94,16 @@ impl Moved {
 struct HolderSets {
     /// The lists by id (empty while the id is free).
     lists: Vec<Box<[u32]>>,
+    /// Each live list's hash (by `hasher`).
+    hashes: Vec<u64>,
     /// Keys using each list.
     refs: Vec<u32>,
-    /// Each list's id.
-    ids: ahash::AHashMap<Box<[u32]>, u32>,
+    /// The live ids, hashed by their lists: each list is held once, and
+    /// dropping one finds its entry by its remembered hash and its id,
+    /// without hashing or comparing the list again.
+    ids: HashTable<u32>,
+    /// The hasher of the lists.
+    hasher: ahash::RandomState,
     /// Ids free for reuse.
     free: Vec<u32>,
     /// Each id's generation, advanced when its list is dropped, so that a
@@ -232,25 +239,30 @@ impl HolderSets {
 
     /// The id of `list`, one more key using it.
     fn acquire(&mut self, list: &[u32]) -> u32 {
-        if let Some(&id) = self.ids.get(list) {
+        let hash = self.hasher.hash_one(list);
+        let lists = &self.lists;
+        if let Some(&id) = self.ids.find(hash, |&id| *lists[id as usize] == *list) {
             self.refs[id as usize] += 1;
             return id;
         }
         let b: Box<[u32]> = list.into();
         let id = match self.free.pop() {
             Some(id) => {
-                self.lists[id as usize] = b.clone();
+                self.lists[id as usize] = b;
+                self.hashes[id as usize] = hash;
                 self.refs[id as usize] = 1;
                 id
             }
             None => {
-                self.lists.push(b.clone());
+                self.lists.push(b);
+                self.hashes.push(hash);
                 self.refs.push(1);
                 self.gens.push(0);
                 self.lists.len() as u32 - 1
             }
         };
-        self.ids.insert(b, id);
+        let hashes = &self.hashes;
+        self.ids.insert_unique(hash, id, |&id| hashes[id as usize]);
         id
     }
 
@@ -259,8 +271,11 @@ impl HolderSets {
         let r = &mut self.refs[id as usize];
         *r -= 1;
         if *r == 0 {
-            let b = std::mem::take(&mut self.lists[id as usize]);
-            self.ids.remove(&b);
+            match self.ids.find_entry(self.hashes[id as usize], |&other| other == id) {
+                Ok(entry) => drop(entry.remove()),
+                Err(_) => debug_assert!(false, "a live set has its intern entry"),
+            }
+            self.lists[id as usize] = Box::default();
             self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
             self.last = Move::default();
             self.free.push(id);
@@ -269,12 +284,13 @@ impl HolderSets {
 
     fn bytes(&self) -> usize {
         let listed: usize = self.lists.iter().map(|l| l.len() * 4).sum();
-        // Each list is held twice (by id and as its map key); the map's
-        // slots hold a fat pointer and an id.
+        // Each list is held once; the intern table's slots hold an id and a
+        // control byte.
         self.lists.capacity() * 16
+            + self.hashes.capacity() * 8
             + self.refs.capacity() * 4
-            + 2 * listed
-            + self.ids.capacity() * 24
+            + listed
+            + self.ids.capacity() * 5
             + self.free.capacity() * 4
             + self.gens.capacity() * 4
             + self.moves.capacity() * std::mem::size_of::<Move>()
