@@ -80,6 +80,9 @@ pub(crate) struct U64Table<V: Copy> {
     bits: u32,
     /// Slots below which a full table grows four-fold.
     four_below: usize,
+    /// The load limit, in quarters of the slots: 3 by default, lower for a
+    /// table probed mostly for keys it does not hold ([`U64Table::sparse`]).
+    quarters: usize,
     len: usize,
     /// The entry whose key is `EMPTY`, if any.
     side: Option<V>,
@@ -113,7 +116,15 @@ impl<V: Copy + Default> U64Table<V> {
     /// (up to `slots` slots more than two-fold growth would hold) matters
     /// less.
     pub fn with_four_fold_below(slots: usize) -> Self {
-        Self { slots: Vec::new(), bits: 0, four_below: slots, len: 0, side: None }
+        Self { slots: Vec::new(), bits: 0, four_below: slots, quarters: 3, len: 0, side: None }
+    }
+
+    /// An empty table held to a load of a quarter: for a small table that
+    /// is probed mostly for keys it does not hold, where a probe walks on
+    /// to the first free slot (some 8 slots at a load of 3/4, under 1.5 at
+    /// 1/4) and the four-fold room costs little.
+    pub fn sparse() -> Self {
+        Self { quarters: 1, ..Self::new() }
     }
 
     /// Entries held.
@@ -140,7 +151,7 @@ impl<V: Copy + Default> U64Table<V> {
     /// The new slots are written (marked free) now, so their pages are mapped
     /// here rather than at the first inserts.
     pub fn reserve(&mut self, more: usize) {
-        let want = (self.len + more) * 4 / 3 + 1;
+        let want = (self.len + more) * 4 / self.quarters + 1;
         if want > self.slots.len() {
             self.resize(want.next_power_of_two().max(16));
         }
@@ -297,7 +308,7 @@ impl<V: Copy + Default> U64Table<V> {
     /// is not `EMPTY`.
     #[inline]
     fn slot_for_insert(&mut self, key: u64) -> Result<usize, usize> {
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
+        if (self.len + 1) * 4 > self.slots.len() * self.quarters {
             self.grow();
         }
         let mask = self.mask();
@@ -481,6 +492,16 @@ mod tests {
         // The default bound, 4 Ki slots: 16 384 entries end at 32 Ki slots
         // (a load of 0.5), not 64 Ki.
         assert_eq!(caps(U64Table::new(), 16_384), vec![16, 64, 256, 1024, 4096, 8192, 16_384, 32_768]);
+        // A sparse table stays at a quarter's load or under: 1100 entries
+        // end at 8 Ki slots (four-fold steps to 4 Ki, then one two-fold).
+        assert_eq!(caps(U64Table::sparse(), 1100), vec![16, 64, 256, 1024, 4096, 8192]);
+        let mut t = U64Table::sparse();
+        for k in 1..=5000u64 {
+            t.insert(k.wrapping_mul(0x2545_F491_4F6C_DD1D), k);
+            assert!(t.len() * 4 <= t.capacity(), "{} entries in {} slots", t.len(), t.capacity());
+        }
+        t.reserve(20_000);
+        assert!((t.len() + 20_000) * 4 <= t.capacity(), "reserve keeps the sparse load");
     }
 
     proptest! {

@@ -52,7 +52,7 @@ pub(super) const MANY: u32 = 1 << 31;
 /// group of workers holds as a whole then carry one id, so a lookup compares
 /// ids from key to key and walks a list only where the holders change: its
 /// cost does not grow with the holders per key (see `Indexer::find_matches`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct HolderIndex {
     /// Run heads: the router key to the slot of every key that is not
     /// chained to its parent's slot (see the module docs).
@@ -68,6 +68,22 @@ pub(super) struct HolderIndex {
     released: Vec<u32>,
     /// The runs waste enough to compact at the next settle.
     compact_due: bool,
+}
+
+impl Default for HolderIndex {
+    fn default() -> Self {
+        Self {
+            // Every new key of a store misses in it (unless the key is held
+            // elsewhere already): held to a quarter's load, a miss is mostly
+            // one slot. The heads are few (a percent or two of the keys).
+            map: U64Table::sparse(),
+            runs: Runs::default(),
+            sets: HolderSets::default(),
+            scratch: Vec::new(),
+            released: Vec::new(),
+            compact_due: false,
+        }
+    }
 }
 
 /// Where a compaction moved slots: for each moved chunk, the new slot of
