@@ -41,6 +41,11 @@
 //! - Decode: kvcore decodes into its wire structs; Dynamo's
 //!   `decode_event_batch` into its raw events, then its `ZmqEventNormalizer`
 //!   turns them into placement events.
+//! - Fresh apply drops the previous round's index, untimed, before each
+//!   round: kvcore's large tables are unmapped and faulted in again, where
+//!   `RadixTree`'s small nodes come from the freed heap. [`fresh_kept_row`]
+//!   measures it again with the allocator keeping freed memory for every
+//!   side.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -666,6 +671,50 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
         },
     );
     vec![fresh, warm, removed, reserved, ready_row]
+}
+
+/// Fresh apply with the C allocator keeping freed memory for every side:
+/// no trimming of the heap and no block mapped apart (both thresholds
+/// raised), so that a round's index takes the memory the previous round's
+/// index freed, as `RadixTree`'s small nodes already do under the default
+/// settings, instead of kvcore's tables being unmapped and faulted in
+/// again. Information beside the fresh row: how much of that row is the
+/// allocator's page faults. The settings stay for the rest of the process,
+/// so `route-bench` runs these rows last.
+pub fn fresh_kept_row(w: &Workload, block_size: u32, n: usize) -> Row {
+    keep_freed_memory();
+    let blocks = w.blocks as f64;
+    let mut last: Vec<Option<Index>> = Side::ALL.iter().map(|_| None).collect();
+    rounds(
+        format!("fresh apply, freed memory kept by the allocator for every side, {}", w.name),
+        "M blocks/s",
+        true,
+        n,
+        &Side::ALL,
+        |side| {
+            let slot = &mut last[side as usize];
+            *slot = None;
+            let mut ix = Index::new(side, w.workers, block_size);
+            let t = Instant::now();
+            ix.apply(&w.events, block_size);
+            let s = t.elapsed().as_secs_f64();
+            *slot = Some(ix);
+            blocks / s / 1e6
+        },
+    )
+}
+
+/// Raises glibc's trim and mmap thresholds (see [`fresh_kept_row`]); a
+/// no-op elsewhere.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code, reason = "mallopt is a C call")]
+    // SAFETY: mallopt only sets allocator parameters (M_TRIM_THRESHOLD,
+    // M_MMAP_THRESHOLD: documented values) and takes the allocator's lock.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
 }
 
 /// Microseconds a call of `f`: the median of samples that each time 16

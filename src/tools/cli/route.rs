@@ -361,8 +361,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     chat_requests: usize,
     /// Only these native row groups, comma separated: apply, lookup, decode,
-    /// trace, chat, memory (default all), or `hash`: the request hash rows
-    /// alone (uniform, Mooncake, chat), which no other group needs.
+    /// trace, chat, memory, kept (fresh apply with the allocator keeping
+    /// freed memory; run last, as it changes the allocator's settings)
+    /// (default all), or `hash`: the request hash rows alone (uniform,
+    /// Mooncake, chat), which no other group needs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// With `--native`: also compare kvcore's sharded indexer against
@@ -401,7 +403,7 @@ fn with_name(mut row: kvcore_tools::bench::native::Row, name: &str) -> kvcore_to
 /// `route-bench --native`.
 fn native_bench(args: &BenchArgs) -> Result<(), Error> {
     use kvcore_tools::bench::native::{
-        Workload, apply_rows, decode_rows, hash_row, lookup_rows, memory_row, thread_rows,
+        Workload, apply_rows, decode_rows, fresh_kept_row, hash_row, lookup_rows, memory_row, thread_rows,
     };
     let want = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
     let bs = args.block_size;
@@ -495,6 +497,18 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
             let spec = EventWorkloadSpec { sequences: 8192, workers, ..spec };
             let w = Workload::uniform(&spec);
             print_native(&memory_row(&w, bs));
+        }
+    }
+    // Last: it changes the allocator's settings for the rest of the process.
+    if want("kept") {
+        print_native(&fresh_kept_row(&uniform, bs, n));
+        for workers in [4usize, 64] {
+            if let Ok(w) = Workload::mooncake(&args.trace, args.trace_requests, workers, bs) {
+                print_native(&fresh_kept_row(&w, bs, n));
+            }
+        }
+        for workers in [4usize, 64] {
+            print_native(&fresh_kept_row(&Workload::chat(args.chat_requests, workers, bs), bs, n));
         }
     }
     Ok(())
