@@ -583,6 +583,19 @@ fn rounds(
     }
 }
 
+/// One fresh round of `side`: the index in `slot` (the previous round's)
+/// dropped untimed, a new one made and filled with the workload's events,
+/// timed, and left in `slot`. Returns M blocks/s.
+fn fresh_round(slot: &mut Option<Index>, side: Side, w: &Workload, block_size: u32) -> f64 {
+    *slot = None;
+    let mut ix = Index::new(side, w.workers, block_size);
+    let t = Instant::now();
+    ix.apply(&w.events, block_size);
+    let s = t.elapsed().as_secs_f64();
+    *slot = Some(ix);
+    w.blocks as f64 / s / 1e6
+}
+
 /// Apply rows on one workload: fresh tables, removals, warm tables, and
 /// kvcore with its tables reserved first, and Dynamo given its events ready
 /// (both information: each changes what one side does).
@@ -591,14 +604,7 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
     let blocks = w.blocks as f64;
     let mut fresh_ix: Vec<Option<Index>> = Side::ALL.iter().map(|_| None).collect();
     let fresh = rounds(format!("fresh apply, {}", w.name), "M blocks/s", true, n, &Side::ALL, |side| {
-        let slot = &mut fresh_ix[side as usize];
-        *slot = None;
-        let mut ix = Index::new(side, w.workers, block_size);
-        let t = Instant::now();
-        ix.apply(&w.events, block_size);
-        let s = t.elapsed().as_secs_f64();
-        *slot = Some(ix);
-        blocks / s / 1e6
+        fresh_round(&mut fresh_ix[side as usize], side, w, block_size)
     });
     let removed = rounds(format!("removals, {}", w.name), "M blocks/s", true, n, &Side::ALL, |side| {
         let ix = fresh_ix[side as usize].as_mut().expect("filled by the fresh rounds");
@@ -683,7 +689,6 @@ pub fn apply_rows(w: &Workload, block_size: u32, n: usize) -> Vec<Row> {
 /// so `route-bench` runs these rows last.
 pub fn fresh_kept_row(w: &Workload, block_size: u32, n: usize) -> Row {
     keep_freed_memory();
-    let blocks = w.blocks as f64;
     let mut last: Vec<Option<Index>> = Side::ALL.iter().map(|_| None).collect();
     rounds(
         format!("fresh apply, freed memory kept by the allocator for every side, {}", w.name),
@@ -691,16 +696,7 @@ pub fn fresh_kept_row(w: &Workload, block_size: u32, n: usize) -> Row {
         true,
         n,
         &Side::ALL,
-        |side| {
-            let slot = &mut last[side as usize];
-            *slot = None;
-            let mut ix = Index::new(side, w.workers, block_size);
-            let t = Instant::now();
-            ix.apply(&w.events, block_size);
-            let s = t.elapsed().as_secs_f64();
-            *slot = Some(ix);
-            blocks / s / 1e6
-        },
+        |side| fresh_round(&mut last[side as usize], side, w, block_size),
     )
 }
 

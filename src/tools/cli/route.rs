@@ -503,8 +503,10 @@ fn native_bench(args: &BenchArgs) -> Result<(), Error> {
     if want("kept") {
         print_native(&fresh_kept_row(&uniform, bs, n));
         for workers in [4usize, 64] {
-            if let Ok(w) = Workload::mooncake(&args.trace, args.trace_requests, workers, bs) {
-                print_native(&fresh_kept_row(&w, bs, n));
+            match Workload::mooncake(&args.trace, args.trace_requests, workers, bs) {
+                Ok(w) if w.blocks > 0 => print_native(&fresh_kept_row(&w, bs, n)),
+                Ok(_) => println!("trace {} skipped: no blocks", args.trace.display()),
+                Err(e) => println!("trace {} skipped: {e}", args.trace.display()),
             }
         }
         for workers in [4usize, 64] {
