@@ -153,86 +153,57 @@ impl<V: Copy + Default> U64Table<V> {
     pub fn reserve(&mut self, more: usize) {
         let want = (self.len + more) * 4 / self.quarters + 1;
         if want > self.slots.len() {
-            self.resize(want.next_power_of_two().max(16));
+            self.resize(want.next_power_of_two().max(16), true);
         }
     }
 
-    /// Grows the table to `slots` (a power of two, at least the current
-    /// count) in place.
+    /// Rehashes the table into a new one of `slots` slots (a power of two,
+    /// at least the current count); `write_first`: every new slot is
+    /// written free before the keys go in, so that all its pages are
+    /// mapped at once (`reserve`), where growth takes the allocator's
+    /// zeroed memory as it comes.
     ///
-    /// Why in place: the allocation is extended where it lies (the allocator
-    /// remaps a large block instead of copying it), so only the new part's
-    /// pages are faulted in and written, where a new table would fault in
-    /// and write its whole size while the old one is still mapped. A table
-    /// filled from empty then maps its final size once instead of about
-    /// twice (page faults cost some 1.7 us each on the development VM).
-    ///
-    /// How: a key's home in the larger table is at least its old home
-    /// times the growth factor (the top bits of the same product), so it
-    /// lies at or above its old slot unless the key sat far from its old
-    /// home. Slots are taken from the top down, and a key whose new home
-    /// is at or above its slot is placed by a probe that sees only slots
-    /// above it, all final. A key that stays put keeps its slot. The others
-    /// (new home below the slot, or a probe that would wrap) are set aside
-    /// and inserted again at the end; they are few, from the start of the
-    /// table and from clusters that wrapped.
-    fn resize(&mut self, slots: usize) {
+    /// Why a new table, read in slot order: the old slots are read as one
+    /// stream and each key lands near twice its old home (the top bits of
+    /// the same product), so the writes are a second stream; a free old
+    /// slot is placed too, into a spare slot past the end, so that the loop
+    /// does not branch on it. Rehashing within the old allocation, which
+    /// the allocator extends (or copies, for a block it does not remap),
+    /// took 4-11 % more of a fresh apply of route-bench's workloads
+    /// (docs/benchmarks.md).
+    fn resize(&mut self, slots: usize, write_first: bool) {
         debug_assert!(slots.is_power_of_two() && slots >= self.slots.len());
-        let old = self.slots.len();
-        self.slots.reserve_exact(slots - old);
-        // The new slots are written here, although zeroed memory from the
-        // allocator would read as free without it: left untouched, their
-        // pages fault during the inserts instead (a read of an untouched
-        // page maps the zero page, the write after it faults again), which
-        // measured slower (route-bench, fresh tables: 5.4 against 6.0 -
-        // 6.6 M blocks/s).
-        self.slots.resize(slots, (EMPTY, V::default()));
-        self.bits = slots.trailing_zeros();
-        let mut aside = Vec::new();
-        for p in (0..old).rev() {
-            let (k, v) = self.slots[p];
-            if k == EMPTY {
-                continue;
-            }
-            let h = home(k, self.bits);
-            if h == p {
-                continue;
-            }
-            self.slots[p] = (EMPTY, V::default());
-            if h < p {
-                aside.push((k, v));
-                continue;
-            }
-            let mut q = h;
-            while q < slots && self.slots[q].0 != EMPTY {
-                q += 1;
-            }
-            if q == slots {
-                aside.push((k, v));
-            } else {
-                self.slots[q] = (k, v);
-            }
-        }
-        let mask = self.mask();
-        for (k, v) in aside {
-            let mut i = home(k, self.bits);
-            while self.slots[i].0 != EMPTY {
+        let mut new: Vec<(u64, V)> = if write_first {
+            let mut v = Vec::with_capacity(slots + 1);
+            v.resize(slots + 1, (EMPTY, V::default()));
+            v
+        } else {
+            vec![(EMPTY, V::default()); slots + 1]
+        };
+        let bits = slots.trailing_zeros();
+        let mask = slots - 1;
+        for &(k, v) in &self.slots {
+            let mut i = if k == EMPTY { slots } else { home(k, bits) };
+            while new[i].0 != EMPTY {
                 i = (i + 1) & mask;
             }
-            self.slots[i] = (k, v);
+            new[i] = (k, v);
         }
+        new.truncate(slots);
+        self.slots = new;
+        self.bits = bits;
     }
 
     /// Grows a full table: four-fold while it is small, then two-fold.
     ///
-    /// Why: each growth moves every key (in place, see `resize`); growing
+    /// Why: each growth moves every key (see `resize`); growing
     /// four-fold up to `GROW_FOUR_SLOTS` (or the table's own bound) cuts the
     /// small steps, at the cost of at most that many slots (64 KiB by
     /// default) of slack in a table that stops growing there.
     #[cold]
     fn grow(&mut self) {
         let n = self.slots.len();
-        self.resize(if n < self.four_below { (n * 4).max(16) } else { n * 2 });
+        self.resize(if n < self.four_below { (n * 4).max(16) } else { n * 2 }, false);
     }
 
     /// The slot holding `key`, if any.
@@ -507,14 +478,13 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
-        /// Growth in place keeps every entry findable when keys crowd the two
-        /// ends of the table: clusters that wrap from the last slot to the
-        /// first, keys far from their homes near slot 0 (the ones set aside),
-        /// and growth by four and by two; removals after growth still shift
-        /// correctly.
+        /// Growth keeps every entry findable when keys crowd the two ends of
+        /// the table: clusters that wrap from the last slot to the first,
+        /// keys far from their homes near slot 0, and growth by four and by
+        /// two; removals after growth still shift correctly.
         #[test]
         #[cfg_attr(miri, ignore)]
-        fn grows_in_place_with_wrapped_clusters(
+        fn grows_with_wrapped_clusters(
             homes in proptest::collection::vec(prop_oneof![0..8u64, 56..64u64, 0..64u64], 1..48),
             remove_every in 2..5usize,
         ) {
