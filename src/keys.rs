@@ -19,7 +19,9 @@ use sha2::{Digest as _, Sha256};
 // which needs `unsafe`; each block has a SAFETY comment.
 #[allow(unsafe_code, reason = "calls into the CPU feature paths the hash detects at run time")]
 pub mod block_hash;
-pub use block_hash::{block_content_hash, block_content_hashes, block_content_hashes_fold};
+pub use block_hash::{
+    block_content_hash, block_content_hashes, block_content_hashes_extend, block_content_hashes_fold,
+};
 
 /// BLAKE3-256 digest of an image item's content bytes: the image's cache identity.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]

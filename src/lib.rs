@@ -82,8 +82,8 @@ pub use group::{GroupKind, KIND_FULL_ATTENTION, KIND_SLIDING_WINDOW, KvGroup};
 pub use ids::{BlockId, FfiId, MmItemId, RequestId};
 pub use keys::{
     BLOCK_KEY_ALGORITHM, BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, WireHash, block_content_hash,
-    block_content_hashes, block_content_hashes_fold, block_hash, block_key, key_of_block, mm_hash,
-    mm_hash_of_identifier, root_key,
+    block_content_hashes, block_content_hashes_extend, block_content_hashes_fold, block_hash, block_key, key_of_block,
+    mm_hash, mm_hash_of_identifier, root_key,
 };
 pub use outbound::{PublisherError, VacantPublisher};
 pub use replay::{Divergence, ReplayReport, replay_calls};

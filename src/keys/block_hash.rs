@@ -1,54 +1,63 @@
 //! The content hash of a text block of token ids: the router's per-block
-//! hash (router keys version 3, docs/router.md "Router keys").
+//! hash (router keys version 4, docs/router.md "Router keys").
 //!
 //! A block of `n` tokens (`n` at most [`NH_MAX_TOKENS`]) hashes in two
-//! stages: a two-fold NH over the tokens, then a 128-to-64-bit finalizer.
+//! stages: a carry-less NH over the tokens taken as 64-bit words, then a
+//! 128-to-64-bit finalizer.
 //!
 //! ```text
-//! t_0 … t_{m-1}  = the tokens, then zeros up to m = n rounded up to a multiple of 8
-//! K_0 … K_263    = the secret: u32 words, the low then high half of each output of
-//!                  SplitMix64 from 0x6B76_636F_7265_4E48 ("kvcoreNH")
-//! a = Σ_{i < m/2} ((t_2i + K_2i) mod 2³²) · ((t_2i+1 + K_2i+1) mod 2³²)   mod 2⁶⁴
-//! b = Σ_{i < m/2} ((t_2i + K_2i+2) mod 2³²) · ((t_2i+1 + K_2i+3) mod 2³²) mod 2⁶⁴
-//! p = (a ⊕ F_A) · (b ⊕ F_B) as a 128-bit product
+//! t_0 … t_{m-1}  = the tokens, then zeros up to m = n rounded up to a multiple of 4
+//! w_j            = t_2j + 2³² · t_2j+1                     (j < m/2, 64-bit words)
+//! K_0 … K_127    = the secret: the outputs of SplitMix64 from 0x6B76_636F_7265_434C ("kvcoreCL")
+//! H = ⊕_{i < m/4} (w_2i ⊕ K_2i) ⊗ (w_2i+1 ⊕ K_2i+1)       ⊗: carry-less product, 128 bits
+//! p = (lo64(H) ⊕ F_A) · (hi64(H) ⊕ F_B) as a 128-bit integer product
 //! h = avalanche(lo64(p) ⊕ hi64(p) + n · N_MUL mod 2⁶⁴)
 //! avalanche(x) = x ⊕= x ≫ 37; x ·= 0x1656_6791_9E37_79F9; x ⊕= x ≫ 32
 //! F_A = 0x9E37_79B9_7F4A_7C15, F_B = 0xC2B2_AE3D_27D4_EB4F, N_MUL = 0x27D4_EB2F_1656_67C5
 //! ```
 //!
-//! A block of more than [`NH_MAX_TOKENS`] tokens hashes with XXH3-64 over
-//! its tokens as u32 little-endian bytes: the secret covers 256 tokens, and
-//! such blocks are rare enough not to need the fast path. All blocks of one
-//! router scope have one size, so the two functions never meet in a chain.
+//! The carry-less product multiplies the two words as polynomials over
+//! GF(2) (what `PCLMULQDQ` computes). A block of more than
+//! [`NH_MAX_TOKENS`] tokens hashes with XXH3-64 over its tokens as u32
+//! little-endian bytes: the secret covers 256 tokens, and such blocks are
+//! rare enough not to need the fast path. All blocks of one router scope
+//! have one size, so the two functions never meet in a chain.
 //!
-//! **Why the collision chance stays near 2⁻⁶⁴.** `a` is NH (the hash of
-//! UMAC, Black, Halevi, Krawczyk, Krovetz and Rogaway, 1999) with 32-bit
-//! words: for two different token sequences of the same padded length and a
-//! uniformly random key, `a` collides with probability at most 2⁻³². `b` is
-//! the same NH under the key shifted by two words, the Toeplitz
-//! construction of the same paper, and the pair `(a, b)` collides with
-//! probability at most 2⁻⁶⁴. The zero padding is the same for every block of
-//! a length, so distinct blocks of one length stay distinct after it. The
-//! finalizer maps the 128-bit pair to 64 bits: a multiply whose both factors
-//! depend on all of `(a, b)`, folded, then the bijective avalanche of XXH3;
-//! distinct pairs meet in it with the chance of a random 64-bit function,
-//! about 2⁻⁶⁴. The length enters the finalizer, so blocks of different
-//! lengths with equal padded tokens (`[x]` and `[x, 0]`) differ too. Two
-//! different blocks of one length therefore share a hash with a chance of
-//! about 2⁻⁶³ in all. The secret is fixed and public, not a random key: the
-//! bounds hold for inputs chosen without regard to it (prompts), not for
-//! inputs crafted against it, which is also true of XXH3. A router key
-//! collision only misroutes a request (docs/router.md).
+//! **Why the collision chance stays near 2⁻⁶⁴.** `H` is CLNH (Lemire and
+//! Kaser, "Faster 64-bit universal hashing using carry-less
+//! multiplications", 2015): for two different token sequences of the same
+//! padded length and a uniformly random key, `H ⊕ H'` equals any given
+//! value with probability at most 2⁻⁶⁴. In short: take a pair `i` where the
+//! words differ, and fix every other pair's key; with `u = w_2i ⊕ K_2i` and
+//! `v = w_2i+1 ⊕ K_2i+1`, the two sequences' terms differ by
+//! `u ⊗ d ⊕ c ⊗ v ⊕ c ⊗ d` (`c`, `d` the words' differences). If `c ≠ 0`,
+//! for each `u` at most one `v` makes that difference a given value (the
+//! polynomials over GF(2) have no zero divisors); if `c = 0`, then `d ≠ 0`
+//! and at most one `u` does. The zero padding is the same for every block
+//! of a length, so distinct blocks of one length stay distinct after it.
+//! The finalizer maps the 128-bit `H` to 64 bits: a multiply whose both
+//! factors depend on all of `H`, folded, then the bijective avalanche of
+//! XXH3; distinct values of `H` meet in it with the chance of a random
+//! 64-bit function, about 2⁻⁶⁴. The length enters the finalizer, so blocks
+//! of different lengths with equal padded tokens (`[x]` and `[x, 0]`) differ
+//! too. Two different blocks of one length therefore share a hash with a
+//! chance of about 2⁻⁶³ in all. The secret is fixed and public, not a random
+//! key: the bounds hold for inputs chosen without regard to it (prompts),
+//! not for inputs crafted against it, which is also true of XXH3. A router
+//! key collision only misroutes a request (docs/router.md).
 //!
-//! Speed: with AVX2 one 32-token block is four 32-byte loads, eight 32-bit
-//! adds, eight shifts and eight `vpmuludq`, then one 64×64→128 multiply;
-//! with AVX-512 the same work in half the instructions, and four blocks'
-//! lane sums reduced together (one transpose of their eight sum vectors,
-//! five vector operations a block instead of thirteen), since the two
-//! vector ports, not the multiplies' latency, bound the loop. The scalar form
-//! computes the same sums in another order (addition mod 2⁶⁴ commutes), so
-//! every path gives bit-identical hashes. The CPU's features are detected
-//! once per process and cached.
+//! Speed: one carry-less multiply covers four tokens. With AVX-512 and
+//! `VPCLMULQDQ` a 32-token block is two 64-byte loads, two XORs with the
+//! secret, two `vpclmulqdq` (four products each) and one XOR, and four
+//! blocks' 128-bit lanes are folded together by one transpose (three
+//! shuffle pairs and three XORs for the four); then one 64×64→128 multiply
+//! a block. That is about a third of the vector work of the two-fold
+//! integer NH of version 3 (two multiplies per pair of tokens, plus the
+//! shifts), whose loop was bound by the vector ports. With `PCLMULQDQ`
+//! alone the same products run one per instruction on 16-byte vectors; the
+//! portable form multiplies in software, four bits at a time. Every path
+//! gives bit-identical hashes, and the CPU's features are detected once per
+//! process and cached.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -56,22 +65,21 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// XXH3-64 (see the module docs).
 pub const NH_MAX_TOKENS: usize = 256;
 
-/// Words of the secret: `NH_MAX_TOKENS` plus the Toeplitz shift of two,
-/// rounded up to whole 8-word groups.
-const SECRET_WORDS: usize = NH_MAX_TOKENS + 8;
+/// Words of the secret: one 64-bit word for each two tokens.
+const SECRET_WORDS: usize = NH_MAX_TOKENS / 2;
 
 const F_A: u64 = 0x9E37_79B9_7F4A_7C15;
 const F_B: u64 = 0xC2B2_AE3D_27D4_EB4F;
 const N_MUL: u64 = 0x27D4_EB2F_1656_67C5;
 const AVALANCHE_MUL: u64 = 0x1656_6791_9E37_79F9;
-const SECRET_SEED: u64 = 0x6B76_636F_7265_4E48;
+const SECRET_SEED: u64 = 0x6B76_636F_7265_434C;
 
 /// The secret, aligned for vector loads.
 #[repr(C, align(64))]
-struct Secret([u32; SECRET_WORDS]);
+struct Secret([u64; SECRET_WORDS]);
 
 const fn make_secret() -> Secret {
-    let mut words = [0u32; SECRET_WORDS];
+    let mut words = [0u64; SECRET_WORDS];
     let mut state = SECRET_SEED;
     let mut i = 0;
     while i < SECRET_WORDS {
@@ -80,53 +88,45 @@ const fn make_secret() -> Secret {
         let mut z = state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        words[i] = z as u32;
-        words[i + 1] = (z >> 32) as u32;
-        i += 2;
+        words[i] = z ^ (z >> 31);
+        i += 1;
     }
     Secret(words)
 }
 
 static SECRET: Secret = make_secret();
 
-/// The 128-to-64-bit finalizer over the two NH sums and the length.
+/// The 128-to-64-bit finalizer over the two halves of `H` and the length.
 #[inline(always)]
-fn finish(a: u64, b: u64, n: usize) -> u64 {
-    finish_masked(a ^ F_A, b ^ F_B, n)
-}
-
-/// [`finish`] from the two sums already XORed with `F_A` and `F_B`.
-#[inline(always)]
-fn finish_masked(a: u64, b: u64, n: usize) -> u64 {
-    let p = u128::from(a) * u128::from(b);
+fn finish(lo: u64, hi: u64, n: usize) -> u64 {
+    let p = u128::from(lo ^ F_A) * u128::from(hi ^ F_B);
     let mut x = ((p as u64) ^ ((p >> 64) as u64)).wrapping_add((n as u64).wrapping_mul(N_MUL));
     x ^= x >> 37;
     x = x.wrapping_mul(AVALANCHE_MUL);
     x ^ (x >> 32)
 }
 
-/// One NH term: the product of the two keyed 32-bit halves.
-#[inline(always)]
-fn nh_term(lo: u32, hi: u32, k_lo: u32, k_hi: u32) -> u64 {
-    u64::from(lo.wrapping_add(k_lo)) * u64::from(hi.wrapping_add(k_hi))
+/// The carry-less product of two 64-bit words, in software: `b` taken four
+/// bits at a time against a table of `a`'s products with every 4-bit value.
+fn clmul_soft(a: u64, b: u64) -> u128 {
+    let mut table = [0u128; 16];
+    for i in 1..16 {
+        // Each entry from an earlier one: a doubling (i even) or one XOR.
+        table[i] = if i % 2 == 0 { table[i / 2] << 1 } else { table[i - 1] ^ u128::from(a) };
+    }
+    let mut r = 0u128;
+    for nibble in (0..16).rev() {
+        r = (r << 4) ^ table[((b >> (4 * nibble)) & 0xF) as usize];
+    }
+    r
 }
 
-/// Both NH sums of at most `NH_MAX_TOKENS` tokens, zero-padded to a
-/// multiple of 8, one pair at a time.
-fn nh_scalar(tokens: &[u32]) -> (u64, u64) {
-    let k = &SECRET.0;
-    let padded = tokens.len().div_ceil(8) * 8;
-    let (mut a, mut b) = (0u64, 0u64);
-    let mut i = 0;
-    while 2 * i < padded {
-        let lo = tokens.get(2 * i).copied().unwrap_or(0);
-        let hi = tokens.get(2 * i + 1).copied().unwrap_or(0);
-        a = a.wrapping_add(nh_term(lo, hi, k[2 * i], k[2 * i + 1]));
-        b = b.wrapping_add(nh_term(lo, hi, k[2 * i + 2], k[2 * i + 3]));
-        i += 1;
-    }
-    (a, b)
+/// The word of tokens `2j` and `2j + 1` of a block, zeros past its end.
+#[inline(always)]
+fn word(tokens: &[u32], j: usize) -> u64 {
+    let lo = tokens.get(2 * j).copied().unwrap_or(0);
+    let hi = tokens.get(2 * j + 1).copied().unwrap_or(0);
+    u64::from(lo) | (u64::from(hi) << 32)
 }
 
 /// One block's hash on the portable path.
@@ -134,8 +134,13 @@ fn hash_scalar(tokens: &[u32]) -> u64 {
     if tokens.len() > NH_MAX_TOKENS {
         return hash_long(tokens);
     }
-    let (a, b) = nh_scalar(tokens);
-    finish(a, b, tokens.len())
+    let k = &SECRET.0;
+    let pairs = tokens.len().div_ceil(4);
+    let mut h = 0u128;
+    for i in 0..pairs {
+        h ^= clmul_soft(word(tokens, 2 * i) ^ k[2 * i], word(tokens, 2 * i + 1) ^ k[2 * i + 1]);
+    }
+    finish(h as u64, (h >> 64) as u64, tokens.len())
 }
 
 /// A block longer than the secret: XXH3-64 over its little-endian bytes.
@@ -151,12 +156,14 @@ fn hash_long(tokens: &[u32]) -> u64 {
     hasher.digest()
 }
 
-/// The vector units this process hashes with.
+/// The carry-less multiply units this process hashes with.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Level {
     Scalar = 1,
+    /// `PCLMULQDQ` on 16-byte vectors.
     #[cfg(target_arch = "x86_64")]
-    Avx2 = 2,
+    Pclmul = 2,
+    /// AVX-512F and `VPCLMULQDQ` on 64-byte vectors.
     #[cfg(target_arch = "x86_64")]
     Avx512 = 3,
 }
@@ -169,7 +176,7 @@ fn level() -> Level {
     let level = match cached {
         1 => return Level::Scalar,
         #[cfg(target_arch = "x86_64")]
-        2 => return Level::Avx2,
+        2 => return Level::Pclmul,
         #[cfg(target_arch = "x86_64")]
         3 => return Level::Avx512,
         _ => detect(),
@@ -181,11 +188,13 @@ fn level() -> Level {
 fn detect() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx2") {
+        let pclmul = std::arch::is_x86_feature_detected!("pclmulqdq") && std::arch::is_x86_feature_detected!("sse2");
+        if pclmul && std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("vpclmulqdq")
+        {
             return Level::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return Level::Avx2;
+        if pclmul {
+            return Level::Pclmul;
         }
     }
     Level::Scalar
@@ -221,117 +230,119 @@ pub fn block_content_hashes_fold<S>(tokens: &[u32], block_size: usize, init: S, 
     }
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` returns `Avx512` only when the CPU has AVX-512F
-        // and AVX2, detected at run time.
+        // SAFETY: `level` returns `Avx512` only when the CPU has AVX-512F,
+        // VPCLMULQDQ, PCLMULQDQ and SSE2, detected at run time.
         Level::Avx512 => unsafe { x86::blocks_avx512(tokens, block_size, init, &mut f) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` returns `Avx2` only when the CPU has AVX2,
-        // detected at run time.
-        Level::Avx2 => unsafe { x86::blocks_avx2(tokens, block_size, init, &mut f) },
+        // SAFETY: `level` returns `Pclmul` only when the CPU has PCLMULQDQ
+        // and SSE2, detected at run time.
+        Level::Pclmul => unsafe { x86::blocks_pclmul(tokens, block_size, init, &mut f) },
         Level::Scalar => tokens.chunks_exact(block_size).fold(init, |s, b| f(s, hash_scalar(b))),
     }
+}
+
+/// Appends one value for each full block of `block_size` tokens of `tokens`
+/// to `out`, in order: `f` takes the state and the block's
+/// [`block_content_hash`] and returns the next state and the block's value,
+/// as in [`block_content_hashes_fold`]; returns the last state. The values
+/// are written straight into room reserved in `out` (no zeroing pass, no
+/// length update per block), the cheap way to collect a chain of keys.
+pub fn block_content_hashes_extend<S, T>(
+    tokens: &[u32],
+    block_size: usize,
+    init: S,
+    out: &mut Vec<T>,
+    mut f: impl FnMut(S, u64) -> (S, T),
+) -> S {
+    let n = tokens.len().checked_div(block_size).unwrap_or(0);
+    out.reserve(n);
+    let room = &mut out.spare_capacity_mut()[..n];
+    let (state, written) = block_content_hashes_fold(tokens, block_size, (init, 0usize), |(s, i), h| {
+        let (s, v) = f(s, h);
+        room[i].write(v);
+        (s, i + 1)
+    });
+    assert_eq!(written, n, "one value a full block");
+    // SAFETY: the fold called the closure once for each of the `n` full
+    // blocks (checked above), which wrote the first `n` spare slots, all of
+    // them within the room `reserve` made.
+    unsafe { out.set_len(out.len() + n) };
+    state
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{F_A, F_B, SECRET, finish, finish_masked};
+    use super::{SECRET, finish};
 
-    /// Loads 8 tokens from the start of `group` (at least 8 long).
+    /// The two 64-bit halves of a 128-bit vector.
     #[inline]
-    #[target_feature(enable = "avx2")]
-    fn load8(group: &[u32]) -> __m256i {
-        assert!(group.len() >= 8);
-        // SAFETY: `group` holds at least 8 u32 (checked above), 32 readable
+    #[target_feature(enable = "sse2")]
+    fn halves(v: __m128i) -> (u64, u64) {
+        (_mm_cvtsi128_si64(v) as u64, _mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v)) as u64)
+    }
+
+    /// Loads 4 tokens from the start of `group` (at least 4 long).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn load4(group: &[u32]) -> __m128i {
+        assert!(group.len() >= 4);
+        // SAFETY: `group` holds at least 4 u32 (checked above), 16 readable
         // bytes; the load is unaligned.
-        unsafe { _mm256_loadu_si256(group.as_ptr().cast()) }
+        unsafe { _mm_loadu_si128(group.as_ptr().cast()) }
     }
 
-    /// Loads the 8 secret words from word `at` (at most `SECRET_WORDS - 8`).
+    /// Pair `i`'s term: the carry-less product of the low and the high word
+    /// of the 4 tokens `x`, each XORed with its secret word.
     #[inline]
-    #[target_feature(enable = "avx2")]
-    fn key8(at: usize) -> __m256i {
-        load8(&SECRET.0[at..])
+    #[target_feature(enable = "sse2,pclmulqdq")]
+    fn term(x: __m128i, i: usize) -> __m128i {
+        let k = load_secret2(i);
+        let y = _mm_xor_si128(x, k);
+        _mm_clmulepi64_si128::<0x10>(y, y)
     }
 
-    /// Adds group `g`'s NH terms of the 8 tokens `x` to `a` and `b`.
+    /// The secret words `2i` and `2i + 1`.
     #[inline]
-    #[target_feature(enable = "avx2")]
-    fn nh8(x: __m256i, g: usize, a: &mut __m256i, b: &mut __m256i) {
-        let xa = _mm256_add_epi32(x, key8(8 * g));
-        let xb = _mm256_add_epi32(x, key8(8 * g + 2));
-        *a = _mm256_add_epi64(*a, _mm256_mul_epu32(xa, _mm256_srli_epi64::<32>(xa)));
-        *b = _mm256_add_epi64(*b, _mm256_mul_epu32(xb, _mm256_srli_epi64::<32>(xb)));
+    #[target_feature(enable = "sse2")]
+    fn load_secret2(i: usize) -> __m128i {
+        let k = &SECRET.0[2 * i..2 * i + 2];
+        // SAFETY: `k` is 2 u64, 16 readable bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(k.as_ptr().cast()) }
     }
 
-    /// Sums the lanes of `a` and of `b` and finishes.
+    /// A block of any length up to `NH_MAX_TOKENS` with PCLMULQDQ, the tail
+    /// zero-padded.
     #[inline]
-    #[target_feature(enable = "avx2")]
-    fn finish2(a: __m256i, b: __m256i, n: usize) -> u64 {
-        let t = _mm256_add_epi64(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
-        let s = _mm_add_epi64(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-        finish(_mm_cvtsi128_si64(s) as u64, _mm_extract_epi64::<1>(s) as u64, n)
-    }
-
-    /// A block of `G` whole 8-token groups.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn groups_avx2<const G: usize>(block: &[u32]) -> u64 {
-        let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for g in 0..G {
-            nh8(load8(&block[8 * g..]), g, &mut a, &mut b);
-        }
-        finish2(a, b, 8 * G)
-    }
-
-    /// A block of any length up to `NH_MAX_TOKENS`, the tail zero-padded.
-    #[target_feature(enable = "avx2")]
-    fn any_avx2(block: &[u32]) -> u64 {
-        let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        let mut groups = block.chunks_exact(8);
-        let mut g = 0;
+    #[target_feature(enable = "sse2,pclmulqdq")]
+    fn block_pclmul(block: &[u32]) -> u64 {
+        let mut h = _mm_setzero_si128();
+        let mut groups = block.chunks_exact(4);
+        let mut i = 0;
         for group in &mut groups {
-            nh8(load8(group), g, &mut a, &mut b);
-            g += 1;
+            h = _mm_xor_si128(h, term(load4(group), i));
+            i += 1;
         }
         let tail = groups.remainder();
         if !tail.is_empty() {
-            let mut padded = [0u32; 8];
+            let mut padded = [0u32; 4];
             padded[..tail.len()].copy_from_slice(tail);
-            nh8(load8(&padded), g, &mut a, &mut b);
+            h = _mm_xor_si128(h, term(load4(&padded), i));
         }
-        finish2(a, b, block.len())
+        let (lo, hi) = halves(h);
+        finish(lo, hi, block.len())
     }
 
-    /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) fn blocks_avx2<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
-        // Plain loops: a closure of an iterator adapter would be compiled
+    /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with
+    /// PCLMULQDQ.
+    #[target_feature(enable = "sse2,pclmulqdq")]
+    pub(super) fn blocks_pclmul<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
+        // A plain loop: a closure of an iterator adapter would be compiled
         // without this function's target features and not inlined.
         let mut s = init;
-        let blocks = tokens.chunks_exact(block_size);
-        match block_size {
-            16 => {
-                for b in blocks {
-                    s = f(s, groups_avx2::<2>(b));
-                }
-            }
-            32 => {
-                for b in blocks {
-                    s = f(s, groups_avx2::<4>(b));
-                }
-            }
-            64 => {
-                for b in blocks {
-                    s = f(s, groups_avx2::<8>(b));
-                }
-            }
-            _ => {
-                for b in blocks {
-                    s = f(s, any_avx2(b));
-                }
-            }
+        for b in tokens.chunks_exact(block_size) {
+            s = f(s, block_pclmul(b));
         }
         s
     }
@@ -346,105 +357,95 @@ mod x86 {
         unsafe { _mm512_loadu_si512(group.as_ptr().cast()) }
     }
 
-    /// The two NH sums of a block of `P` whole 16-token groups with
-    /// AVX-512, each spread over eight 64-bit lanes: lanes 0-3 hold group
-    /// `2p`'s terms and lanes 4-7 group `2p + 1`'s.
+    /// The terms of 16-token group `g` (pairs `4g` to `4g + 3`), one in each
+    /// 128-bit lane.
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn sums_avx512<const P: usize>(block: &[u32]) -> (__m512i, __m512i) {
-        let (mut a, mut b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        for p in 0..P {
-            let x = load16(&block[16 * p..]);
-            let xa = _mm512_add_epi32(x, load16(&SECRET.0[16 * p..]));
-            let xb = _mm512_add_epi32(x, load16(&SECRET.0[16 * p + 2..]));
-            a = _mm512_add_epi64(a, _mm512_mul_epu32(xa, _mm512_srli_epi64::<32>(xa)));
-            b = _mm512_add_epi64(b, _mm512_mul_epu32(xb, _mm512_srli_epi64::<32>(xb)));
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn terms16(x: __m512i, g: usize) -> __m512i {
+        let k = &SECRET.0[8 * g..8 * g + 8];
+        // SAFETY: `k` is 8 u64, 64 readable bytes; the load is unaligned
+        // (the secret is aligned to 64 bytes, so it never splits a line).
+        let k = unsafe { _mm512_loadu_si512(k.as_ptr().cast()) };
+        let y = _mm512_xor_si512(x, k);
+        _mm512_clmulepi64_epi128::<0x10>(y, y)
+    }
+
+    /// The XOR of a block's terms, for a block of `G` whole 16-token
+    /// groups, spread over the four 128-bit lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn lanes_avx512<const G: usize>(block: &[u32]) -> __m512i {
+        let mut h = terms16(load16(block), 0);
+        for g in 1..G {
+            h = _mm512_xor_si512(h, terms16(load16(&block[16 * g..]), g));
         }
-        (a, b)
+        h
     }
 
-    /// One block of `P` whole 16-token groups, its lanes summed alone: the
-    /// same sums as the AVX2 form.
+    /// The XOR of the four 128-bit lanes of `h`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn groups_avx512<const P: usize>(block: &[u32]) -> u64 {
-        let (a, b) = sums_avx512::<P>(block);
-        let a4 = _mm256_add_epi64(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64::<1>(a));
-        let b4 = _mm256_add_epi64(_mm512_castsi512_si256(b), _mm512_extracti64x4_epi64::<1>(b));
-        finish2(a4, b4, 16 * P)
+    fn fold_lanes(h: __m512i) -> __m128i {
+        let x = _mm256_xor_si256(_mm512_castsi512_si256(h), _mm512_extracti64x4_epi64::<1>(h));
+        _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x))
     }
 
-    /// Sums the lanes of `a` and of `b` pairwise within each 128-bit
-    /// chunk: chunk `c` of the result is `(a[2c] + a[2c+1], b[2c] + b[2c+1])`.
+    /// Lanes 0 and 2 of `x`, then of `y`, XORed with lanes 1 and 3 of
+    /// each: the result's lanes are `x0 ⊕ x1, x2 ⊕ x3, y0 ⊕ y1, y2 ⊕ y3`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn pair_sums(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi64(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    fn lane_pairs(x: __m512i, y: __m512i) -> __m512i {
+        _mm512_xor_si512(_mm512_shuffle_i64x2::<0b10_00_10_00>(x, y), _mm512_shuffle_i64x2::<0b11_01_11_01>(x, y))
     }
 
-    /// Adds chunks 0 and 1, and 2 and 3, of `x` and of `y`: the result's
-    /// chunks are `x0 + x1, x2 + x3, y0 + y1, y2 + y3`.
+    /// Four consecutive blocks of `G` whole 16-token groups (`quad` is
+    /// `64 * G` tokens), their lanes folded together by one transpose.
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn chunk_sums(x: __m512i, y: __m512i) -> __m512i {
-        _mm512_add_epi64(_mm512_shuffle_i64x2::<0b10_00_10_00>(x, y), _mm512_shuffle_i64x2::<0b11_01_11_01>(x, y))
-    }
-
-    /// Four consecutive blocks of `P` whole 16-token groups (`quad` is
-    /// `64 * P` tokens), their lanes summed together by one transpose: one
-    /// vector add reduces two blocks' lanes where [`groups_avx512`] spends
-    /// one on each, which keeps the vector ports free for the next blocks.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn quad_avx512<const P: usize, S>(quad: &[u32], mut s: S, f: &mut impl FnMut(S, u64) -> S) -> S {
-        let n = 16 * P;
-        let (a0, b0) = sums_avx512::<P>(&quad[..n]);
-        let (a1, b1) = sums_avx512::<P>(&quad[n..2 * n]);
-        let (a2, b2) = sums_avx512::<P>(&quad[2 * n..3 * n]);
-        let (a3, b3) = sums_avx512::<P>(&quad[3 * n..4 * n]);
-        let low = chunk_sums(pair_sums(a0, b0), pair_sums(a1, b1));
-        let high = chunk_sums(pair_sums(a2, b2), pair_sums(a3, b3));
-        // Chunk j of `sums` is block j's `(a, b)`, masked for the finalizer.
-        let masks = _mm512_set_epi64(
-            F_B as i64, F_A as i64, F_B as i64, F_A as i64, F_B as i64, F_A as i64, F_B as i64, F_A as i64,
-        );
-        let sums = _mm512_xor_si512(chunk_sums(low, high), masks);
-        let mut lanes = [0u64; 8];
-        // SAFETY: `lanes` is 64 writable bytes; the store is unaligned.
-        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), sums) };
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn quad_avx512<const G: usize, S>(quad: &[u32], mut s: S, f: &mut impl FnMut(S, u64) -> S) -> S {
+        let n = 16 * G;
+        let a = lanes_avx512::<G>(&quad[..n]);
+        let b = lanes_avx512::<G>(&quad[n..2 * n]);
+        let c = lanes_avx512::<G>(&quad[2 * n..3 * n]);
+        let d = lanes_avx512::<G>(&quad[3 * n..4 * n]);
+        // Lane j of `h` is block j's H.
+        let h = lane_pairs(lane_pairs(a, b), lane_pairs(c, d));
+        let mut words = [0u64; 8];
+        // SAFETY: `words` is 64 writable bytes; the store is unaligned.
+        unsafe { _mm512_storeu_si512(words.as_mut_ptr().cast(), h) };
         for j in 0..4 {
-            s = f(s, finish_masked(lanes[2 * j], lanes[2 * j + 1], n));
+            s = f(s, finish(words[2 * j], words[2 * j + 1], n));
         }
         s
     }
 
-    /// Every block of `tokens` (a whole number of `16 * P`-token blocks),
+    /// Every block of `tokens` (a whole number of `16 * G`-token blocks),
     /// four at a time, then the rest one at a time.
     #[inline]
-    #[target_feature(enable = "avx512f,avx2")]
-    fn all_avx512<const P: usize, S>(tokens: &[u32], init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
-        let mut quads = tokens.chunks_exact(64 * P);
+    #[target_feature(enable = "avx512f,vpclmulqdq,sse2")]
+    fn all_avx512<const G: usize, S>(tokens: &[u32], init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
+        let mut quads = tokens.chunks_exact(64 * G);
         let mut s = init;
         for quad in &mut quads {
-            s = quad_avx512::<P, S>(quad, s, f);
+            s = quad_avx512::<G, S>(quad, s, f);
         }
-        for b in quads.remainder().chunks_exact(16 * P) {
-            s = f(s, groups_avx512::<P>(b));
+        for b in quads.remainder().chunks_exact(16 * G) {
+            let (lo, hi) = halves(fold_lanes(lanes_avx512::<G>(b)));
+            s = f(s, finish(lo, hi, 16 * G));
         }
         s
     }
 
     /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with
-    /// AVX-512 where the size is a multiple of 16 of the fast cases, AVX2
-    /// otherwise.
-    #[target_feature(enable = "avx512f,avx2")]
+    /// AVX-512 where the size is 16, 32 or 64, with PCLMULQDQ otherwise.
+    #[target_feature(enable = "avx512f,vpclmulqdq,sse2,pclmulqdq")]
     pub(super) fn blocks_avx512<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
         let whole = &tokens[..tokens.len() - tokens.len() % block_size];
         match block_size {
             16 => all_avx512::<1, S>(whole, init, f),
             32 => all_avx512::<2, S>(whole, init, f),
             64 => all_avx512::<4, S>(whole, init, f),
-            _ => blocks_avx2(tokens, block_size, init, f),
+            _ => blocks_pclmul(tokens, block_size, init, f),
         }
     }
 }
@@ -454,24 +455,27 @@ mod tests {
     use super::*;
     use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
-    /// The recipe from the module docs, word by word, with no padding
-    /// shortcut: the reference the fast paths are held to.
+    /// The carry-less product bit by bit: the definition.
+    fn clmul_bits(a: u64, b: u64) -> u128 {
+        (0..64).filter(|i| (b >> i) & 1 == 1).fold(0u128, |r, i| r ^ (u128::from(a) << i))
+    }
+
+    /// The recipe from the module docs, word by word, with the padding
+    /// written out: the reference the fast paths are held to.
     fn reference(tokens: &[u32]) -> u64 {
         if tokens.len() > NH_MAX_TOKENS {
             let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
             return xxhash_rust::xxh3::xxh3_64(&bytes);
         }
         let mut t = tokens.to_vec();
-        t.resize(tokens.len().div_ceil(8) * 8, 0);
+        t.resize(tokens.len().div_ceil(4) * 4, 0);
+        let w: Vec<u64> = t.chunks_exact(2).map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)).collect();
         let k = &SECRET.0;
-        let (mut a, mut b) = (0u64, 0u64);
-        for i in 0..t.len() / 2 {
-            let term =
-                |k0: u32, k1: u32| u64::from(t[2 * i].wrapping_add(k0)) * u64::from(t[2 * i + 1].wrapping_add(k1));
-            a = a.wrapping_add(term(k[2 * i], k[2 * i + 1]));
-            b = b.wrapping_add(term(k[2 * i + 2], k[2 * i + 3]));
+        let mut h = 0u128;
+        for i in 0..w.len() / 2 {
+            h ^= clmul_bits(w[2 * i] ^ k[2 * i], w[2 * i + 1] ^ k[2 * i + 1]);
         }
-        let p = u128::from(a ^ F_A) * u128::from(b ^ F_B);
+        let p = u128::from((h as u64) ^ F_A) * u128::from(((h >> 64) as u64) ^ F_B);
         let mut x = ((p as u64) ^ ((p >> 64) as u64)).wrapping_add((tokens.len() as u64).wrapping_mul(N_MUL));
         x ^= x >> 37;
         x = x.wrapping_mul(AVALANCHE_MUL);
@@ -484,7 +488,21 @@ mod tests {
         out
     }
 
-    /// Every path (this CPU's vector path, AVX2 and the scalar form) gives
+    /// The software carry-less multiply is the definition's, on edge values
+    /// and random ones.
+    #[test]
+    fn software_clmul_is_the_definition() {
+        assert_eq!(clmul_soft(3, 3), 5);
+        assert_eq!(clmul_soft(u64::MAX, u64::MAX), 0x5555_5555_5555_5555_5555_5555_5555_5555);
+        assert_eq!(clmul_soft(1 << 63, 1 << 63), 1 << 126);
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..10_000 {
+            let (a, b): (u64, u64) = (rng.random(), rng.random());
+            assert_eq!(clmul_soft(a, b), clmul_bits(a, b));
+        }
+    }
+
+    /// Every path (this CPU's fastest, PCLMULQDQ and the scalar form) gives
     /// the reference's hash for random blocks of every length to 300, in
     /// batches of one to nine blocks and one at a time, with token ids of
     /// every magnitude.
@@ -503,12 +521,16 @@ mod tests {
                 let scalar: Vec<u64> = tokens.chunks_exact(block_size).map(hash_scalar).collect();
                 assert_eq!(scalar, want, "scalar, block size {block_size}");
                 assert_eq!(block_content_hash(&tokens[..block_size]), want[0]);
+                let mut extended = vec![7u64];
+                block_content_hashes_extend(&tokens, block_size, (), &mut extended, |(), h| ((), h));
+                assert_eq!(extended[1..], want[..], "extend, block size {block_size}");
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx2") && block_size <= NH_MAX_TOKENS {
-                    let mut avx2 = Vec::new();
-                    // SAFETY: AVX2 was detected just above.
-                    unsafe { x86::blocks_avx2(&tokens, block_size, (), &mut |(), h| avx2.push(h)) };
-                    assert_eq!(avx2, want, "avx2, block size {block_size}");
+                if std::arch::is_x86_feature_detected!("pclmulqdq") && block_size <= NH_MAX_TOKENS {
+                    let mut pclmul = Vec::new();
+                    // SAFETY: PCLMULQDQ was detected just above; SSE2 is
+                    // part of x86-64.
+                    unsafe { x86::blocks_pclmul(&tokens, block_size, (), &mut |(), h| pclmul.push(h)) };
+                    assert_eq!(pclmul, want, "pclmul, block size {block_size}");
                 }
             }
         }
@@ -521,24 +543,25 @@ mod tests {
     #[test]
     fn test_vectors() {
         let t: Vec<u32> = (0..300u32).map(|i| i.wrapping_mul(2_654_435_761) % 152_000).collect();
-        let got: Vec<u64> =
-            [0usize, 1, 7, 8, 16, 32, 33, 64, 256, 257].iter().map(|&n| block_content_hash(&t[..n])).collect();
+        let lengths = [0usize, 1, 7, 8, 16, 32, 33, 64, 256, 257];
+        let got: Vec<u64> = lengths.iter().map(|&n| block_content_hash(&t[..n])).collect();
         let want = [
             0xbbbb_b152_2724_6c6b,
-            0x8e54_4e41_888f_69e1,
-            0x631a_89a5_b6b7_8b56,
-            0xa46e_5fa5_20f5_995e,
-            0x608a_94e8_747d_0af2,
-            0x104d_dd4a_5514_5593,
-            0xe8f0_8cfe_33ec_4df8,
-            0x7e04_84ce_0d43_3efd,
-            0x7130_0b5e_5dae_c58b,
+            0xa33d_c578_1262_f6c3,
+            0x56cf_a929_2a3e_2bce,
+            0x221b_a01e_c460_20ff,
+            0x27eb_9e6a_f2e1_5a36,
+            0xef93_3edf_e250_9141,
+            0x67c8_45f1_c8af_ca80,
+            0x6e21_cbe3_a1cf_254e,
+            0xd097_f452_b0a1_968f,
             0x8441_8ea0_2c19_7be9,
         ];
         assert_eq!(got, want, "{got:#018x?}");
-        let scalar: Vec<u64> =
-            [0usize, 1, 7, 8, 16, 32, 33, 64, 256, 257].iter().map(|&n| hash_scalar(&t[..n])).collect();
+        let scalar: Vec<u64> = lengths.iter().map(|&n| hash_scalar(&t[..n])).collect();
         assert_eq!(scalar, want);
+        let by_recipe: Vec<u64> = lengths.iter().map(|&n| reference(&t[..n])).collect();
+        assert_eq!(by_recipe, want);
     }
 
     /// Blocks that differ in one token, in a swap of two tokens, or only by
