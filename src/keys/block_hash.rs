@@ -54,8 +54,9 @@
 //! a block. That is about a third of the vector work of the two-fold
 //! integer NH of version 3 (two multiplies per pair of tokens, plus the
 //! shifts), whose loop was bound by the vector ports. With `PCLMULQDQ`
-//! alone the same products run one per instruction on 16-byte vectors; the
-//! portable form multiplies in software, four bits at a time. Every path
+//! alone the same products run one per instruction on 16-byte vectors, as
+//! they do with Arm's `PMULL`; the portable form multiplies in software,
+//! four bits at a time. Every path
 //! gives bit-identical hashes, and the CPU's features are detected once per
 //! process and cached.
 
@@ -166,6 +167,9 @@ enum Level {
     /// AVX-512F and `VPCLMULQDQ` on 64-byte vectors.
     #[cfg(target_arch = "x86_64")]
     Avx512 = 3,
+    /// Arm's `PMULL` (64×64→128), one product an instruction.
+    #[cfg(target_arch = "aarch64")]
+    Pmull = 4,
 }
 
 /// 0 until detected, then a `Level` as u8.
@@ -179,6 +183,8 @@ fn level() -> Level {
         2 => return Level::Pclmul,
         #[cfg(target_arch = "x86_64")]
         3 => return Level::Avx512,
+        #[cfg(target_arch = "aarch64")]
+        4 => return Level::Pmull,
         _ => detect(),
     };
     LEVEL.store(level as u8, Ordering::Relaxed);
@@ -195,6 +201,12 @@ fn detect() -> Level {
         }
         if pclmul {
             return Level::Pclmul;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("pmull") {
+            return Level::Pmull;
         }
     }
     Level::Scalar
@@ -237,6 +249,10 @@ pub fn block_content_hashes_fold<S>(tokens: &[u32], block_size: usize, init: S, 
         // SAFETY: `level` returns `Pclmul` only when the CPU has PCLMULQDQ
         // and SSE2, detected at run time.
         Level::Pclmul => unsafe { x86::blocks_pclmul(tokens, block_size, init, &mut f) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `level` returns `Pmull` only when the CPU has PMULL (and
+        // so the AES extension), detected at run time.
+        Level::Pmull => unsafe { arm::blocks_pmull(tokens, block_size, init, &mut f) },
         Level::Scalar => tokens.chunks_exact(block_size).fold(init, |s, b| f(s, hash_scalar(b))),
     }
 }
@@ -447,6 +463,36 @@ mod x86 {
             64 => all_avx512::<4, S>(whole, init, f),
             _ => blocks_pclmul(tokens, block_size, init, f),
         }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use std::arch::aarch64::vmull_p64;
+
+    use super::{SECRET, finish, word};
+
+    /// One block of at most `NH_MAX_TOKENS` tokens with PMULL.
+    #[inline]
+    #[target_feature(enable = "neon,aes")]
+    fn block_pmull(block: &[u32]) -> u64 {
+        let k = &SECRET.0;
+        let mut h = 0u128;
+        for i in 0..block.len().div_ceil(4) {
+            h ^= vmull_p64(word(block, 2 * i) ^ k[2 * i], word(block, 2 * i + 1) ^ k[2 * i + 1]);
+        }
+        finish(h as u64, (h >> 64) as u64, block.len())
+    }
+
+    /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with PMULL.
+    #[target_feature(enable = "neon,aes")]
+    pub(super) fn blocks_pmull<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
+        // A plain loop, for the target features (as on x86).
+        let mut s = init;
+        for b in tokens.chunks_exact(block_size) {
+            s = f(s, block_pmull(b));
+        }
+        s
     }
 }
 
