@@ -350,15 +350,52 @@ mod x86 {
         finish(lo, hi, block.len())
     }
 
+    /// A block of `G` whole 4-token groups with PCLMULQDQ, unrolled, the
+    /// terms XORed into two sums so that the XORs overlap.
+    #[inline]
+    #[target_feature(enable = "sse2,pclmulqdq")]
+    fn groups_pclmul<const G: usize>(block: &[u32]) -> u64 {
+        let block = &block[..4 * G];
+        let (mut h0, mut h1) = (_mm_setzero_si128(), _mm_setzero_si128());
+        for i in (0..G).step_by(2) {
+            h0 = _mm_xor_si128(h0, term(load4(&block[4 * i..]), i));
+            if i + 1 < G {
+                h1 = _mm_xor_si128(h1, term(load4(&block[4 * i + 4..]), i + 1));
+            }
+        }
+        let (lo, hi) = halves(_mm_xor_si128(h0, h1));
+        finish(lo, hi, 4 * G)
+    }
+
     /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with
     /// PCLMULQDQ.
     #[target_feature(enable = "sse2,pclmulqdq")]
     pub(super) fn blocks_pclmul<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
-        // A plain loop: a closure of an iterator adapter would be compiled
+        // Plain loops: a closure of an iterator adapter would be compiled
         // without this function's target features and not inlined.
         let mut s = init;
-        for b in tokens.chunks_exact(block_size) {
-            s = f(s, block_pclmul(b));
+        let blocks = tokens.chunks_exact(block_size);
+        match block_size {
+            16 => {
+                for b in blocks {
+                    s = f(s, groups_pclmul::<4>(b));
+                }
+            }
+            32 => {
+                for b in blocks {
+                    s = f(s, groups_pclmul::<8>(b));
+                }
+            }
+            64 => {
+                for b in blocks {
+                    s = f(s, groups_pclmul::<16>(b));
+                }
+            }
+            _ => {
+                for b in blocks {
+                    s = f(s, block_pclmul(b));
+                }
+            }
         }
         s
     }
