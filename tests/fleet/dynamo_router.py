@@ -14,6 +14,9 @@ line out:
   {"op":"route_to","instance_id":N,...}   the same, sent to that worker (round-robin baseline)
   {"op":"overlap","tokens":[..],"block_mm_infos":..}
       -> {"blocks": {"<instance_id>": device blocks}}   (KvRouter.get_overlap_scores)
+  {"op":"loads","tokens":[..],"block_mm_infos":..}
+      -> {"active_requests": n, "decode_blocks": n}   (KvRouter.get_potential_loads, summed over
+      the workers: what the router still counts in flight)
   {"op":"instances"} -> {"instance_ids": [..]}   (the workers discovery lists now)
   {"op":"dump"} -> {"events": [..]}   (KvRouter.dump_events: the indexer's state as events)
   {"op":"ping"} / {"op":"quit"}
@@ -87,6 +90,10 @@ async def main():
                     key = str(w["worker_id"])
                     blocks[key] = max(blocks.get(key, 0), w.get("device_blocks", 0))
                 say({"blocks": blocks})
+            elif op == "loads":
+                raw = await router.get_potential_loads(cmd["tokens"], block_mm_infos=cmd.get("block_mm_infos"))
+                say({"active_requests": sum(int(r.get("active_requests", 0)) for r in raw),
+                     "decode_blocks": sum(int(r.get("potential_decode_blocks", 0)) for r in raw)})
             elif op == "instances":
                 say({"instance_ids": sorted(client.instance_ids())})
             elif op == "dump":

@@ -345,6 +345,12 @@ def routed_load(fleet, prompts, order, strict=True):
     for p in order:
         if strict:
             fleet.settle(prompts if len(prompts) < 8 else [p], f"before {p['name']}", timeout=10)
+            # Dynamo weighs a worker's requests in flight against its cached prefix, and it
+            # releases a finished request after the answer's stream ends: wait until it counts
+            # none, so that the pick below is decided by the prefix alone.
+            wait_until(lambda: fleet.router.call({"op": "loads", "tokens": p["tokens"],
+                                                  "block_mm_infos": p.get("block_mm_infos")})
+                       ["active_requests"] == 0, 10, f"Dynamo's requests in flight to end before {p['name']}")
             held = {w.ordinal: w.engine.held(p) for w in fleet.workers.values()}
         answer = fleet.router.call({"op": "route", "tokens": p["tokens"], "image": p.get("image"),
                                     "block_mm_infos": p.get("block_mm_infos")})
