@@ -370,15 +370,9 @@ impl StoreScratch {
         {
             // Text only: the whole event in one call into the vector hash,
             // instead of one call (and one feature dispatch) per block.
-            // `checked_tokens` made `tokens` exactly `n` blocks long.
-            self.contents.resize(n, 0);
-            let contents = &mut self.contents[..];
-            // The index passed by value: held in a register, not reloaded
-            // after every store.
-            kvcore::block_content_hashes_fold(tokens, bs, 0, |i, h| {
-                contents[i] = h;
-                i + 1
-            });
+            // `checked_tokens` made `tokens` exactly `n` blocks long. Each
+            // hash is written into room reserved in `contents`.
+            kvcore::block_content_hashes_extend(tokens, bs, (), &mut self.contents, |(), h| ((), h));
             return;
         }
         for i in 0..n {
