@@ -135,11 +135,17 @@ fn hash_scalar(tokens: &[u32]) -> u64 {
     if tokens.len() > NH_MAX_TOKENS {
         return hash_long(tokens);
     }
+    clnh(tokens, clmul_soft)
+}
+
+/// One block's hash with `mul` as the carry-less multiply, one pair of words
+/// at a time: the software path, and Arm's with its instruction.
+#[inline(always)]
+fn clnh(tokens: &[u32], mul: impl Fn(u64, u64) -> u128) -> u64 {
     let k = &SECRET.0;
-    let pairs = tokens.len().div_ceil(4);
     let mut h = 0u128;
-    for i in 0..pairs {
-        h ^= clmul_soft(word(tokens, 2 * i) ^ k[2 * i], word(tokens, 2 * i + 1) ^ k[2 * i + 1]);
+    for i in 0..tokens.len().div_ceil(4) {
+        h ^= mul(word(tokens, 2 * i) ^ k[2 * i], word(tokens, 2 * i + 1) ^ k[2 * i + 1]);
     }
     finish(h as u64, (h >> 64) as u64, tokens.len())
 }
@@ -507,18 +513,13 @@ mod x86 {
 mod arm {
     use std::arch::aarch64::vmull_p64;
 
-    use super::{SECRET, finish, word};
+    use super::clnh;
 
     /// One block of at most `NH_MAX_TOKENS` tokens with PMULL.
     #[inline]
     #[target_feature(enable = "neon,aes")]
     fn block_pmull(block: &[u32]) -> u64 {
-        let k = &SECRET.0;
-        let mut h = 0u128;
-        for i in 0..block.len().div_ceil(4) {
-            h ^= vmull_p64(word(block, 2 * i) ^ k[2 * i], word(block, 2 * i + 1) ^ k[2 * i + 1]);
-        }
-        finish(h as u64, (h >> 64) as u64, block.len())
+        clnh(block, |a, b| vmull_p64(a, b))
     }
 
     /// Every full block of `block_size` (1 to `NH_MAX_TOKENS`) with PMULL.
