@@ -92,8 +92,8 @@ async def main():
                 say({"blocks": blocks})
             elif op == "loads":
                 raw = await router.get_potential_loads(cmd["tokens"], block_mm_infos=cmd.get("block_mm_infos"))
-                say({"active_requests": sum(int(r.get("active_requests", 0)) for r in raw),
-                     "decode_blocks": sum(int(r.get("potential_decode_blocks", 0)) for r in raw)})
+                say({"active_requests": sum(int(r["active_requests"]) for r in raw),
+                     "decode_blocks": sum(int(r["potential_decode_blocks"]) for r in raw)})
             elif op == "instances":
                 say({"instance_ids": sorted(client.instance_ids())})
             elif op == "dump":
