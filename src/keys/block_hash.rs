@@ -379,29 +379,33 @@ mod x86 {
     pub(super) fn blocks_pclmul<S>(tokens: &[u32], block_size: usize, init: S, f: &mut impl FnMut(S, u64) -> S) -> S {
         // Plain loops: a closure of an iterator adapter would be compiled
         // without this function's target features and not inlined.
-        let mut s = init;
         let blocks = tokens.chunks_exact(block_size);
         match block_size {
-            16 => {
-                for b in blocks {
-                    s = f(s, groups_pclmul::<4>(b));
-                }
-            }
-            32 => {
-                for b in blocks {
-                    s = f(s, groups_pclmul::<8>(b));
-                }
-            }
-            64 => {
-                for b in blocks {
-                    s = f(s, groups_pclmul::<16>(b));
-                }
-            }
+            16 => fold_groups::<4, S>(blocks, init, f),
+            32 => fold_groups::<8, S>(blocks, init, f),
+            64 => fold_groups::<16, S>(blocks, init, f),
             _ => {
+                let mut s = init;
                 for b in blocks {
                     s = f(s, block_pclmul(b));
                 }
+                s
             }
+        }
+    }
+
+    /// Every block of `blocks`, each `G` whole 4-token groups, by the
+    /// unrolled [`groups_pclmul`].
+    #[inline]
+    #[target_feature(enable = "sse2,pclmulqdq")]
+    fn fold_groups<const G: usize, S>(
+        blocks: std::slice::ChunksExact<'_, u32>,
+        init: S,
+        f: &mut impl FnMut(S, u64) -> S,
+    ) -> S {
+        let mut s = init;
+        for b in blocks {
+            s = f(s, groups_pclmul::<G>(b));
         }
         s
     }
