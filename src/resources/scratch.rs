@@ -39,6 +39,11 @@ pub struct Scratch {
     pub tokens: Vec<u32>,
     /// One block's image runs.
     pub block_runs: Vec<ImageRun>,
+    /// Commit's second pair of the two above: the block it indexes and
+    /// advertises while it hashes the next one into the first pair.
+    pub advertised_tokens: Vec<u32>,
+    /// Image runs of the block commit indexes (see `advertised_tokens`).
+    pub advertised_runs: Vec<ImageRun>,
     /// The blocks an admission matched.
     pub matched: Vec<BlockId>,
     /// An admission's item digests, in item order.

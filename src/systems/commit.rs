@@ -12,8 +12,9 @@ use crate::config::EngineConfig;
 use crate::error::RequestError;
 use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
-use crate::keys::{BlockKey, ImageRun, block_key, keyed_tokens, runs_in_block};
-use crate::resources::{CommittedBlock, KvGroups, Scratch, window_first_block};
+use crate::ids::{BlockId, ScopeId};
+use crate::keys::{BlockKey, FlatRun, ImageRun, block_key_with, keyed_tokens, runs_in_block};
+use crate::resources::{CommittedBlock, KvCache, KvGroups, Scratch, window_first_block};
 use crate::tables::{Request, RequestScope, Requests};
 use crate::tier::Tier;
 
@@ -56,6 +57,58 @@ impl StoredGroup {
     }
 }
 
+/// Indexes and advertises committed blocks one at a time, in block order:
+/// the second half of committing a block, once its key is known.
+struct BlockIndexer<'a> {
+    cache: &'a mut KvCache,
+    events: &'a mut EventQueue,
+    group: &'a mut StoredGroup,
+    scope: &'a RequestScope,
+    scope_id: ScopeId,
+    config: &'a EngineConfig,
+    /// The block's keyed tokens, when it holds an image (its own buffers,
+    /// apart from those of the block being hashed meanwhile).
+    tokens: &'a mut Vec<u32>,
+    /// The block's image runs.
+    runs: &'a mut Vec<ImageRun>,
+}
+
+impl BlockIndexer<'_> {
+    /// Indexes block `i` of a request (its key is `keys[i]`) and adds it to
+    /// the run being advertised; a block that was matched at admission, or
+    /// whose key another copy holds, ends the run instead.
+    fn index(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], keys: &[BlockKey], blocks: &[BlockId]) {
+        let bs = self.config.block_size_tokens;
+        let start = i * bs;
+        runs_in_block(flat, start, bs, self.runs);
+        let keyed = keyed_tokens(
+            &tokens[start as usize..(start + bs) as usize],
+            self.runs,
+            self.config.image_placeholder_token_id,
+            self.tokens,
+        );
+        let (key, parent) = (keys[i as usize], (i > 0).then(|| keys[i as usize - 1]));
+        let block = CommittedBlock {
+            key,
+            parent,
+            parent_block: (i > 0).then(|| blocks[i as usize - 1]),
+            depth: i,
+            scope: self.scope_id,
+            tokens: keyed,
+            images: self.runs,
+        };
+        // The sibling lists serve partial reuse only, so without it none is kept.
+        if !self.cache.index_block(blocks[i as usize], &block, self.config.partial_reuse) {
+            // A block matched at admission, or a private copy of a cached key.
+            self.group.flush(self.events);
+            return;
+        }
+        if self.events.enabled() {
+            self.group.push(key, parent, keyed, self.runs, self.scope);
+        }
+    }
+}
+
 /// Records that the request's first `tokens_computed` tokens have their KV
 /// written. Newly full blocks are keyed; each key not yet cached enters the
 /// index and is advertised. A key that is already cached (another request
@@ -90,49 +143,58 @@ pub fn commit_computed(
         release_out_of_window(request, groups, bs);
         return Ok(());
     }
+    let committed = request.blocks_committed;
     let cache = &mut groups.main;
-    let Scratch { tokens: scratch, block_runs: runs, .. } = scratch;
+    let Scratch { tokens: scratch, block_runs: runs, advertised_tokens, advertised_runs, .. } = scratch;
     let mut group = StoredGroup {
         event: None,
-        blocks_hint: full.saturating_sub(request.blocks_committed) as usize,
+        blocks_hint: full.saturating_sub(committed) as usize,
         block_size: bs,
         medium: Tier::Device,
         group: cache.group(),
     };
     let scope = &cache.scopes().get(request.scope).clone();
-    for i in request.blocks_committed..full {
-        let start = i * bs;
-        let tokens = &request.tokens[start as usize..(start + bs) as usize];
-        let parent = if i == 0 { None } else { Some(request.keys[i as usize - 1]) };
-        // The block's runs and keyed tokens, computed once for the key, the
-        // page's token copy and the event.
-        runs_in_block(&request.runs, start, bs, runs);
-        let keyed = keyed_tokens(tokens, runs, config.image_placeholder_token_id, scratch);
-        let key = if (i as usize) < request.keys.len() {
-            request.keys[i as usize]
+    let mut indexer = BlockIndexer {
+        cache,
+        events,
+        group: &mut group,
+        scope,
+        scope_id: request.scope,
+        config,
+        tokens: advertised_tokens,
+        runs: advertised_runs,
+    };
+    // Software-pipelined: each block is indexed and advertised while the
+    // next one's key is hashed (`block_key_with` runs it after the hash's
+    // first compression), on execution units that the hash's chain of
+    // dependent rounds leaves idle. Keys, index entries and events come in
+    // block order all the same; only the instructions interleave.
+    let Request { tokens, keys, blocks, runs: flat, root, .. } = &mut *request;
+    // The block keyed last, not indexed yet.
+    let mut keyed: Option<u32> = None;
+    for i in committed..full {
+        if (i as usize) < keys.len() {
+            // Keyed at admission: no hash to overlap.
+            if let Some(b) = keyed.take() {
+                indexer.index(b, tokens, flat, keys, blocks);
+            }
         } else {
-            let k = block_key(&parent.unwrap_or(request.root), keyed, runs);
-            request.keys.push(k);
-            k
-        };
-        let block = CommittedBlock {
-            key,
-            parent,
-            parent_block: (i > 0).then(|| request.blocks[i as usize - 1]),
-            depth: i,
-            scope: request.scope,
-            tokens: keyed,
-            images: runs,
-        };
-        // The sibling lists serve partial reuse only, so without it none is kept.
-        if !cache.index_block(request.blocks[i as usize], &block, config.partial_reuse) {
-            // A block matched at admission, or a private copy of a cached key.
-            group.flush(events);
-            continue;
+            let start = i * bs;
+            runs_in_block(flat, start, bs, runs);
+            let block_tokens = &tokens[start as usize..(start + bs) as usize];
+            let hashed = keyed_tokens(block_tokens, runs, config.image_placeholder_token_id, scratch);
+            let parent = if i == 0 { *root } else { keys[i as usize - 1] };
+            let key = block_key_with(&parent, hashed, runs, || {
+                if let Some(b) = keyed.take() {
+                    indexer.index(b, tokens, flat, keys, blocks);
+                }
+            });
+            keys.push(key);
         }
-        if events.enabled() {
-            group.push(key, parent, keyed, runs, scope);
-        }
+        keyed = Some(i);
+    }
+    if let Some(b) = keyed {
+        indexer.index(b, tokens, flat, keys, blocks);
     }
     group.flush(events);
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
