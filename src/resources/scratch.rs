@@ -39,8 +39,9 @@ pub struct Scratch {
     pub tokens: Vec<u32>,
     /// One block's image runs.
     pub block_runs: Vec<ImageRun>,
-    /// Commit's second pair of the two above: the block it indexes and
-    /// advertises while it hashes the next one into the first pair.
+    /// Commit's second pair of the two above: one pair holds the block it
+    /// indexes and advertises while it hashes the next block with the other,
+    /// and the two swap roles at each block.
     pub advertised_tokens: Vec<u32>,
     /// Image runs of the block commit indexes (see `advertised_tokens`).
     pub advertised_runs: Vec<ImageRun>,

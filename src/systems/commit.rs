@@ -66,27 +66,67 @@ struct BlockIndexer<'a> {
     scope: &'a RequestScope,
     scope_id: ScopeId,
     config: &'a EngineConfig,
-    /// The block's keyed tokens, when it holds an image (its own buffers,
-    /// apart from those of the block being hashed meanwhile).
+}
+
+/// One block's image runs and keyed tokens (the latter filled only when the
+/// block holds an image), as computed for its key.
+struct BlockParts<'a> {
     tokens: &'a mut Vec<u32>,
-    /// The block's image runs.
     runs: &'a mut Vec<ImageRun>,
 }
 
-impl BlockIndexer<'_> {
-    /// Indexes block `i` of a request (its key is `keys[i]`) and adds it to
-    /// the run being advertised; a block that was matched at admission, or
-    /// whose key another copy holds, ends the run instead.
-    fn index(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], keys: &[BlockKey], blocks: &[BlockId]) {
-        let bs = self.config.block_size_tokens;
+impl BlockParts<'_> {
+    /// Computes block `i`'s runs and, when it holds an image, its keyed tokens.
+    fn fill(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], config: &EngineConfig) {
+        let bs = config.block_size_tokens;
         let start = i * bs;
         runs_in_block(flat, start, bs, self.runs);
-        let keyed = keyed_tokens(
+        keyed_tokens(
             &tokens[start as usize..(start + bs) as usize],
             self.runs,
-            self.config.image_placeholder_token_id,
+            config.image_placeholder_token_id,
             self.tokens,
         );
+    }
+
+    /// The keyed tokens of block `i` once [`BlockParts::fill`] ran for it.
+    fn keyed<'t>(&'t self, i: u32, tokens: &'t [u32], bs: u32) -> &'t [u32] {
+        if self.runs.is_empty() {
+            let start = (i * bs) as usize;
+            &tokens[start..start + bs as usize]
+        } else {
+            self.tokens
+        }
+    }
+}
+
+/// The committed block waiting to be indexed, and whether its parts are
+/// already in the buffers that hold the previous block's.
+#[derive(Clone, Copy)]
+struct Keyed {
+    block: u32,
+    parts_filled: bool,
+}
+
+impl BlockIndexer<'_> {
+    /// Indexes block `k.block` of a request (its key is `keys[i]`; its parts
+    /// in `parts`, computed there first unless `k.parts_filled`) and adds it
+    /// to the run being advertised; a block that was matched at admission,
+    /// or whose key another copy holds, ends the run instead.
+    fn index(
+        &mut self,
+        k: Keyed,
+        parts: &mut BlockParts<'_>,
+        tokens: &[u32],
+        flat: &[FlatRun],
+        keys: &[BlockKey],
+        blocks: &[BlockId],
+    ) {
+        let i = k.block;
+        if !k.parts_filled {
+            parts.fill(i, tokens, flat, self.config);
+        }
+        let keyed = parts.keyed(i, tokens, self.config.block_size_tokens);
         let (key, parent) = (keys[i as usize], (i > 0).then(|| keys[i as usize - 1]));
         let block = CommittedBlock {
             key,
@@ -95,7 +135,7 @@ impl BlockIndexer<'_> {
             depth: i,
             scope: self.scope_id,
             tokens: keyed,
-            images: self.runs,
+            images: parts.runs,
         };
         // The sibling lists serve partial reuse only, so without it none is kept.
         if !self.cache.index_block(blocks[i as usize], &block, self.config.partial_reuse) {
@@ -104,7 +144,7 @@ impl BlockIndexer<'_> {
             return;
         }
         if self.events.enabled() {
-            self.group.push(key, parent, keyed, self.runs, self.scope);
+            self.group.push(key, parent, keyed, parts.runs, self.scope);
         }
     }
 }
@@ -154,47 +194,39 @@ pub fn commit_computed(
         group: cache.group(),
     };
     let scope = &cache.scopes().get(request.scope).clone();
-    let mut indexer = BlockIndexer {
-        cache,
-        events,
-        group: &mut group,
-        scope,
-        scope_id: request.scope,
-        config,
-        tokens: advertised_tokens,
-        runs: advertised_runs,
-    };
+    let mut indexer = BlockIndexer { cache, events, group: &mut group, scope, scope_id: request.scope, config };
     // Software-pipelined: each block is indexed and advertised while the
     // next one's key is hashed (`block_key_with` runs it after the hash's
     // first compression), on execution units that the hash's chain of
     // dependent rounds leaves idle. Keys, index entries and events come in
-    // block order all the same; only the instructions interleave.
+    // block order all the same; only the instructions interleave. The two
+    // blocks' parts sit in two pairs of buffers that swap roles.
     let Request { tokens, keys, blocks, runs: flat, root, .. } = &mut *request;
-    // The block keyed last, not indexed yet.
-    let mut keyed: Option<u32> = None;
+    let mut hashing = BlockParts { tokens: scratch, runs };
+    let mut waiting = BlockParts { tokens: advertised_tokens, runs: advertised_runs };
+    let mut keyed: Option<Keyed> = None;
     for i in committed..full {
         if (i as usize) < keys.len() {
             // Keyed at admission: no hash to overlap.
-            if let Some(b) = keyed.take() {
-                indexer.index(b, tokens, flat, keys, blocks);
+            if let Some(k) = keyed.take() {
+                indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
             }
-        } else {
-            let start = i * bs;
-            runs_in_block(flat, start, bs, runs);
-            let block_tokens = &tokens[start as usize..(start + bs) as usize];
-            let hashed = keyed_tokens(block_tokens, runs, config.image_placeholder_token_id, scratch);
-            let parent = if i == 0 { *root } else { keys[i as usize - 1] };
-            let key = block_key_with(&parent, hashed, runs, || {
-                if let Some(b) = keyed.take() {
-                    indexer.index(b, tokens, flat, keys, blocks);
-                }
-            });
-            keys.push(key);
+            keyed = Some(Keyed { block: i, parts_filled: false });
+            continue;
         }
-        keyed = Some(i);
+        let parent = if i == 0 { *root } else { keys[i as usize - 1] };
+        hashing.fill(i, tokens, flat, config);
+        let key = block_key_with(&parent, hashing.keyed(i, tokens, bs), hashing.runs, || {
+            if let Some(k) = keyed.take() {
+                indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
+            }
+        });
+        keys.push(key);
+        keyed = Some(Keyed { block: i, parts_filled: true });
+        std::mem::swap(&mut hashing, &mut waiting);
     }
-    if let Some(b) = keyed {
-        indexer.index(b, tokens, flat, keys, blocks);
+    if let Some(k) = keyed {
+        indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
     }
     group.flush(events);
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
