@@ -98,6 +98,14 @@ impl BlockLru {
             return false;
         }
         let l = std::mem::take(&mut b.lru);
+        self.unlink(rows, l);
+        true
+    }
+
+    /// Joins the neighbours of a block whose links are `l` (its row already
+    /// taken out of `rows`, or its links already cleared).
+    pub(super) fn unlink(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, l: LruLinks) {
+        debug_assert!(l.linked, "only a listed block is unlinked");
         match l.prev {
             Some(p) => rows[p].lru.next = l.next,
             None => self.head = l.next,
@@ -107,7 +115,6 @@ impl BlockLru {
             None => self.tail = l.prev,
         }
         self.len -= 1;
-        true
     }
 
     /// The least recently used block, left listed.

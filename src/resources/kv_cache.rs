@@ -460,19 +460,28 @@ impl KvCache {
     /// Drops a cached, unreferenced block from the cache entirely: its index
     /// entry, its LRU place, its content (sibling links and scope reference
     /// with it), its row and its page, and queues `Removed` in its tier.
+    ///
+    /// The row leaves the table first, in one lookup (evictions drop many
+    /// blocks in a row); its links, index entry, content and page are then
+    /// released from the row taken out.
     pub fn drop_block(&mut self, id: BlockId, events: &mut EventQueue) {
-        let row = &mut self.blocks.rows[id];
-        debug_assert!(row.indexed && row.ref_count == 0, "only cached, unreferenced blocks are dropped");
-        let key = row.key.expect("cached blocks have keys");
-        let medium = row.medium;
-        row.indexed = false;
-        self.pool.lru(medium).remove(&mut self.blocks.rows, id);
+        let b = self.blocks.rows.remove(id).expect("dropped blocks are live");
+        debug_assert!(b.indexed && b.ref_count == 0, "only cached, unreferenced blocks are dropped");
+        let key = b.key.expect("cached blocks have keys");
+        if b.lru.linked {
+            self.pool.lru(b.medium).unlink(&mut self.blocks.rows, b.lru);
+        }
         match self.index.find_entry(self.index_hasher.hash_one(key), |&other| other == id) {
             Ok(entry) => drop(entry.remove()),
             Err(_) => debug_assert!(false, "an indexed block has its index entry"),
         }
-        self.release_row(id);
-        events.push_removed_in(key, medium, self.group);
+        let (link, scope) = self.blocks.take_content_of_taken(&b);
+        if let Some(link) = link {
+            self.unlink_sibling(id, link, scope);
+        }
+        self.scopes.release(scope);
+        self.pool.free(b.medium).release(b.page);
+        events.push_removed_in(key, b.medium, self.group);
     }
 
     /// Queues the copy of a partial reuse: the first `tokens` tokens of
@@ -598,6 +607,12 @@ impl KvCache {
         let Some(c) = self.blocks.content_mut(id) else { return };
         let Some(link) = c.link.take() else { return };
         let scope = c.scope;
+        self.unlink_sibling(id, link, scope);
+    }
+
+    /// Joins the neighbours of block `id` in its parent's children list
+    /// (`link`, already taken from its content; `scope`, its scope).
+    fn unlink_sibling(&mut self, id: BlockId, link: SiblingLink, scope: ScopeId) {
         if let Some(n) = link.next {
             self.content_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
         }

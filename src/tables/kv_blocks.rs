@@ -219,6 +219,17 @@ impl KvBlocks {
         Some(c.scope)
     }
 
+    /// Drops the content of a row already taken out of the table (`block`,
+    /// which held content) and returns its sibling link, for the caller to
+    /// unlink, and its scope, whose reference the caller gives back.
+    pub fn take_content_of_taken(&mut self, block: &KvBlock) -> (Option<SiblingLink>, ScopeId) {
+        debug_assert!(block.has_content, "the taken row held content");
+        let slot = self.slot(block.medium, block.page);
+        let c = &mut self.content[slot];
+        c.images = BlockImageRuns::None;
+        (c.link.take(), c.scope)
+    }
+
     /// Token ids stored for a block (meaningful once keyed).
     pub fn tokens(&self, block: &KvBlock) -> &[u32] {
         &self.tokens[self.page_range(block.medium, block.page)]
