@@ -100,8 +100,9 @@ impl BlockParts<'_> {
     }
 }
 
-/// The committed block waiting to be indexed, and whether its parts are
-/// already in the buffers that hold the previous block's.
+/// The block keyed last and not indexed yet, and whether its parts are
+/// already in the buffers it will be indexed from (they are when commit
+/// hashed it; for a block keyed at admission, indexing computes them first).
 #[derive(Clone, Copy)]
 struct Keyed {
     block: u32,
