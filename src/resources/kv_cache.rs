@@ -463,7 +463,7 @@ impl KvCache {
     ///
     /// The row leaves the table first, in one lookup (evictions drop many
     /// blocks in a row); its links, index entry, content and page are then
-    /// released from the row taken out.
+    /// released from the row taken out, as `release_row` does.
     pub fn drop_block(&mut self, id: BlockId, events: &mut EventQueue) {
         let b = self.blocks.rows.remove(id).expect("dropped blocks are live");
         debug_assert!(b.indexed && b.ref_count == 0, "only cached, unreferenced blocks are dropped");
@@ -475,12 +475,7 @@ impl KvCache {
             Ok(entry) => drop(entry.remove()),
             Err(_) => debug_assert!(false, "an indexed block has its index entry"),
         }
-        let (link, scope) = self.blocks.take_content_of_taken(&b);
-        if let Some(link) = link {
-            self.unlink_sibling(id, link, scope);
-        }
-        self.scopes.release(scope);
-        self.pool.free(b.medium).release(b.page);
+        self.release_taken_row(id, &b);
         events.push_removed_in(key, b.medium, self.group);
     }
 
@@ -564,9 +559,22 @@ impl KvCache {
     /// Removes a row that is neither referenced, indexed nor in an LRU, and
     /// gives its page back.
     fn release_row(&mut self, id: BlockId) {
-        self.remove_content(id);
         let b = self.blocks.rows.remove(id).expect("release_row takes a live block");
         debug_assert!(b.ref_count == 0 && !b.indexed, "only unreferenced, unindexed rows are released");
+        self.release_taken_row(id, &b);
+    }
+
+    /// Releases what the row of `id`, already taken out of the table (one
+    /// lookup), held: its content (sibling link and scope reference) and
+    /// its page.
+    fn release_taken_row(&mut self, id: BlockId, b: &KvBlock) {
+        if b.has_content {
+            let (link, scope) = self.blocks.take_content_of_taken(b);
+            if let Some(link) = link {
+                self.unlink_sibling(id, link, scope);
+            }
+            self.scopes.release(scope);
+        }
         self.pool.free(b.medium).release(b.page);
     }
 

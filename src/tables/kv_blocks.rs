@@ -220,7 +220,7 @@ impl KvBlocks {
     }
 
     /// Drops the content of a row already taken out of the table (`block`,
-    /// which held content) and returns its sibling link, for the caller to
+    /// which held content: `has_content`) and returns its sibling link, for the caller to
     /// unlink, and its scope, whose reference the caller gives back.
     pub fn take_content_of_taken(&mut self, block: &KvBlock) -> (Option<SiblingLink>, ScopeId) {
         debug_assert!(block.has_content, "the taken row held content");
