@@ -293,6 +293,43 @@ impl<V: Copy + Default> U64Table<V> {
         }
     }
 
+    /// Grows, by the table's own rule, until `more` entries beyond the
+    /// current ones fit under its load limit: a caller about to insert
+    /// several keys checks the limit once, then probes with
+    /// [`U64Table::probe`] and fills with [`U64Table::fill`].
+    #[inline]
+    pub fn make_room(&mut self, more: usize) {
+        while (self.len + more) * 4 > self.slots.len() * self.quarters {
+            self.grow();
+        }
+    }
+
+    /// The slot of `key` (`Ok`) or the free slot where it goes (`Err`),
+    /// without growing: [`U64Table::make_room`] left room for it. `key` is
+    /// not `EMPTY`.
+    #[inline(always)]
+    pub fn probe(&self, key: u64) -> Result<usize, usize> {
+        debug_assert!(key != EMPTY && (self.len + 1) * 4 <= self.slots.len() * self.quarters);
+        let mask = self.mask();
+        let mut i = home(key, self.bits);
+        loop {
+            match self.slots[i].0 {
+                k if k == key => return Ok(i),
+                EMPTY => return Err(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Puts `key` with `value` into the free slot `i` that
+    /// [`U64Table::probe`] gave for it.
+    #[inline(always)]
+    pub fn fill(&mut self, i: usize, key: u64, value: V) {
+        debug_assert!(self.slots[i].0 == EMPTY && key != EMPTY);
+        self.slots[i] = (key, value);
+        self.len += 1;
+    }
+
     /// Inserts or replaces; returns the old value.
     #[inline]
     pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
@@ -396,6 +433,8 @@ mod tests {
     enum Op {
         Insert(u64, u32),
         GetOrInsert(u64, u32),
+        /// `make_room` for a few keys, then `probe` and `fill` of one.
+        Fill(u64, u32),
         Remove(u64),
         Get(u64),
         Clear,
@@ -521,6 +560,7 @@ mod tests {
             prop_oneof![
                 4 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
                 2 => (key(), any::<u32>()).prop_map(|(k, v)| Op::GetOrInsert(k, v)),
+                2 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Fill(k, v)),
                 3 => key().prop_map(Op::Remove),
                 2 => key().prop_map(Op::Get),
                 1 => Just(Op::Clear),
@@ -534,6 +574,23 @@ mod tests {
                         let present = m.get(&k).copied();
                         prop_assert_eq!(t.get_or_insert_with(k, || v), (present.unwrap_or(v), present.is_none()));
                         m.entry(k).or_insert(v);
+                    }
+                    Op::Fill(k, v) => {
+                        let more = 1 + (v % 4) as usize;
+                        t.make_room(more);
+                        let room = t.capacity() * t.quarters / 4 - t.len;
+                        prop_assert!(room >= more, "make_room left room");
+                        if k == EMPTY {
+                            continue;
+                        }
+                        match t.probe(k) {
+                            Ok(i) => prop_assert_eq!(Some(&t.slots[i].1), m.get(&k)),
+                            Err(i) => {
+                                prop_assert!(!m.contains_key(&k));
+                                t.fill(i, k, v);
+                                m.insert(k, v);
+                            }
+                        }
                     }
                     Op::Remove(k) => prop_assert_eq!(t.remove(k), m.remove(&k)),
                     Op::Get(k) => prop_assert_eq!(t.get(k).copied(), m.get(&k).copied()),

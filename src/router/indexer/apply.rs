@@ -437,8 +437,25 @@ impl WorkerStore<'_> {
             return false;
         }
         let (w, bit) = (self.worker, self.bit);
+        // The load limit checked once for the event; then a block the
+        // worker does not hold yet (the common case) is one probe and a
+        // fill, its slot in the runs taken in between.
+        self.blocks.keyed.make_room(keys.len());
         for i in 0..keys.len() {
-            let (slot, new) = store_keyed(self.index, self.blocks, w, hashes[i] as u64, keys[i], bit, after);
+            let hash = hashes[i] as u64;
+            let probed = if hash != 0 { self.blocks.keyed.probe(hash) } else { Ok(0) };
+            let (slot, new) = match probed {
+                Err(free) => {
+                    let (slot, before) = self.index.hold(keys[i], w, bit, after);
+                    self.blocks.keyed.fill(free, hash, slot);
+                    if before != 0 {
+                        note_dup(&mut self.blocks.dups, hash, keys[i], before, bit);
+                    }
+                    (slot, true)
+                }
+                // Held already, or the one key kept beside the table.
+                Ok(_) => store_keyed(self.index, self.blocks, w, hash, keys[i], bit, after),
+            };
             // Stored before under another parent: it keeps its key, and the
             // chain goes on from there.
             if !new && self.index.key_at(slot) != keys[i] {
