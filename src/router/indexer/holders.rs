@@ -423,7 +423,7 @@ impl HolderIndex {
     /// a key with no holder left frees its slot). Returns the tiers before
     /// and after. A dead slot is left alone: `(0, 0)`. Inline: it sits in
     /// the loops of every store and removal, which lie in another module.
-    #[inline]
+    #[inline(always)]
     pub(super) fn update_at(&mut self, slot: u32, worker: u32, op: TierOp) -> (u8, u8) {
         let s = slot as usize;
         let h = self.runs.holders[s];
