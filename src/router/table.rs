@@ -376,7 +376,7 @@ impl<V: Copy + Default> U64Table<V> {
     /// Removes `key`; returns its value. Later entries of the probe run are
     /// shifted back so that no tombstone is left. Inline: it sits in the
     /// loop of every removal event.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: u64) -> Option<V> {
         if key == EMPTY {
             return self.side.take();
