@@ -66,8 +66,6 @@ pub(super) struct HolderIndex {
     /// Slots freed since the last [`HolderIndex::settle`], whose next slot
     /// may hold a key chained to them.
     released: Vec<u32>,
-    /// The runs waste enough to compact at the next settle.
-    compact_due: bool,
 }
 
 impl Default for HolderIndex {
@@ -81,7 +79,6 @@ impl Default for HolderIndex {
             sets: HolderSets::default(),
             scratch: Vec::new(),
             released: Vec::new(),
-            compact_due: false,
         }
     }
 }
@@ -508,7 +505,7 @@ impl HolderIndex {
         if self.runs.mapped(slot as usize) {
             self.map.remove(self.runs.keys[slot as usize]);
         }
-        self.compact_due |= self.runs.release(slot);
+        self.runs.release(slot);
         self.released.push(slot);
     }
 
@@ -520,8 +517,9 @@ impl HolderIndex {
 
     /// Restores the invariant after slots were freed: a live key that was
     /// chained to a freed slot becomes a run head. Then compacts the runs
-    /// when they waste enough; the slots it moved are returned, for the
-    /// workers' tables to follow.
+    /// when they waste enough, checked once here rather than at every
+    /// freed slot; the slots it moved are returned, for the workers' tables
+    /// to follow.
     pub(super) fn settle(&mut self) -> Option<Moved> {
         let mut released = std::mem::take(&mut self.released);
         for &s in &released {
@@ -529,7 +527,7 @@ impl HolderIndex {
         }
         released.clear();
         self.released = released;
-        if !std::mem::take(&mut self.compact_due) {
+        if !self.runs.wasteful() {
             return None;
         }
         Some(self.compact())

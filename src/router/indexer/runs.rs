@@ -200,10 +200,10 @@ impl Runs {
         slot
     }
 
-    /// Frees a slot whose key left the index. Returns whether the chunks
-    /// now waste enough to compact (see [`Runs::compactable`]).
+    /// Frees a slot whose key left the index. Whether the chunks then
+    /// waste enough to compact is [`Runs::wasteful`], asked once a settle.
     #[inline]
-    pub(super) fn release(&mut self, slot: u32) -> bool {
+    pub(super) fn release(&mut self, slot: u32) {
         let (s, c) = (slot as usize, slot as usize / CHUNK);
         self.holders[s] = 0;
         self.mapped[s / 64] &= !(1 << (s % 64));
@@ -216,12 +216,11 @@ impl Runs {
                 stream => self.open[stream as usize].next = 0,
             }
         }
-        self.wasteful()
     }
 
     /// Whether the chunks in use hold less than half their slots live,
     /// beyond one chunk per stream and two more of slack.
-    fn wasteful(&self) -> bool {
+    pub(super) fn wasteful(&self) -> bool {
         let used = self.live.len() - self.free.len();
         used * CHUNK > 2 * self.live_total + (self.open.len() + 2) * CHUNK
     }
