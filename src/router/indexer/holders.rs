@@ -280,19 +280,29 @@ impl HolderSets {
     }
 
     /// One key fewer using `id`; the list is dropped with its last key.
+    /// The count inline (it sits in every update of a shared key), the
+    /// drop out of line.
+    #[inline]
     fn release(&mut self, id: u32) {
         let r = &mut self.refs[id as usize];
         *r -= 1;
         if *r == 0 {
-            match self.ids.find_entry(self.hashes[id as usize], |&other| other == id) {
-                Ok(entry) => drop(entry.remove()),
-                Err(_) => debug_assert!(false, "a live set has its intern entry"),
-            }
-            self.lists[id as usize] = Box::default();
-            self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
-            self.last = Move::default();
-            self.free.push(id);
+            self.drop_set(id);
         }
+    }
+
+    /// Drops set `id`, which no key uses any more.
+    #[cold]
+    #[inline(never)]
+    fn drop_set(&mut self, id: u32) {
+        match self.ids.find_entry(self.hashes[id as usize], |&other| other == id) {
+            Ok(entry) => drop(entry.remove()),
+            Err(_) => debug_assert!(false, "a live set has its intern entry"),
+        }
+        self.lists[id as usize] = Box::default();
+        self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
+        self.last = Move::default();
+        self.free.push(id);
     }
 
     fn bytes(&self) -> usize {
