@@ -409,9 +409,11 @@ impl HolderIndex {
         (slot, 0)
     }
 
-    /// [`HolderIndex::hold`] of a key already held: out of line, so that
-    /// the common path stays small where it is inlined.
-    #[inline(never)]
+    /// [`HolderIndex::hold`] of a key already held. Inline: a stored event
+    /// probes and fills its blocks in one loop (`apply.rs`), and a key held
+    /// by other workers is most of a shared prefix's blocks; the change of
+    /// a shared key's holders stays out of line.
+    #[inline(always)]
     fn add_held(&mut self, slot: u32, worker: u32, tiers: u8) -> u8 {
         self.update_at(slot, worker, TierOp::Add(tiers)).0
     }
