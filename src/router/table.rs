@@ -279,18 +279,8 @@ impl<V: Copy + Default> U64Table<V> {
     /// is not `EMPTY`.
     #[inline]
     fn slot_for_insert(&mut self, key: u64) -> Result<usize, usize> {
-        if (self.len + 1) * 4 > self.slots.len() * self.quarters {
-            self.grow();
-        }
-        let mask = self.mask();
-        let mut i = home(key, self.bits);
-        loop {
-            match self.slots[i].0 {
-                k if k == key => return Ok(i),
-                EMPTY => return Err(i),
-                _ => i = (i + 1) & mask,
-            }
-        }
+        self.make_room(1);
+        self.probe(key)
     }
 
     /// Grows, by the table's own rule, until `more` entries beyond the
@@ -319,6 +309,13 @@ impl<V: Copy + Default> U64Table<V> {
                 _ => i = (i + 1) & mask,
             }
         }
+    }
+
+    /// The value in slot `i`, which [`U64Table::probe`] found holding its
+    /// key.
+    #[inline(always)]
+    pub fn value_at(&self, i: usize) -> V {
+        self.slots[i].1
     }
 
     /// Puts `key` with `value` into the free slot `i` that

@@ -443,9 +443,8 @@ impl WorkerStore<'_> {
         self.blocks.keyed.make_room(keys.len());
         for i in 0..keys.len() {
             let hash = hashes[i] as u64;
-            let probed = if hash != 0 { self.blocks.keyed.probe(hash) } else { Ok(0) };
-            let (slot, new) = match probed {
-                Err(free) => {
+            let (slot, new) = match (hash != 0).then(|| self.blocks.keyed.probe(hash)) {
+                Some(Err(free)) => {
                     let (slot, before) = self.index.hold(keys[i], w, bit, after);
                     self.blocks.keyed.fill(free, hash, slot);
                     if before != 0 {
@@ -453,8 +452,15 @@ impl WorkerStore<'_> {
                     }
                     (slot, true)
                 }
-                // Held already, or the one key kept beside the table.
-                Ok(_) => store_keyed(self.index, self.blocks, w, hash, keys[i], bit, after),
+                // Held already: it keeps its key and gains the tier, as
+                // `store_keyed` does for an entry it finds.
+                Some(Ok(at)) => {
+                    let slot = self.blocks.keyed.value_at(at);
+                    retier(self.index, &mut self.blocks.dups, w, hash, slot, TierOp::Add(bit));
+                    (slot, false)
+                }
+                // The one key kept beside the table.
+                None => store_keyed(self.index, self.blocks, w, hash, keys[i], bit, after),
             };
             // Stored before under another parent: it keeps its key, and the
             // chain goes on from there.
