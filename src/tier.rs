@@ -24,7 +24,9 @@ impl Tier {
     }
 
     /// The tier of a wire `medium`: absent or `"GPU"` (any case) is the
-    /// device, any other name a lower tier.
+    /// device, any other name a lower tier. Inline: the router asks it for
+    /// every stored event.
+    #[inline]
     pub fn from_medium(medium: Option<&str>) -> Self {
         match medium {
             None => Tier::Device,
