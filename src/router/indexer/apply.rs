@@ -474,24 +474,13 @@ impl WorkerStore<'_> {
         self.blocks.keyed.make_room(keys.len());
         for i in 0..keys.len() {
             let hash = hashes[i] as u64;
-            let (slot, new) = match (hash != 0).then(|| self.blocks.keyed.probe(hash)) {
-                Some(Err(free)) => {
-                    let (slot, before) = self.index.hold(keys[i], w, bit, after);
-                    self.blocks.keyed.fill(free, hash, slot);
-                    if before != 0 {
-                        note_dup(&mut self.blocks.dups, hash, keys[i], before, bit);
-                    }
-                    (slot, true)
-                }
-                // Held already: it keeps its key and gains the tier, as
-                // `store_keyed` does for an entry it finds.
-                Some(Ok(at)) => {
-                    let slot = self.blocks.keyed.value_at(at);
-                    retier(self.index, &mut self.blocks.dups, w, hash, slot, TierOp::Add(bit));
-                    (slot, false)
-                }
+            let (slot, new) = match hash {
                 // The one key kept beside the table.
-                None => store_keyed(self.index, self.blocks, w, hash, keys[i], bit, after),
+                0 => store_keyed(self.index, self.blocks, w, hash, keys[i], bit, after),
+                _ => {
+                    let probed = self.blocks.keyed.probe(hash);
+                    store_probed(self.index, self.blocks, w, hash, keys[i], bit, after, probed)
+                }
             };
             // Stored before under another parent: it keeps its key, and the
             // chain goes on from there.
@@ -648,6 +637,12 @@ fn store_keyed(
     tiers: u8,
     after: Option<u32>,
 ) -> (u32, bool) {
+    if hash != 0 {
+        wb.keyed.make_room(1);
+        let probed = wb.keyed.probe(hash);
+        return store_probed(index, wb, w, hash, key, tiers, after, probed);
+    }
+    // The one key kept beside the table.
     let mut before = 0;
     let (slot, new) = wb.keyed.get_or_insert_with(hash, || {
         let (slot, b) = index.hold(key, w, tiers, after);
@@ -660,6 +655,41 @@ fn store_keyed(
         note_dup(&mut wb.dups, hash, key, before, tiers);
     }
     (slot, new)
+}
+
+/// [`store_keyed`] of a hash other than 0 once the worker's table has room
+/// and was probed for it (`probed`, from [`U64Table::probe`]): a stored
+/// event checks the load limit once for all its blocks.
+///
+/// [`U64Table::probe`]: crate::table::U64Table::probe
+#[inline(always)]
+#[allow(clippy::too_many_arguments, reason = "store_keyed's arguments and the probe's result, inlined into two loops")]
+fn store_probed(
+    index: &mut HolderIndex,
+    wb: &mut WorkerBlocks,
+    w: u32,
+    hash: u64,
+    key: u64,
+    tiers: u8,
+    after: Option<u32>,
+    probed: Result<usize, usize>,
+) -> (u32, bool) {
+    match probed {
+        Err(free) => {
+            let (slot, before) = index.hold(key, w, tiers, after);
+            wb.keyed.fill(free, hash, slot);
+            if before != 0 {
+                note_dup(&mut wb.dups, hash, key, before, tiers);
+            }
+            (slot, true)
+        }
+        // Held already: it keeps its key and gains the tiers.
+        Ok(at) => {
+            let slot = wb.keyed.value_at(at);
+            retier(index, &mut wb.dups, w, hash, slot, TierOp::Add(tiers));
+            (slot, false)
+        }
+    }
 }
 
 /// Records that `hash` holds `key` in `tiers` beside the worker's other
