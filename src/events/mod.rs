@@ -115,10 +115,11 @@ impl BlockStored {
     /// `images`; `block_images` stays empty until a block holds an image,
     /// and from then on has one entry per block (the text blocks before the
     /// first image block listed empty).
+    #[inline]
     pub(crate) fn push_block(&mut self, key: BlockKey, tokens: &[u32], runs: &[ImageRun]) {
         let block_index = self.keys.len();
         self.keys.push(key);
-        self.token_ids.extend_from_slice(tokens);
+        crate::copy::extend_block(&mut self.token_ids, tokens);
         if runs.is_empty() && self.block_images.is_empty() {
             return;
         }

@@ -98,21 +98,44 @@ impl EventQueue {
     /// removal in the same tier and group (one event per burst of
     /// evictions).
     pub fn push_removed_in(&mut self, key: BlockKey, medium: Tier, group: Option<KvGroup>) {
+        if let Some(keys) = self.removals_in(medium, group) {
+            keys.push(key);
+            self.count_entries(1);
+        }
+    }
+
+    /// Counts `n` block entries into the open step: the keys a burst pushed
+    /// into [`EventQueue::removals_in`]'s vector.
+    pub fn count_entries(&mut self, n: usize) {
+        if self.enabled {
+            self.open_entries += n;
+        }
+    }
+
+    /// The keys of the `BlockRemoved` that the next removal from `medium`
+    /// and `group` goes into (the previous event when it is one of the same
+    /// tier and group, a new one otherwise), for a burst of removals that
+    /// pushes its keys there in order; `None` when events are off. The
+    /// caller pushes at least one key (an event without keys would be
+    /// delivered as it is) and then counts the keys it pushed with
+    /// [`EventQueue::count_entries`].
+    pub fn removals_in(&mut self, medium: Tier, group: Option<KvGroup>) -> Option<&mut Vec<BlockKey>> {
         if !self.enabled {
-            return;
+            return None;
         }
-        self.open_entries += 1;
-        if let Some(KvEvent::BlockRemoved(last)) = self.open.last_mut()
-            && last.medium == medium
-            && last.group == group
-        {
-            last.keys.push(key);
-            return;
+        let continues = matches!(
+            self.open.last(),
+            Some(KvEvent::BlockRemoved(last)) if last.medium == medium && last.group == group
+        );
+        if !continues {
+            let event_seq = self.next_seq();
+            let keys = Vec::with_capacity(std::mem::take(&mut self.removals_expected).max(1));
+            self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium, group }));
         }
-        let event_seq = self.next_seq();
-        let mut keys = Vec::with_capacity(std::mem::take(&mut self.removals_expected).max(1));
-        keys.push(key);
-        self.open.push(KvEvent::BlockRemoved(BlockRemoved { event_seq, keys, medium, group }));
+        match self.open.last_mut() {
+            Some(KvEvent::BlockRemoved(last)) => Some(&mut last.keys),
+            _ => unreachable!("the open step ends with this removal event"),
+        }
     }
 
     /// Records a cache reset.

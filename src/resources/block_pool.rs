@@ -117,6 +117,21 @@ impl BlockLru {
         self.len -= 1;
     }
 
+    /// Forgets the first `count` blocks of the list, whose rows the caller
+    /// took out of `rows`: `next`, the block that followed them (`None`
+    /// when none did), becomes the front.
+    pub(super) fn cut_front(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, next: Option<BlockId>, count: usize) {
+        if count == 0 {
+            return;
+        }
+        self.len -= count;
+        self.head = next;
+        match next {
+            Some(n) => rows[n].lru.prev = None,
+            None => self.tail = None,
+        }
+    }
+
     /// The least recently used block, left listed.
     pub(super) fn front(&self) -> Option<BlockId> {
         self.head

@@ -63,10 +63,15 @@ impl KvCache {
     /// Evicts up to `n` unreferenced device blocks, least recently used first.
     /// Returns how many were evicted.
     pub fn evict_device_blocks(&mut self, n: usize, events: &mut EventQueue, counters: &mut Counters) -> usize {
-        if n > 1 && !self.has_host_tier() {
+        if !self.has_host_tier() {
+            // Nothing to offload to: every victim is dropped, in one pass.
             // At most what the LRU holds: `n` comes from the caller and may be
             // anything (a capacity sized by it alone could overflow).
             events.expect_removals(n.min(self.lru_len(Tier::Device)));
+            let evicted = self.drop_lru_front(Tier::Device, n, events);
+            counters.blocks_evicted_device += evicted as u64;
+            events.expect_removals(0);
+            return evicted;
         }
         let evicted = (0..n).take_while(|_| self.evict_device_block(events, counters)).count();
         events.expect_removals(0);

@@ -62,6 +62,19 @@ use crate::keys::{BlockKey, ImageRun};
 use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, SiblingLink};
 use crate::tier::Tier;
 
+/// A key's hash in the index: the seeded hasher over the key's first 8
+/// bytes. A key is a SHA-256 output, so those bytes are as spread as the
+/// whole key, and hashing 8 bytes instead of 32 takes a third of the
+/// instructions. Callers cannot aim keys at the table's buckets: they choose
+/// inputs, not digests, and the seed is random; keys that share all 8 bytes
+/// (about 2^32 hashes for one pair) still differ in the full comparison.
+#[inline]
+fn index_hash(hasher: &RandomState, key: &BlockKey) -> u64 {
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&key.0[..8]);
+    hasher.hash_one(u64::from_le_bytes(prefix))
+}
+
 /// The block side of the engine: table, pool, index, scopes and pending
 /// copies, changed only through its verbs (see the module docs).
 #[derive(Debug)]
@@ -74,7 +87,8 @@ pub struct KvCache {
     /// the key in its row (see the module docs). In-memory only, never on
     /// the wire.
     index: HashTable<BlockId>,
-    /// The index's hasher: ahash with a random seed.
+    /// The index's hasher: ahash with a random seed, over the first 8 bytes
+    /// of a key ([`index_hash`]).
     index_hasher: RandomState,
     /// Copies queued this step, at most `copies_max`.
     copies: Vec<BlockCopy>,
@@ -107,9 +121,9 @@ pub struct KvCache {
 #[derive(Clone, Copy, Debug)]
 pub struct CommittedBlock<'a> {
     /// The block's key.
-    pub key: BlockKey,
+    pub key: &'a BlockKey,
     /// The parent's key; `None` for the first block of a chain.
-    pub parent: Option<BlockKey>,
+    pub parent: Option<&'a BlockKey>,
     /// The request's previous block, whose children list the block joins;
     /// `None` for a first block, which joins its scope's root list.
     pub parent_block: Option<BlockId>,
@@ -231,7 +245,7 @@ impl KvCache {
     /// The indexed block that holds `key`, if it is cached.
     pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
         let rows = &self.blocks.rows;
-        self.index.find(self.index_hasher.hash_one(key), |&id| rows[id].key.as_ref() == Some(key)).copied()
+        self.index.find(index_hash(&self.index_hasher, key), |&id| rows[id].key.as_ref() == Some(key)).copied()
     }
 
     /// Every index entry (cached key and its block), in the index's hash
@@ -379,18 +393,19 @@ impl KvCache {
     /// indexed; the caller advertises it (commit puts a chain's blocks in one
     /// `BlockStored`). A block left unindexed is a private copy, freed with
     /// its last reference.
+    #[inline]
     pub fn index_block(&mut self, id: BlockId, block: &CommittedBlock<'_>, link_siblings: bool) -> bool {
         let row = &mut self.blocks.rows[id];
-        let matched = row.key.replace(block.key).is_some();
+        let matched = row.key.replace(*block.key).is_some();
         if matched {
             // A block matched at admission.
             return false;
         }
         let (rows, hasher) = (&self.blocks.rows, &self.index_hasher);
         let entry = self.index.entry(
-            hasher.hash_one(block.key),
-            |&other| rows[other].key == Some(block.key),
-            |&other| hasher.hash_one(rows[other].key.expect("indexed blocks have keys")),
+            index_hash(hasher, block.key),
+            |&other| rows[other].key.as_ref() == Some(block.key),
+            |&other| index_hash(hasher, rows[other].key.as_ref().expect("indexed blocks have keys")),
         );
         match entry {
             Entry::Vacant(v) => v.insert(id),
@@ -401,7 +416,7 @@ impl KvCache {
         row.indexed = true;
         let (medium, page) = (row.medium, row.page);
         self.blocks.set_tokens(medium, page, block.tokens);
-        self.blocks.set_content(id, block.parent, block.depth, block.scope, block.images);
+        self.blocks.set_content(id, block.parent.copied(), block.depth, block.scope, block.images);
         self.scopes.retain(block.scope, 1);
         // A parent that is not the indexed copy of its key has no list
         // (`link_child` leaves the block unlinked then).
@@ -471,12 +486,45 @@ impl KvCache {
         if b.lru.linked {
             self.pool.lru(b.medium).unlink(&mut self.blocks.rows, b.lru);
         }
-        match self.index.find_entry(self.index_hasher.hash_one(key), |&other| other == id) {
+        match self.index.find_entry(index_hash(&self.index_hasher, &key), |&other| other == id) {
             Ok(entry) => drop(entry.remove()),
             Err(_) => debug_assert!(false, "an indexed block has its index entry"),
         }
         self.release_taken_row(id, &b);
         events.push_removed_in(key, b.medium, self.group);
+    }
+
+    /// Drops the `n` least recently used blocks of a tier's LRU (fewer when
+    /// it lists fewer), front first, each as [`KvCache::drop_block`] drops
+    /// one, and returns how many it dropped. The list is cut once after the
+    /// last of them instead of being relinked at every block.
+    pub fn drop_lru_front(&mut self, medium: Tier, n: usize, events: &mut EventQueue) -> usize {
+        let mut next = self.pool.lru_ref(medium).front();
+        if n == 0 || next.is_none() {
+            return 0;
+        }
+        // Keys go straight into the removal event (at least one follows).
+        let mut keys = events.removals_in(medium, self.group);
+        let mut dropped = 0;
+        while dropped < n {
+            let Some(id) = next else { break };
+            let b = self.blocks.rows.remove(id).expect("listed blocks are live");
+            debug_assert!(b.indexed && b.ref_count == 0 && b.lru.linked, "the LRU lists cached, unreferenced blocks");
+            next = b.lru.next;
+            let key = b.key.expect("cached blocks have keys");
+            match self.index.find_entry(index_hash(&self.index_hasher, &key), |&other| other == id) {
+                Ok(entry) => drop(entry.remove()),
+                Err(_) => debug_assert!(false, "an indexed block has its index entry"),
+            }
+            self.release_taken_row(id, &b);
+            if let Some(keys) = keys.as_deref_mut() {
+                keys.push(key);
+            }
+            dropped += 1;
+        }
+        events.count_entries(dropped);
+        self.pool.lru(medium).cut_front(&mut self.blocks.rows, next, dropped);
+        dropped
     }
 
     /// Queues the copy of a partial reuse: the first `tokens` tokens of

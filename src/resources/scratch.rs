@@ -12,7 +12,7 @@
 //! busiest moment needed.
 
 use crate::ids::{BlockId, MmItemId};
-use crate::keys::{BlockKey, FlatRun, ImageDigest, ImageRun};
+use crate::keys::{BlockKey, FlatRun, ImageDigest, ImageRun, KeyScope, root_key};
 use crate::tables::Request;
 
 /// The vectors a request row owns, empty, kept for the next admission.
@@ -53,9 +53,28 @@ pub struct Scratch {
     pub flat: Vec<(u32, u32, u32, usize)>,
     /// Finished requests' vectors, cleared.
     spare_rows: Vec<RowBuffers>,
+    /// The root key of the plain scope (no LoRA, no salt) and the block
+    /// size it was computed for: most requests' root, hashed once.
+    plain_root: Option<(u32, BlockKey)>,
 }
 
 impl Scratch {
+    /// The root key of `scope`, from the one kept for the plain scope when
+    /// `scope` is that one.
+    pub fn root_key(&mut self, scope: &KeyScope) -> BlockKey {
+        if scope.lora_id.is_some() || scope.cache_salt.is_some() {
+            return root_key(scope);
+        }
+        match self.plain_root {
+            Some((bs, root)) if bs == scope.block_size_tokens => root,
+            _ => {
+                let root = root_key(scope);
+                self.plain_root = Some((scope.block_size_tokens, root));
+                root
+            }
+        }
+    }
+
     /// Empty vectors for a new request row: a finished request's (capacity
     /// kept) when one is spare, new (unallocated) ones otherwise.
     pub fn take_row(&mut self) -> RowBuffers {
@@ -82,5 +101,28 @@ impl Scratch {
         row.blocks.clear();
         row.keys.clear();
         self.spare_rows.push(row);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept plain root is the root of the scope asked for, whatever the
+    /// block size, LoRA or salt of the scope asked before.
+    #[test]
+    fn root_key_is_the_scopes_root() {
+        let mut scratch = Scratch::default();
+        let scopes = [
+            KeyScope { block_size_tokens: 16, ..Default::default() },
+            KeyScope { block_size_tokens: 16, lora_id: Some(3), cache_salt: None },
+            KeyScope { block_size_tokens: 16, ..Default::default() },
+            KeyScope { block_size_tokens: 32, ..Default::default() },
+            KeyScope { block_size_tokens: 32, lora_id: None, cache_salt: Some(b"s".to_vec()) },
+            KeyScope { block_size_tokens: 16, ..Default::default() },
+        ];
+        for scope in &scopes {
+            assert_eq!(scratch.root_key(scope), root_key(scope), "{scope:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use crate::config::{EngineConfig, UUID_HINT_BYTES_MAX};
 use crate::error::AdmitError;
 use crate::events::EventQueue;
 use crate::ids::{BlockId, RequestId};
-use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block, root_key};
+use crate::keys::{BlockKey, FlatRun, ImageDigest, KeyScope, key_of_block};
 use crate::resources::{
     Counters, HintInsert, KvCache, KvGroups, RoutingHints, RowBuffers, Scratch, WindowCache, window_first_block,
 };
@@ -209,7 +209,7 @@ pub fn admit_request(
         let row = RowBuffers { tokens: row_tokens, items: row_items, runs, blocks, keys };
         return reject(counters, scratch, row, AdmitError::TooManyLiveItems { max: config.mm_items_max });
     }
-    let root = root_key(&KeyScope {
+    let root = scratch.root_key(&KeyScope {
         block_size_tokens: bs,
         lora_id: spec.lora_id,
         cache_salt: spec.cache_salt.map(|s| s.as_bytes().to_vec()),

@@ -34,8 +34,8 @@ struct StoredGroup {
 impl StoredGroup {
     fn push(
         &mut self,
-        key: BlockKey,
-        parent: Option<BlockKey>,
+        key: &BlockKey,
+        parent: Option<&BlockKey>,
         tokens: &[u32],
         runs: &[ImageRun],
         scope: &RequestScope,
@@ -43,11 +43,11 @@ impl StoredGroup {
         let (blocks_hint, block_size, medium, group) = (self.blocks_hint, self.block_size, self.medium, self.group);
         self.event
             .get_or_insert_with(|| {
-                let mut e = BlockStored::start(parent, block_size, medium, scope, blocks_hint);
+                let mut e = BlockStored::start(parent.copied(), block_size, medium, scope, blocks_hint);
                 e.group = group;
                 e
             })
-            .push_block(key, tokens, runs);
+            .push_block(*key, tokens, runs);
     }
 
     fn flush(&mut self, events: &mut EventQueue) {
@@ -128,7 +128,7 @@ impl BlockIndexer<'_> {
             parts.fill(i, tokens, flat, self.config);
         }
         let keyed = parts.keyed(i, tokens, self.config.block_size_tokens);
-        let (key, parent) = (keys[i as usize], (i > 0).then(|| keys[i as usize - 1]));
+        let (key, parent) = (&keys[i as usize], (i > 0).then(|| &keys[i as usize - 1]));
         let block = CommittedBlock {
             key,
             parent,
@@ -244,8 +244,8 @@ pub fn commit_computed(
             let tokens = &request.tokens[start as usize..(start + bs) as usize];
             let keyed = keyed_tokens(tokens, runs, config.image_placeholder_token_id, scratch);
             let block = CommittedBlock {
-                key: request.keys[i as usize],
-                parent: (i > 0).then(|| request.keys[i as usize - 1]),
+                key: &request.keys[i as usize],
+                parent: (i > 0).then(|| &request.keys[i as usize - 1]),
                 parent_block: None,
                 depth: i,
                 scope: table.scope,

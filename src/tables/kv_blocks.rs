@@ -185,6 +185,7 @@ impl KvBlocks {
 
     /// Gives a live block its content, written in place in its page slot,
     /// unlinked and with no children.
+    #[inline]
     pub fn set_content(
         &mut self,
         id: BlockId,
@@ -238,7 +239,7 @@ impl KvBlocks {
     /// Records a block's token ids.
     pub fn set_tokens(&mut self, medium: Tier, page: u32, tokens: &[u32]) {
         let range = self.page_range(medium, page);
-        self.tokens[range].copy_from_slice(tokens);
+        crate::copy::copy_block(&mut self.tokens[range], tokens);
     }
 
     /// Moves a block's token ids and content between pages (tier moves).
