@@ -63,11 +63,11 @@ use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, Sib
 use crate::tier::Tier;
 
 /// A key's hash in the index: the seeded hasher over the key's first 8
-/// bytes. A key is a SHA-256 output, so those bytes are as spread as the
-/// whole key, and hashing 8 bytes instead of 32 takes a third of the
-/// instructions. Callers cannot aim keys at the table's buckets: they choose
-/// inputs, not digests, and the seed is random; keys that share all 8 bytes
-/// (about 2^32 hashes for one pair) still differ in the full comparison.
+/// bytes, one word to mix instead of 32 bytes and a length. A key is a
+/// SHA-256 output, so those bytes are as spread as the whole key. Callers
+/// cannot aim keys at the table's buckets: they choose inputs, not digests,
+/// and the seed is random; keys that share all 8 bytes (about 2^32 hashes
+/// for one pair) still differ in the full comparison.
 #[inline]
 fn index_hash(hasher: &RandomState, key: &BlockKey) -> u64 {
     let mut prefix = [0u8; 8];
