@@ -144,25 +144,37 @@ pub struct ImageRun {
 /// UUID hint of an item never enters a key.
 #[inline]
 pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
-    block_key_with(parent, tokens, runs, || {})
+    block_key_with(parent, tokens, runs, |_| {})
 }
 
-/// [`block_key`], running `meanwhile` partway through the hash: once its
-/// first 64-byte block is compressed (when the parent and tokens fill one),
-/// before the rest.
+/// Where in a key's hash [`block_key_with`] runs its other work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Meanwhile {
+    /// Once the first 64-byte block is compressed.
+    First,
+    /// Once the second is.
+    Second,
+}
+
+/// [`block_key`], running `meanwhile` partway through the hash, twice: once
+/// its first 64-byte block is compressed ([`Meanwhile::First`]) and once its
+/// second is ([`Meanwhile::Second`]), when the parent and tokens fill them;
+/// a shorter block runs both calls all the same, in that order.
 ///
 /// The SHA-256 of a chain is one long dependency: each round waits for the
 /// previous one, and the CPU has idle units meanwhile. Work placed here in
 /// program order (the engine's bookkeeping of the previous block, which
 /// needs no part of this key) runs on those units while the rounds go on,
-/// instead of after them. `block_key` is this function with nothing to
+/// instead of after them. Work split in two, a part after each of the
+/// first two compressions, leaves less between them, so that the second
+/// enters the CPU's window of instructions in flight sooner. `block_key` is this function with nothing to
 /// run, so the two compute every key by the same code.
 #[inline(never)]
 pub(crate) fn block_key_with(
     parent: &BlockKey,
     tokens: &[u32],
     runs: &[ImageRun],
-    meanwhile: impl FnOnce(),
+    mut meanwhile: impl FnMut(Meanwhile),
 ) -> BlockKey {
     let mut h = Sha256::new();
     h.update(parent.0);
@@ -171,7 +183,11 @@ pub(crate) fn block_key_with(
     // The parent's 32 bytes and these 32 fill the first block.
     let (first, rest) = bytes.split_at(bytes.len().min(32));
     h.update(first);
-    meanwhile();
+    meanwhile(Meanwhile::First);
+    // The next 64 fill the second.
+    let (second, rest) = rest.split_at(rest.len().min(64));
+    h.update(second);
+    meanwhile(Meanwhile::Second);
     h.update(rest);
     h.update((runs.len() as u32).to_le_bytes());
     for run in runs {
@@ -327,7 +343,7 @@ mod tests {
     /// `block_key_with` is the documented digest, one SHA-256 over the whole
     /// layout, whatever the block's length (shorter than the first 64-byte
     /// block, ending on it, past it) and runs, and runs its work exactly
-    /// once; `block_key` is the same key.
+    /// once at each of its two places, in order; `block_key` is the same key.
     #[test]
     fn block_key_with_is_the_one_shot_digest_and_runs_its_work_once() {
         let parent = BlockKey([3; 32]);
@@ -345,9 +361,9 @@ mod tests {
                     }
                 }
                 let expected = BlockKey(Sha256::digest(&bytes).into());
-                let mut calls = 0;
-                assert_eq!(block_key_with(&parent, &tokens, runs, || calls += 1), expected, "{n} tokens");
-                assert_eq!(calls, 1);
+                let mut calls = Vec::new();
+                assert_eq!(block_key_with(&parent, &tokens, runs, |at| calls.push(at)), expected, "{n} tokens");
+                assert_eq!(calls, [Meanwhile::First, Meanwhile::Second]);
                 assert_eq!(block_key(&parent, &tokens, runs), expected);
             }
         }

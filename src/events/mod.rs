@@ -21,7 +21,7 @@ pub use queue::{EventBatch, EventQueue};
 use std::sync::Arc;
 
 pub use crate::group::KvGroup;
-use crate::keys::{BlockKey, ImageDigest, ImageRun};
+use crate::keys::{BlockKey, FlatRun, ImageDigest, ImageRun};
 use crate::tables::RequestScope;
 pub use crate::tier::Tier;
 
@@ -123,33 +123,107 @@ impl BlockStored {
         if runs.is_empty() && self.block_images.is_empty() {
             return;
         }
+        self.push_block_runs(block_index, runs);
+    }
+
+    /// Appends a chain's next blocks at once: `keys`, one per block, and
+    /// `tokens`, the request's ids from the first block's start
+    /// (`block_size` per block), of which `flat` (the request's image runs,
+    /// sorted by start) says which are image positions. The event holds
+    /// what pushing each block with [`BlockStored::push_block`] would have
+    /// made (the placeholder id at image positions, each block's runs), in
+    /// two copies and a pass over the blocks that hold an image.
+    pub(crate) fn push_blocks(
+        &mut self,
+        keys: &[BlockKey],
+        tokens: &[u32],
+        first: u32,
+        flat: &[FlatRun],
+        placeholder: u32,
+    ) {
+        let bs = self.block_size;
+        let start = first * bs;
+        let end = start + keys.len() as u32 * bs;
+        let (first_block, first_token) = (self.keys.len(), self.token_ids.len());
+        self.keys.extend_from_slice(keys);
+        self.token_ids.extend_from_slice(&tokens[start as usize..end as usize]);
+        let mut cursor = flat.partition_point(|r| r.start + r.len <= start);
+        let holding = flat[cursor..].iter().take_while(|r| r.start < end);
+        for r in holding {
+            let (s, e) = (r.start.max(start) - start, (r.start + r.len).min(end) - start);
+            self.token_ids[first_token + s as usize..first_token + e as usize].fill(placeholder);
+        }
+        // Only the blocks that hold an image are visited; the others get
+        // their empty entries in bulk.
+        let mut next = 0;
+        while let Some(r) = flat.get(cursor).filter(|r| r.start < end) {
+            // The block where the run at the cursor starts, or the next
+            // block when it started in one visited already.
+            let b = ((r.start.max(start) - start) / bs).max(next);
+            if b as usize >= keys.len() {
+                break;
+            }
+            next = b + 1;
+            let (block_start, block_end) = (start + b * bs, start + (b + 1) * bs);
+            self.open_block_runs(first_block + b as usize);
+            for r in flat[cursor..].iter().take_while(|r| r.start < block_end) {
+                let s = r.start.max(block_start);
+                let e = (r.start + r.len).min(block_end);
+                self.push_image_run(&ImageRun {
+                    digest: r.digest,
+                    item_offset: r.item_offset + (s - r.start),
+                    block_offset: s - block_start,
+                    len: e - s,
+                });
+            }
+            self.block_images.end_block();
+            while flat.get(cursor).is_some_and(|r| r.start + r.len <= block_end) {
+                cursor += 1;
+            }
+        }
+        if !self.block_images.is_empty() {
+            self.block_images.end_blocks_to(first_block + keys.len());
+        }
+    }
+
+    /// Appends block `block_index`'s image runs (the block's key and
+    /// tokens are in already), listing each image once.
+    fn push_block_runs(&mut self, block_index: usize, runs: &[ImageRun]) {
+        self.open_block_runs(block_index);
+        for r in runs {
+            self.push_image_run(r);
+        }
+        self.block_images.end_block();
+    }
+
+    /// Starts the runs of block `block_index`: the first image block of the
+    /// event sizes the per-block lists once, for every block the event was
+    /// started for (the keys' capacity) and one run each from here on,
+    /// instead of regrowing them block after block, and gives each block
+    /// before it an empty entry.
+    fn open_block_runs(&mut self, block_index: usize) {
         if self.block_images.is_empty() {
-            // The first image block: size the per-block lists once, for
-            // every block the event was started for (the keys' capacity)
-            // and one run each from here on, instead of regrowing them
-            // block after block.
             let blocks = self.keys.capacity().max(block_index + 1);
             self.block_images.reserve(blocks, blocks - block_index);
         }
-        while self.block_images.len() < block_index {
-            self.block_images.end_block();
-        }
-        for r in runs {
-            let image = match self.images.iter().position(|i| i.digest == r.digest) {
-                Some(p) => p,
-                None => {
-                    self.images.push(EventImage { digest: r.digest, uuid: None });
-                    self.images.len() - 1
-                }
-            } as u32;
-            self.block_images.push_run(EventImageRun {
-                image,
-                item_offset: r.item_offset,
-                block_offset: r.block_offset,
-                len: r.len,
-            });
-        }
-        self.block_images.end_block();
+        self.block_images.end_blocks_to(block_index);
+    }
+
+    /// Adds a run to the block being built, listing its image if new.
+    fn push_image_run(&mut self, r: &ImageRun) {
+        let image = match self.images.iter().position(|i| i.digest == r.digest) {
+            Some(p) => p,
+            None => {
+                self.images.push(EventImage { digest: r.digest, uuid: None });
+                self.images.len() - 1
+            }
+        } as u32;
+        self.block_images.push_run(EventImageRun {
+            image,
+            item_offset: r.item_offset,
+            block_offset: r.block_offset,
+            len: r.len,
+        });
     }
 }
 
@@ -210,6 +284,13 @@ impl BlockImages {
         self.ends.push(self.runs.len() as u32);
     }
 
+    /// Closes blocks with no run until `blocks` are listed.
+    pub fn end_blocks_to(&mut self, blocks: usize) {
+        if blocks > self.ends.len() {
+            self.ends.resize(blocks, self.runs.len() as u32);
+        }
+    }
+
     /// Appends one block with `runs`.
     pub fn push_block(&mut self, runs: &[EventImageRun]) {
         self.runs.extend_from_slice(runs);
@@ -266,6 +347,94 @@ impl KvEvent {
             KvEvent::BlockStored(e) => e.event_seq,
             KvEvent::BlockRemoved(e) => e.event_seq,
             KvEvent::AllBlocksCleared(e) => e.event_seq,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::keys::{keyed_tokens, runs_in_block};
+
+    const BLOCK: u32 = 4;
+    const PLACEHOLDER: u32 = 7;
+
+    /// Sorted, disjoint image runs over `len` tokens from (gap, length, image)
+    /// triples; an image named twice continues at a later item offset.
+    fn flat_runs(len: u32, spec: &[(u32, u32, u8)]) -> Vec<FlatRun> {
+        let mut runs = Vec::new();
+        let mut at = 0;
+        let mut offsets = [0u32; 3];
+        for &(gap, run_len, image) in spec {
+            let start = at + gap;
+            let end = (start + run_len).min(len);
+            if start >= end {
+                break;
+            }
+            let item = &mut offsets[image as usize % 3];
+            runs.push(FlatRun {
+                start,
+                len: end - start,
+                item_offset: *item,
+                digest: ImageDigest([image % 3 + 1; 32]),
+            });
+            *item += end - start;
+            at = end;
+        }
+        runs
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Pushing a chain's blocks at once (`push_blocks`) makes the event
+        /// that pushing them one by one with each block's keyed tokens and
+        /// runs makes: the same keys, tokens (placeholder at image
+        /// positions), images and runs per block, for blocks with no image,
+        /// blocks inside one, blocks cut by several, and runs before or
+        /// after the pushed ones; and in an event that already holds
+        /// blocks, with or without images.
+        #[test]
+        fn pushing_blocks_at_once_is_pushing_them_one_by_one(
+            blocks in 1u32..12,
+            spec in proptest::collection::vec((0u32..9, 1u32..10, 0u8..4), 0..6),
+            before in 0u32..3,
+            first in 0u32..6,
+            short in 0u32..4,
+        ) {
+            let first = first.min(blocks - 1);
+            // Blocks after the pushed ones may hold image runs too.
+            let count = (blocks - first).saturating_sub(short).max(1);
+            let len = blocks * BLOCK;
+            let tokens: Vec<u32> = (100..100 + len).collect();
+            let flat = flat_runs(len, &spec);
+            let keys: Vec<BlockKey> = (0..blocks).map(|i| BlockKey([i as u8; 32])).collect();
+            let scope = RequestScope::default();
+            let mut one_by_one = BlockStored::start(None, BLOCK, Tier::Device, &scope, 1);
+            let mut at_once = one_by_one.clone();
+            // Blocks already in the event, the first `before` of them with an image.
+            let image = ImageRun { digest: ImageDigest([9; 32]), item_offset: 0, block_offset: 1, len: 2 };
+            for b in 0..first.min(3) {
+                let runs: &[ImageRun] = if b < before { std::slice::from_ref(&image) } else { &[] };
+                let held = [PLACEHOLDER; BLOCK as usize];
+                for e in [&mut one_by_one, &mut at_once] {
+                    e.push_block(BlockKey([200 + b as u8; 32]), &held, runs);
+                }
+            }
+            let (mut runs, mut scratch) = (Vec::new(), Vec::new());
+            for i in first..first + count {
+                let start = i * BLOCK;
+                runs_in_block(&flat, start, BLOCK, &mut runs);
+                let keyed = keyed_tokens(&tokens[start as usize..(start + BLOCK) as usize], &runs, PLACEHOLDER, &mut scratch);
+                one_by_one.push_block(keys[i as usize], keyed, &runs);
+            }
+            at_once.push_blocks(&keys[first as usize..(first + count) as usize], &tokens, first, &flat, PLACEHOLDER);
+            prop_assert_eq!(&at_once.keys, &one_by_one.keys);
+            prop_assert_eq!(&at_once.token_ids, &one_by_one.token_ids);
+            prop_assert_eq!(&at_once.images, &one_by_one.images);
+            prop_assert_eq!(&at_once.block_images, &one_by_one.block_images);
         }
     }
 }

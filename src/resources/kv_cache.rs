@@ -17,7 +17,7 @@
 //! | [`KvCache::acquire`] | reference count and LRU: the first reference takes a cached block out of its tier's LRU, so nothing evicts it |
 //! | [`KvCache::release`] | reference count, LRU, pool: the last reference lists a cached block at the back of its tier's LRU, or frees an uncached block's row and page |
 //! | [`KvCache::take_free_block`] | pool and table: a page leaves the free list as a fresh row with one reference |
-//! | [`KvCache::index_block`] | key, index entry, tokens, content, scope reference, sibling list: all or none |
+//! | [`KvCache::index_block`] | key, index entry, tokens, content, scope reference, sibling list: all or none (or in two halves, [`KvCache::enter_index`] then [`KvCache::complete_index`], with no other verb between them) |
 //! | [`KvCache::move_block`] | a tier move: new page, tokens and content moved, LRU membership switched, the copy queued (its pages marked), the old page freed (cooling), `Removed` and `Stored` queued |
 //! | [`KvCache::drop_block`] | index entry, LRU, content, scope reference, siblings, row and page go together; `Removed` queued |
 //! | [`KvCache::queue_prefix_copy`] | a partial-reuse copy between two live blocks' pages, its pages marked |
@@ -113,6 +113,16 @@ pub struct KvCache {
     /// request released early, as vLLM's null block. `None` for full
     /// attention.
     null_page: Option<u32>,
+}
+
+/// A block that [`KvCache::enter_index`] gave its key and index entry, whose
+/// tokens and content [`KvCache::complete_index`] still has to write.
+#[must_use = "an entered block is completed before any other verb runs"]
+#[derive(Debug)]
+pub struct Entered {
+    id: BlockId,
+    medium: Tier,
+    page: u32,
 }
 
 /// A block whose every token is computed, as its request knows it: what
@@ -395,35 +405,65 @@ impl KvCache {
     /// its last reference.
     #[inline]
     pub fn index_block(&mut self, id: BlockId, block: &CommittedBlock<'_>, link_siblings: bool) -> bool {
-        let row = &mut self.blocks.rows[id];
-        let matched = row.key.replace(*block.key).is_some();
-        if matched {
-            // A block matched at admission.
-            return false;
+        match self.enter_index(id, block.key) {
+            Some(entered) => {
+                self.complete_index(entered, block, link_siblings);
+                true
+            }
+            None => false,
         }
-        let (rows, hasher) = (&self.blocks.rows, &self.index_hasher);
+    }
+
+    /// The first half of [`KvCache::index_block`], for a caller that runs
+    /// other work between the halves: gives block `id` its key and, unless
+    /// it had one already or the key is cached, its index entry. The
+    /// [`Entered`] it returns must go to [`KvCache::complete_index`] before
+    /// any other verb runs, which writes the rest.
+    #[inline(always)]
+    pub fn enter_index(&mut self, id: BlockId, key: &BlockKey) -> Option<Entered> {
+        let row = &mut self.blocks.rows[id];
+        if row.key.is_some() {
+            // A block matched at admission.
+            return None;
+        }
+        // Set as if indexed, in this one lookup of the row, and undone in
+        // the rare case that another block holds the key.
+        row.key = Some(*key);
+        row.indexed = true;
+        row.has_content = true;
+        let (medium, page) = (row.medium, row.page);
+        let (rows, hasher) = (&mut self.blocks.rows, &self.index_hasher);
         let entry = self.index.entry(
-            index_hash(hasher, block.key),
-            |&other| rows[other].key.as_ref() == Some(block.key),
+            index_hash(hasher, key),
+            |&other| rows[other].key.as_ref() == Some(key),
             |&other| index_hash(hasher, rows[other].key.as_ref().expect("indexed blocks have keys")),
         );
         match entry {
             Entry::Vacant(v) => v.insert(id),
             // A private copy of a cached key.
-            Entry::Occupied(_) => return false,
+            Entry::Occupied(_) => {
+                let row = &mut rows[id];
+                (row.indexed, row.has_content) = (false, false);
+                return None;
+            }
         };
-        let row = &mut self.blocks.rows[id];
-        row.indexed = true;
-        let (medium, page) = (row.medium, row.page);
+        Some(Entered { id, medium, page })
+    }
+
+    /// The second half of [`KvCache::index_block`]: the entered block's
+    /// tokens, content, scope reference and (with `link_siblings`) sibling
+    /// place.
+    #[inline(always)]
+    pub fn complete_index(&mut self, entered: Entered, block: &CommittedBlock<'_>, link_siblings: bool) {
+        let Entered { id, medium, page } = entered;
         self.blocks.set_tokens(medium, page, block.tokens);
-        self.blocks.set_content(id, block.parent.copied(), block.depth, block.scope, block.images);
+        self.blocks.set_content((medium, page), block.parent.copied(), block.depth, block.scope, block.images);
         self.scopes.retain(block.scope, 1);
         // A parent that is not the indexed copy of its key has no list
         // (`link_child` leaves the block unlinked then).
         if link_siblings {
             self.link_child(id, block.parent_block);
         }
-        true
     }
 
     /// Sets room aside for `n` copies that an admission is about to queue

@@ -20,7 +20,7 @@ mod scratch;
 pub use block_pool::{BlockCopy, PageRef, copy_waves};
 pub use counters::Counters;
 pub use groups::{KvGroups, WindowCache, window_first_block};
-pub use kv_cache::{CommittedBlock, KvCache};
+pub use kv_cache::{CommittedBlock, Entered, KvCache};
 pub use lru::Lru;
 pub use routing_hints::{HintInsert, RoutingHints};
 pub use scopes::Scopes;

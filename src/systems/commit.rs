@@ -13,47 +13,73 @@ use crate::error::RequestError;
 use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
 use crate::ids::{BlockId, ScopeId};
-use crate::keys::{BlockKey, FlatRun, ImageRun, block_key_with, keyed_tokens, runs_in_block};
-use crate::resources::{CommittedBlock, KvCache, KvGroups, Scratch, window_first_block};
+use crate::keys::{BlockKey, FlatRun, ImageRun, Meanwhile, block_key_with, keyed_tokens, runs_in_block};
+use crate::resources::{CommittedBlock, Entered, KvCache, KvGroups, Scratch, window_first_block};
 use crate::tables::{Request, RequestScope, Requests};
 use crate::tier::Tier;
 
-/// Builds `BlockStored` events for a run of consecutive blocks of one chain:
-/// the policy of how commit groups what it advertises (one event per run of
-/// newly indexed blocks, cut where a block is not indexed).
+/// Gathers a run of consecutive newly indexed blocks of one chain into one
+/// `BlockStored` event: the policy of how commit groups what it advertises
+/// (one event per run, cut where a block is not indexed). The blocks are
+/// noted by index as they are indexed, and the event is built in one go when
+/// the run ends, from the request's keys, tokens and image runs.
 struct StoredGroup {
-    event: Option<BlockStored>,
-    /// Blocks the event will probably hold, to size its vectors once.
-    blocks_hint: usize,
-    block_size: u32,
+    /// Blocks `first..end` of the request: indexed, not advertised yet.
+    run: Option<(u32, u32)>,
     medium: Tier,
     /// The group the blocks are in, as the events name it.
     group: Option<KvGroup>,
 }
 
+/// What a request's blocks are advertised from: its keys, token ids and
+/// flat image runs, the block size and the image placeholder id.
+#[derive(Clone, Copy)]
+struct Chain<'a> {
+    keys: &'a [BlockKey],
+    tokens: &'a [u32],
+    flat: &'a [FlatRun],
+    block_size: u32,
+    placeholder: u32,
+    scope: &'a RequestScope,
+}
+
+impl<'a> Chain<'a> {
+    fn of(
+        keys: &'a [BlockKey],
+        tokens: &'a [u32],
+        flat: &'a [FlatRun],
+        config: &EngineConfig,
+        scope: &'a RequestScope,
+    ) -> Self {
+        let (block_size, placeholder) = (config.block_size_tokens, config.image_placeholder_token_id);
+        Self { keys, tokens, flat, block_size, placeholder, scope }
+    }
+}
+
 impl StoredGroup {
-    fn push(
-        &mut self,
-        key: &BlockKey,
-        parent: Option<&BlockKey>,
-        tokens: &[u32],
-        runs: &[ImageRun],
-        scope: &RequestScope,
-    ) {
-        let (blocks_hint, block_size, medium, group) = (self.blocks_hint, self.block_size, self.medium, self.group);
-        self.event
-            .get_or_insert_with(|| {
-                let mut e = BlockStored::start(parent.copied(), block_size, medium, scope, blocks_hint);
-                e.group = group;
-                e
-            })
-            .push_block(*key, tokens, runs);
+    fn new(medium: Tier, group: Option<KvGroup>) -> Self {
+        Self { run: None, medium, group }
     }
 
-    fn flush(&mut self, events: &mut EventQueue) {
-        if let Some(e) = self.event.take() {
-            events.push_stored(e);
+    /// Adds block `i`, the block after the run's last.
+    fn push(&mut self, i: u32) {
+        match &mut self.run {
+            Some((_, end)) => {
+                debug_assert_eq!(*end, i, "a run's blocks are consecutive");
+                *end = i + 1;
+            }
+            None => self.run = Some((i, i + 1)),
         }
+    }
+
+    /// Queues the run's event, if a run is open.
+    fn flush(&mut self, events: &mut EventQueue, chain: &Chain<'_>) {
+        let Some((first, end)) = self.run.take() else { return };
+        let parent = (first > 0).then(|| chain.keys[first as usize - 1]);
+        let mut e = BlockStored::start(parent, chain.block_size, self.medium, chain.scope, (end - first) as usize);
+        e.group = self.group;
+        e.push_blocks(&chain.keys[first as usize..end as usize], chain.tokens, first, chain.flat, chain.placeholder);
+        events.push_stored(e);
     }
 }
 
@@ -100,6 +126,16 @@ impl BlockParts<'_> {
     }
 }
 
+/// What indexing reads of the request: its token ids, flat image runs,
+/// keys so far and blocks.
+#[derive(Clone, Copy)]
+struct RequestView<'r> {
+    tokens: &'r [u32],
+    flat: &'r [FlatRun],
+    keys: &'r [BlockKey],
+    blocks: &'r [BlockId],
+}
+
 /// The block keyed last and not indexed yet, and whether its parts are
 /// already in the buffers it will be indexed from (they are when commit
 /// hashed it; for a block keyed at admission, indexing computes them first).
@@ -114,38 +150,48 @@ impl BlockIndexer<'_> {
     /// in `parts`, computed there first unless `k.parts_filled`) and adds it
     /// to the run being advertised; a block that was matched at admission,
     /// or whose key another copy holds, ends the run instead.
-    fn index(
-        &mut self,
-        k: Keyed,
-        parts: &mut BlockParts<'_>,
-        tokens: &[u32],
-        flat: &[FlatRun],
-        keys: &[BlockKey],
-        blocks: &[BlockId],
-    ) {
+    fn index(&mut self, k: Keyed, parts: &mut BlockParts<'_>, r: &RequestView<'_>) {
+        let entered = self.enter(k, parts, r);
+        self.complete(k, entered, parts, r);
+    }
+
+    /// The first half of [`BlockIndexer::index`]: the block's parts, key and
+    /// index entry ([`KvCache::enter_index`]).
+    #[inline(always)]
+    fn enter(&mut self, k: Keyed, parts: &mut BlockParts<'_>, r: &RequestView<'_>) -> Option<Entered> {
         let i = k.block;
         if !k.parts_filled {
-            parts.fill(i, tokens, flat, self.config);
+            parts.fill(i, r.tokens, r.flat, self.config);
         }
-        let keyed = parts.keyed(i, tokens, self.config.block_size_tokens);
-        let (key, parent) = (&keys[i as usize], (i > 0).then(|| &keys[i as usize - 1]));
+        self.cache.enter_index(r.blocks[i as usize], &r.keys[i as usize])
+    }
+
+    /// The second half: the entered block's tokens and content
+    /// ([`KvCache::complete_index`]) and its place in the run advertised, or
+    /// the end of the run when it was not entered (matched at admission, or
+    /// a private copy of a cached key).
+    #[inline(always)]
+    fn complete(&mut self, k: Keyed, entered: Option<Entered>, parts: &BlockParts<'_>, r: &RequestView<'_>) {
+        let i = k.block;
+        let RequestView { tokens, flat, keys, blocks } = *r;
+        let Some(entered) = entered else {
+            let chain = Chain::of(keys, tokens, flat, self.config, self.scope);
+            self.group.flush(self.events, &chain);
+            return;
+        };
         let block = CommittedBlock {
-            key,
-            parent,
+            key: &keys[i as usize],
+            parent: (i > 0).then(|| &keys[i as usize - 1]),
             parent_block: (i > 0).then(|| blocks[i as usize - 1]),
             depth: i,
             scope: self.scope_id,
-            tokens: keyed,
+            tokens: parts.keyed(i, tokens, self.config.block_size_tokens),
             images: parts.runs,
         };
         // The sibling lists serve partial reuse only, so without it none is kept.
-        if !self.cache.index_block(blocks[i as usize], &block, self.config.partial_reuse) {
-            // A block matched at admission, or a private copy of a cached key.
-            self.group.flush(self.events);
-            return;
-        }
+        self.cache.complete_index(entered, &block, self.config.partial_reuse);
         if self.events.enabled() {
-            self.group.push(key, parent, keyed, parts.runs, self.scope);
+            self.group.push(i);
         }
     }
 }
@@ -187,21 +233,18 @@ pub fn commit_computed(
     let committed = request.blocks_committed;
     let cache = &mut groups.main;
     let Scratch { tokens: scratch, block_runs: runs, advertised_tokens, advertised_runs, .. } = scratch;
-    let mut group = StoredGroup {
-        event: None,
-        blocks_hint: full.saturating_sub(committed) as usize,
-        block_size: bs,
-        medium: Tier::Device,
-        group: cache.group(),
-    };
+    let mut group = StoredGroup::new(Tier::Device, cache.group());
     let scope = &cache.scopes().get(request.scope).clone();
     let mut indexer = BlockIndexer { cache, events, group: &mut group, scope, scope_id: request.scope, config };
-    // Software-pipelined: each block is indexed and advertised while the
-    // next one's key is hashed (`block_key_with` runs it after the hash's
-    // first compression), on execution units that the hash's chain of
-    // dependent rounds leaves idle. Keys, index entries and events come in
-    // block order all the same; only the instructions interleave. The two
-    // blocks' parts sit in two pairs of buffers that swap roles.
+    // Software-pipelined: each block is indexed while the next one's key is
+    // hashed, on execution units that the hash's chain of dependent rounds
+    // leaves idle. `block_key_with` runs the block's key and index entry
+    // after the hash's first compression and its tokens and content after
+    // the second, so that little stands between two compressions. Its
+    // event is built when the run of indexed blocks ends, in bulk. Keys,
+    // index entries and events come in block order all the same; only the
+    // instructions interleave. The two blocks' parts sit in two pairs of
+    // buffers that swap roles.
     let Request { tokens, keys, blocks, runs: flat, root, .. } = &mut *request;
     let mut hashing = BlockParts { tokens: scratch, runs };
     let mut waiting = BlockParts { tokens: advertised_tokens, runs: advertised_runs };
@@ -210,16 +253,21 @@ pub fn commit_computed(
         if (i as usize) < keys.len() {
             // Keyed at admission: no hash to overlap.
             if let Some(k) = keyed.take() {
-                indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
+                indexer.index(k, &mut waiting, &RequestView { tokens, flat, keys, blocks });
             }
             keyed = Some(Keyed { block: i, parts_filled: false });
             continue;
         }
         let parent = if i == 0 { *root } else { keys[i as usize - 1] };
         hashing.fill(i, tokens, flat, config);
-        let key = block_key_with(&parent, hashing.keyed(i, tokens, bs), hashing.runs, || {
-            if let Some(k) = keyed.take() {
-                indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
+        let mut entered = None;
+        let key = block_key_with(&parent, hashing.keyed(i, tokens, bs), hashing.runs, |at| {
+            if let Some(k) = keyed {
+                let r = RequestView { tokens, flat, keys, blocks };
+                match at {
+                    Meanwhile::First => entered = indexer.enter(k, &mut waiting, &r),
+                    Meanwhile::Second => indexer.complete(k, entered.take(), &waiting, &r),
+                }
             }
         });
         keys.push(key);
@@ -227,17 +275,12 @@ pub fn commit_computed(
         std::mem::swap(&mut hashing, &mut waiting);
     }
     if let Some(k) = keyed {
-        indexer.index(k, &mut waiting, tokens, flat, keys, blocks);
+        indexer.index(k, &mut waiting, &RequestView { tokens, flat, keys, blocks });
     }
-    group.flush(events);
+    let chain = Chain::of(&request.keys, &request.tokens, &request.runs, config, scope);
+    group.flush(events, &chain);
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
-        let mut run = StoredGroup {
-            event: None,
-            blocks_hint: group.blocks_hint,
-            block_size: bs,
-            medium: Tier::Device,
-            group: w.cache.group(),
-        };
+        let mut run = StoredGroup::new(Tier::Device, w.cache.group());
         for i in request.blocks_committed..full {
             let start = i * bs;
             runs_in_block(&request.runs, start, bs, runs);
@@ -255,14 +298,14 @@ pub fn commit_computed(
             let b = table.blocks[i as usize].expect("a window holds every block it has not released");
             // No sibling lists: partial reuse is off with groups.
             if !w.cache.index_block(b, &block, false) {
-                run.flush(events);
+                run.flush(events, &chain);
                 continue;
             }
             if events.enabled() {
-                run.push(block.key, block.parent, keyed, runs, scope);
+                run.push(i);
             }
         }
-        run.flush(events);
+        run.flush(events, &chain);
     }
     request.blocks_committed = full;
     release_out_of_window(request, groups, bs);

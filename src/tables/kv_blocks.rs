@@ -183,20 +183,19 @@ impl KvBlocks {
         self.rows.iter().filter(|(_, b)| b.has_content).map(|(id, b)| (id, &self.content[self.slot(b.medium, b.page)]))
     }
 
-    /// Gives a live block its content, written in place in its page slot,
-    /// unlinked and with no children.
+    /// Writes the content of the block on page `page` of `medium`, in place
+    /// in its page slot, unlinked and with no children; the caller sets the
+    /// row's `has_content` (it holds the row already).
     #[inline]
     pub fn set_content(
         &mut self,
-        id: BlockId,
+        (medium, page): (Tier, u32),
         parent: Option<BlockKey>,
         depth: u32,
         scope: ScopeId,
         images: &[ImageRun],
     ) {
-        let b = &mut self.rows[id];
-        b.has_content = true;
-        let c = &mut self.content[page_slot(self.pages_device, b.medium, b.page)];
+        let c = &mut self.content[page_slot(self.pages_device, medium, page)];
         c.parent = parent;
         c.depth = depth;
         c.scope = scope;
