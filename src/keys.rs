@@ -223,6 +223,23 @@ pub struct FlatRun {
     pub digest: ImageDigest,
 }
 
+impl FlatRun {
+    /// The part of this run inside the block `block_start..block_end`
+    /// (which it overlaps), with the item-local offset where the block cuts
+    /// it.
+    #[inline]
+    pub fn cut(&self, block_start: u32, block_end: u32) -> ImageRun {
+        let s = self.start.max(block_start);
+        let e = (self.start + self.len).min(block_end);
+        ImageRun {
+            digest: self.digest,
+            item_offset: self.item_offset + (s - self.start),
+            block_offset: s - block_start,
+            len: e - s,
+        }
+    }
+}
+
 /// The image runs of the block that starts at `block_start`, from a request's
 /// flat, sorted runs. Runs that start before the block (an item the block
 /// starts inside) carry the item-local offset where the block cuts them.
@@ -234,14 +251,7 @@ pub fn runs_in_block(runs: &[FlatRun], block_start: u32, block_size: u32, out: &
         if r.start >= block_end {
             break;
         }
-        let s = r.start.max(block_start);
-        let e = (r.start + r.len).min(block_end);
-        out.push(ImageRun {
-            digest: r.digest,
-            item_offset: r.item_offset + (s - r.start),
-            block_offset: s - block_start,
-            len: e - s,
-        });
+        out.push(r.cut(block_start, block_end));
     }
 }
 

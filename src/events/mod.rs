@@ -167,14 +167,7 @@ impl BlockStored {
             let (block_start, block_end) = (start + b * bs, start + (b + 1) * bs);
             self.open_block_runs(first_block + b as usize);
             for r in flat[cursor..].iter().take_while(|r| r.start < block_end) {
-                let s = r.start.max(block_start);
-                let e = (r.start + r.len).min(block_end);
-                self.push_image_run(&ImageRun {
-                    digest: r.digest,
-                    item_offset: r.item_offset + (s - r.start),
-                    block_offset: s - block_start,
-                    len: e - s,
-                });
+                self.push_image_run(&r.cut(block_start, block_end));
             }
             self.block_images.end_block();
             while flat.get(cursor).is_some_and(|r| r.start + r.len <= block_end) {
