@@ -167,8 +167,9 @@ pub(crate) enum Meanwhile {
 /// needs no part of this key) runs on those units while the rounds go on,
 /// instead of after them. Work split in two, a part after each of the
 /// first two compressions, leaves less between them, so that the second
-/// enters the CPU's window of instructions in flight sooner. `block_key` is this function with nothing to
-/// run, so the two compute every key by the same code.
+/// enters the CPU's window of instructions in flight sooner. `block_key` is
+/// this function with nothing to run, so the two compute every key by the
+/// same code.
 #[inline(never)]
 pub(crate) fn block_key_with(
     parent: &BlockKey,

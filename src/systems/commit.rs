@@ -23,42 +23,19 @@ use crate::tier::Tier;
 /// (one event per run, cut where a block is not indexed). The blocks are
 /// noted by index as they are indexed, and the event is built in one go when
 /// the run ends, from the request's keys, tokens and image runs.
-struct StoredGroup {
+struct StoredGroup<'a> {
     /// Blocks `first..end` of the request: indexed, not advertised yet.
     run: Option<(u32, u32)>,
     medium: Tier,
     /// The group the blocks are in, as the events name it.
     group: Option<KvGroup>,
-}
-
-/// What a request's blocks are advertised from: its keys, token ids and
-/// flat image runs, the block size and the image placeholder id.
-#[derive(Clone, Copy)]
-struct Chain<'a> {
-    keys: &'a [BlockKey],
-    tokens: &'a [u32],
-    flat: &'a [FlatRun],
-    block_size: u32,
-    placeholder: u32,
+    config: &'a EngineConfig,
     scope: &'a RequestScope,
 }
 
-impl<'a> Chain<'a> {
-    fn of(
-        keys: &'a [BlockKey],
-        tokens: &'a [u32],
-        flat: &'a [FlatRun],
-        config: &EngineConfig,
-        scope: &'a RequestScope,
-    ) -> Self {
-        let (block_size, placeholder) = (config.block_size_tokens, config.image_placeholder_token_id);
-        Self { keys, tokens, flat, block_size, placeholder, scope }
-    }
-}
-
-impl StoredGroup {
-    fn new(medium: Tier, group: Option<KvGroup>) -> Self {
-        Self { run: None, medium, group }
+impl<'a> StoredGroup<'a> {
+    fn new(medium: Tier, group: Option<KvGroup>, config: &'a EngineConfig, scope: &'a RequestScope) -> Self {
+        Self { run: None, medium, group, config, scope }
     }
 
     /// Adds block `i`, the block after the run's last.
@@ -72,24 +49,26 @@ impl StoredGroup {
         }
     }
 
-    /// Queues the run's event, if a run is open.
-    fn flush(&mut self, events: &mut EventQueue, chain: &Chain<'_>) {
+    /// Queues the run's event, if a run is open, from the request's keys,
+    /// tokens and image runs.
+    fn flush(&mut self, events: &mut EventQueue, r: &RequestView<'_>) {
         let Some((first, end)) = self.run.take() else { return };
-        let parent = (first > 0).then(|| chain.keys[first as usize - 1]);
-        let mut e = BlockStored::start(parent, chain.block_size, self.medium, chain.scope, (end - first) as usize);
+        let (bs, blocks) = (self.config.block_size_tokens, (end - first) as usize);
+        let parent = (first > 0).then(|| r.keys[first as usize - 1]);
+        let mut e = BlockStored::start(parent, bs, self.medium, self.scope, blocks);
         e.group = self.group;
-        e.push_blocks(&chain.keys[first as usize..end as usize], chain.tokens, first, chain.flat, chain.placeholder);
+        let keys = &r.keys[first as usize..end as usize];
+        e.push_blocks(keys, r.tokens, first, r.flat, self.config.image_placeholder_token_id);
         events.push_stored(e);
     }
 }
 
 /// Indexes and advertises committed blocks one at a time, in block order:
 /// the second half of committing a block, once its key is known.
-struct BlockIndexer<'a> {
+struct BlockIndexer<'a, 'g> {
     cache: &'a mut KvCache,
     events: &'a mut EventQueue,
-    group: &'a mut StoredGroup,
-    scope: &'a RequestScope,
+    group: &'a mut StoredGroup<'g>,
     scope_id: ScopeId,
     config: &'a EngineConfig,
 }
@@ -145,7 +124,7 @@ struct Keyed {
     parts_filled: bool,
 }
 
-impl BlockIndexer<'_> {
+impl BlockIndexer<'_, '_> {
     /// Indexes block `k.block` of a request (its key is `keys[i]`; its parts
     /// in `parts`, computed there first unless `k.parts_filled`) and adds it
     /// to the run being advertised; a block that was matched at admission,
@@ -173,12 +152,11 @@ impl BlockIndexer<'_> {
     #[inline(always)]
     fn complete(&mut self, k: Keyed, entered: Option<Entered>, parts: &BlockParts<'_>, r: &RequestView<'_>) {
         let i = k.block;
-        let RequestView { tokens, flat, keys, blocks } = *r;
         let Some(entered) = entered else {
-            let chain = Chain::of(keys, tokens, flat, self.config, self.scope);
-            self.group.flush(self.events, &chain);
+            self.group.flush(self.events, r);
             return;
         };
+        let RequestView { tokens, keys, blocks, .. } = *r;
         let block = CommittedBlock {
             key: &keys[i as usize],
             parent: (i > 0).then(|| &keys[i as usize - 1]),
@@ -233,9 +211,9 @@ pub fn commit_computed(
     let committed = request.blocks_committed;
     let cache = &mut groups.main;
     let Scratch { tokens: scratch, block_runs: runs, advertised_tokens, advertised_runs, .. } = scratch;
-    let mut group = StoredGroup::new(Tier::Device, cache.group());
     let scope = &cache.scopes().get(request.scope).clone();
-    let mut indexer = BlockIndexer { cache, events, group: &mut group, scope, scope_id: request.scope, config };
+    let mut group = StoredGroup::new(Tier::Device, cache.group(), config, scope);
+    let mut indexer = BlockIndexer { cache, events, group: &mut group, scope_id: request.scope, config };
     // Software-pipelined: each block is indexed while the next one's key is
     // hashed, on execution units that the hash's chain of dependent rounds
     // leaves idle. `block_key_with` runs the block's key and index entry
@@ -277,10 +255,11 @@ pub fn commit_computed(
     if let Some(k) = keyed {
         indexer.index(k, &mut waiting, &RequestView { tokens, flat, keys, blocks });
     }
-    let chain = Chain::of(&request.keys, &request.tokens, &request.runs, config, scope);
-    group.flush(events, &chain);
+    let view =
+        RequestView { tokens: &request.tokens, flat: &request.runs, keys: &request.keys, blocks: &request.blocks };
+    group.flush(events, &view);
     for (w, table) in groups.windows.iter_mut().zip(&request.windows) {
-        let mut run = StoredGroup::new(Tier::Device, w.cache.group());
+        let mut run = StoredGroup::new(Tier::Device, w.cache.group(), config, scope);
         for i in request.blocks_committed..full {
             let start = i * bs;
             runs_in_block(&request.runs, start, bs, runs);
@@ -298,14 +277,14 @@ pub fn commit_computed(
             let b = table.blocks[i as usize].expect("a window holds every block it has not released");
             // No sibling lists: partial reuse is off with groups.
             if !w.cache.index_block(b, &block, false) {
-                run.flush(events, &chain);
+                run.flush(events, &view);
                 continue;
             }
             if events.enabled() {
                 run.push(i);
             }
         }
-        run.flush(events, &chain);
+        run.flush(events, &view);
     }
     request.blocks_committed = full;
     release_out_of_window(request, groups, bs);
