@@ -5,8 +5,11 @@
 //! every store touches a random slot. `hashbrown` keeps its control bytes
 //! apart from its buckets, so a miss costs two cache lines; here a lookup or
 //! an insert is one line in the common case. Keys are already hashes, so the
-//! slot index is the top bits of one multiply. Deletion shifts later entries
-//! back (no tombstones), so the table never degrades under churn.
+//! slot index is the top bits of one multiply. [`U64Table`]'s deletion
+//! shifts later entries back (no tombstones), so the table never degrades
+//! under churn; [`SlotTable`], the workers' tables, marks a removed entry
+//! dead in place instead (one line written, nothing read past it) and drops
+//! the dead entries when it fills.
 //!
 //! The key `EMPTY` (zero) marks a free slot; an entry whose key is `EMPTY`
 //! lives in a side slot instead.
@@ -173,6 +176,14 @@ impl<V: Copy + Default> U64Table<V> {
     /// took 4-11 % more of a fresh apply of route-bench's workloads
     /// (docs/benchmarks.md).
     fn resize(&mut self, slots: usize, write_first: bool) {
+        self.resize_keeping(slots, write_first, |_| true);
+    }
+
+    /// [`U64Table::resize`] that leaves out the entries whose value fails
+    /// `keep` (into the spare slot, as a free one), and may stay at the
+    /// same size; the caller sets `len` when it leaves any out.
+    #[inline]
+    fn resize_keeping(&mut self, slots: usize, write_first: bool, keep: impl Fn(&V) -> bool) {
         debug_assert!(slots.is_power_of_two() && slots >= self.slots.len());
         let mut new: Vec<(u64, V)> = if write_first {
             let mut v = Vec::with_capacity(slots + 1);
@@ -194,6 +205,8 @@ impl<V: Copy + Default> U64Table<V> {
         let bits = slots.trailing_zeros();
         let mask = slots - 1;
         for &(k, v) in &self.slots {
+            // An entry left out goes where a free slot goes, as a free one.
+            let k = if keep(&v) { k } else { EMPTY };
             let mut i = if k == EMPTY { slots } else { home(k, bits) };
             while new[i].0 != EMPTY {
                 i = (i + 1) & mask;
@@ -213,8 +226,19 @@ impl<V: Copy + Default> U64Table<V> {
     /// default) of slack in a table that stops growing there.
     #[cold]
     fn grow(&mut self) {
+        self.resize(self.grown(), false);
+    }
+
+    /// The slot count the table grows to from its current one.
+    fn grown(&self) -> usize {
         let n = self.slots.len();
-        self.resize(if n < self.four_below { (n * 4).max(16) } else { n * 2 }, false);
+        if n < self.four_below { (n * 4).max(16) } else { n * 2 }
+    }
+
+    /// Whether `more` entries beyond the current ones pass the load limit.
+    #[inline(always)]
+    fn over_limit(&self, more: usize) -> bool {
+        (self.len + more) * 4 > self.slots.len() * self.quarters
     }
 
     /// The slot holding `key`, if any.
@@ -246,18 +270,6 @@ impl<V: Copy + Default> U64Table<V> {
     pub fn prefetch(&self, key: u64) {
         if !self.slots.is_empty() {
             prefetch(&self.slots[home(key, self.bits)]);
-        }
-    }
-
-    /// [`U64Table::prefetch`], and the slot after the home slot's too (in
-    /// the next line when the home is the last slot of its line): a removal
-    /// reads the slots after the key's, to shift its run back.
-    #[inline]
-    pub fn prefetch_for_remove(&self, key: u64) {
-        if !self.slots.is_empty() {
-            let h = home(key, self.bits);
-            prefetch(&self.slots[h]);
-            prefetch(&self.slots[(h + 1) & self.mask()]);
         }
     }
 
@@ -300,7 +312,7 @@ impl<V: Copy + Default> U64Table<V> {
     /// [`U64Table::probe`] and fills with [`U64Table::fill`].
     #[inline]
     pub fn make_room(&mut self, more: usize) {
-        while (self.len + more) * 4 > self.slots.len() * self.quarters {
+        while self.over_limit(more) {
             self.grow();
         }
     }
@@ -433,6 +445,191 @@ impl<V: Copy + Default> U64Table<V> {
     }
 }
 
+/// The value that marks a dead entry of a [`SlotTable`]: no slot of the
+/// runs has this index.
+const DEAD: u32 = u32::MAX;
+
+/// A [`U64Table`] of `u32` values (slots of the runs) whose removals leave
+/// the entry in place, marked dead, where [`U64Table::remove`] shifts the
+/// entries after it back: a removal then writes the line it found the key
+/// in and reads nothing past it. A key stored again finds its dead entry
+/// and takes it back; other keys probe past dead entries as past live ones.
+///
+/// Why: a worker's table takes every removal event's blocks, and on the
+/// route-bench streams the shift read the slots after a removed one, in
+/// the next cache line in about half of the cases, a miss of its own.
+///
+/// Dead entries count towards the load limit. When the table is full, they
+/// are dropped by a rehash at the same size when they are a sixteenth of
+/// the slots or more (room for that many inserts before the next), and
+/// otherwise by the growth's own rehash: the table grows only when its live
+/// entries pass 11/16 of the slots, where a [`U64Table`] grows at 3/4.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SlotTable {
+    table: U64Table<u32>,
+    /// Entries marked dead.
+    dead: usize,
+}
+
+impl SlotTable {
+    /// Live entries.
+    pub fn len(&self) -> usize {
+        self.table.len() - self.dead
+    }
+
+    /// Slots allocated.
+    #[cfg(test)]
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.table.bytes()
+    }
+
+    /// [`U64Table::reserve`] (dead entries count as held).
+    pub fn reserve(&mut self, more: usize) {
+        self.table.reserve(more);
+    }
+
+    /// [`U64Table::prefetch`].
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        self.table.prefetch(key);
+    }
+
+    /// The value of live `key`.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&u32> {
+        self.table.get(key).filter(|v| **v != DEAD)
+    }
+
+    /// [`U64Table::make_room`], dropping the dead entries first when the
+    /// table is full (see the type's docs).
+    #[inline]
+    pub fn make_room(&mut self, more: usize) {
+        if self.table.over_limit(more) {
+            self.drop_dead(more);
+        }
+    }
+
+    /// The table is full for `more` entries: rehashes without the dead
+    /// entries, at the same size when they are worth it, else at the grown
+    /// one, then grows on if that is still short.
+    #[cold]
+    #[inline(never)]
+    fn drop_dead(&mut self, more: usize) {
+        if self.dead > 0 {
+            let t = &mut self.table;
+            let live = t.len - self.dead;
+            let n = t.slots.len();
+            let same = self.dead * 16 >= n && (live + more) * 4 <= n * t.quarters;
+            let slots = if same { n } else { t.grown() };
+            t.resize_keeping(slots, false, |v| *v != DEAD);
+            t.len = live;
+            self.dead = 0;
+        }
+        self.table.make_room(more);
+    }
+
+    /// [`U64Table::probe`], a dead entry of `key` given as the free slot
+    /// where it goes (`Err`): [`SlotTable::fill`] takes it back.
+    #[inline(always)]
+    pub fn probe(&self, key: u64) -> Result<usize, usize> {
+        match self.table.probe(key) {
+            Ok(i) if self.table.slots[i].1 == DEAD => Err(i),
+            r => r,
+        }
+    }
+
+    /// [`U64Table::value_at`].
+    #[inline(always)]
+    pub fn value_at(&self, i: usize) -> u32 {
+        self.table.value_at(i)
+    }
+
+    /// Puts `key` with `value` into the slot `i` that
+    /// [`SlotTable::probe`] gave as free for it: a free slot, or the
+    /// key's own dead entry.
+    #[inline(always)]
+    pub fn fill(&mut self, i: usize, key: u64, value: u32) {
+        debug_assert!(value != DEAD);
+        if self.table.slots[i].0 == key {
+            debug_assert!(self.table.slots[i].1 == DEAD);
+            self.table.slots[i].1 = value;
+            self.dead -= 1;
+        } else {
+            self.table.fill(i, key, value);
+        }
+    }
+
+    /// Inserts or replaces; returns the old value of a live entry.
+    #[inline]
+    pub fn insert(&mut self, key: u64, value: u32) -> Option<u32> {
+        debug_assert!(value != DEAD);
+        if key == EMPTY {
+            return self.table.insert(key, value);
+        }
+        self.make_room(1);
+        match self.probe(key) {
+            Ok(i) => Some(std::mem::replace(&mut self.table.slots[i].1, value)),
+            Err(i) => {
+                self.fill(i, key, value);
+                None
+            }
+        }
+    }
+
+    /// [`U64Table::get_or_insert_with`], a dead entry taken as absent.
+    #[inline]
+    pub fn get_or_insert_with(&mut self, key: u64, make: impl FnOnce() -> u32) -> (u32, bool) {
+        if key == EMPTY {
+            return self.table.get_or_insert_with(key, make);
+        }
+        self.make_room(1);
+        match self.probe(key) {
+            Ok(i) => (self.table.slots[i].1, false),
+            Err(i) => {
+                let v = make();
+                self.fill(i, key, v);
+                (v, true)
+            }
+        }
+    }
+
+    /// Removes live `key`, marking its entry dead; returns its value.
+    /// Inline: it sits in the loop of every removal event.
+    #[inline(always)]
+    pub fn remove(&mut self, key: u64) -> Option<u32> {
+        if key == EMPTY {
+            return self.table.remove(key);
+        }
+        let v = self.table.get_mut(key).filter(|v| **v != DEAD)?;
+        let value = std::mem::replace(v, DEAD);
+        self.dead += 1;
+        Some(value)
+    }
+
+    /// Removes every entry, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.table.clear();
+        self.dead = 0;
+    }
+
+    /// Every value, dead ones ([`u32::MAX`]) included, mutably, in slot
+    /// order: for a pass that maps the values it knows and leaves others
+    /// alone, which the check of each entry for death would only slow.
+    pub fn values_mut_with_dead(&mut self) -> impl Iterator<Item = &mut u32> {
+        self.table.values_mut()
+    }
+
+    /// Every live entry, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &u32)> {
+        self.table.iter().filter(|(_, v)| **v != DEAD)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,25 +670,6 @@ mod tests {
     fn key_at(slot: u64, bits: u32, salt: u64) -> u64 {
         let product = slot << (64 - bits) | (salt & ((1u64 << (64 - bits)) - 1));
         product.wrapping_mul(inverse())
-    }
-
-    /// The removal read-ahead names the slot after a key's home, which for
-    /// a home in the last slot is the first: it wraps instead of indexing
-    /// past the end, and a table with no slots is left alone.
-    #[test]
-    fn prefetch_for_remove_wraps_at_the_last_slot() {
-        let mut t: U64Table<u32> = U64Table::new();
-        t.prefetch_for_remove(7);
-        t.reserve(8);
-        assert_eq!(t.capacity(), 16);
-        let last = key_at(15, 4, 3);
-        assert_eq!(home(last, 4), 15);
-        t.prefetch_for_remove(last);
-        t.insert(last, 1);
-        t.insert(key_at(15, 4, 5), 2);
-        t.prefetch_for_remove(last);
-        assert_eq!(t.remove(last), Some(1));
-        assert_eq!(t.get(key_at(15, 4, 5)), Some(&2));
     }
 
     /// A full table grows four-fold below its bound and two-fold from it.
@@ -614,6 +792,93 @@ mod tests {
             b.sort_unstable();
             prop_assert_eq!(a, b);
         }
+    }
+
+    proptest! {
+        /// A [`SlotTable`] behaves as a `HashMap` under any sequence of
+        /// inserts, probes and fills, removals (marking entries dead, a key
+        /// stored again taking its entry back), lookups and clears; its
+        /// dead entries are dropped when it fills, so it grows only for its
+        /// live entries: when one more would pass 11/16 of its slots.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn slot_table_behaves_like_a_hashmap(ops in proptest::collection::vec(
+            prop_oneof![
+                4 => (key(), 0..u32::MAX).prop_map(|(k, v)| Op::Insert(k, v)),
+                2 => (key(), 0..u32::MAX).prop_map(|(k, v)| Op::GetOrInsert(k, v)),
+                3 => (key(), 0..u32::MAX).prop_map(|(k, v)| Op::Fill(k, v)),
+                4 => key().prop_map(Op::Remove),
+                2 => key().prop_map(Op::Get),
+                1 => Just(Op::Clear),
+            ], 0..600)) {
+            let mut t = SlotTable::default();
+            let mut m: HashMap<u64, u32> = HashMap::new();
+            for op in ops {
+                let (before, slots) = (t.len(), t.capacity());
+                match op {
+                    Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
+                    Op::GetOrInsert(k, v) => {
+                        let present = m.get(&k).copied();
+                        prop_assert_eq!(t.get_or_insert_with(k, || v), (present.unwrap_or(v), present.is_none()));
+                        m.entry(k).or_insert(v);
+                    }
+                    Op::Fill(k, v) => {
+                        t.make_room(1);
+                        if k == EMPTY {
+                            continue;
+                        }
+                        match t.probe(k) {
+                            Ok(i) => prop_assert_eq!(Some(&t.value_at(i)), m.get(&k)),
+                            Err(i) => {
+                                prop_assert!(!m.contains_key(&k));
+                                t.fill(i, k, v);
+                                m.insert(k, v);
+                            }
+                        }
+                    }
+                    Op::Remove(k) => prop_assert_eq!(t.remove(k), m.remove(&k)),
+                    Op::Get(k) => prop_assert_eq!(t.get(k).copied(), m.get(&k).copied()),
+                    Op::Clear => { t.clear(); m.clear(); }
+                }
+                prop_assert_eq!(t.len(), m.len());
+                if t.capacity() > slots && slots > 0 {
+                    prop_assert!((before + 1) * 16 > slots * 11, "grew from {slots} slots at {before} live entries");
+                }
+            }
+            let mut a: Vec<(u64, u32)> = t.iter().map(|(k, v)| (k, *v)).collect();
+            let mut b: Vec<(u64, u32)> = m.into_iter().collect();
+            a.sort_unstable();
+            b.sort_unstable();
+            prop_assert_eq!(a, b);
+        }
+    }
+
+    /// Churn of ever new keys, as a worker's cache turns over, leaves a
+    /// [`SlotTable`] at the size its live entries need: the dead entries of
+    /// each round are dropped, not grown over.
+    #[test]
+    fn slot_table_churn_keeps_its_size() {
+        let mut t = SlotTable::default();
+        let (n, mut next) = (3000u64, 1u64);
+        let mut sizes = Vec::new();
+        for _ in 0..20 {
+            let keys: Vec<u64> = (next..next + n).map(|k| k.wrapping_mul(0x2545_F491_4F6C_DD1D)).collect();
+            next += n;
+            for &k in &keys {
+                t.insert(k, k as u32 >> 1);
+            }
+            for &k in keys.iter().step_by(2) {
+                assert_eq!(t.remove(k), Some(k as u32 >> 1));
+            }
+            for &k in keys.iter().skip(1).step_by(2) {
+                assert_eq!(t.get(k), Some(&(k as u32 >> 1)));
+                assert_eq!(t.remove(k), Some(k as u32 >> 1));
+            }
+            assert_eq!(t.len(), 0);
+            sizes.push(t.capacity());
+        }
+        // 3000 live entries need 4096 slots at the load limit (4 Ki slots grow four-fold below).
+        assert!(sizes.iter().all(|&s| s == 4096), "{sizes:?}");
     }
 
     /// The minor page faults of this thread so far (field 10 of

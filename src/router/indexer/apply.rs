@@ -157,13 +157,11 @@ impl Indexer {
                     wb.keyed.prefetch(h as u64);
                 }
             }
-            // A removal reads on past its slot, to shift the run after it
-            // back: the next slot too (one prefetch more a block, a line
-            // more in a quarter of cases). The same for stores measured
-            // slower (docs/benchmarks.md).
+            // A removal marks the entry dead where it finds it: the home
+            // line, as for a store.
             WireEvent::BlockRemoved(r) => {
                 for &h in &r.block_hashes {
-                    wb.keyed.prefetch_for_remove(h as u64);
+                    wb.keyed.prefetch(h as u64);
                 }
             }
             _ => {}
@@ -658,10 +656,10 @@ fn store_keyed(
 }
 
 /// [`store_keyed`] of a hash other than 0 once the worker's table has room
-/// and was probed for it (`probed`, from [`U64Table::probe`]): a stored
+/// and was probed for it (`probed`, from [`SlotTable::probe`]): a stored
 /// event checks the load limit once for all its blocks.
 ///
-/// [`U64Table::probe`]: crate::table::U64Table::probe
+/// [`SlotTable::probe`]: crate::table::SlotTable::probe
 #[inline(always)]
 #[allow(clippy::too_many_arguments, reason = "store_keyed's arguments and the probe's result, inlined into two loops")]
 fn store_probed(

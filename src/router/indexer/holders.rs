@@ -84,16 +84,36 @@ impl Default for HolderIndex {
 }
 
 /// Where a compaction moved slots: for each moved chunk, the new slot of
-/// each of its live slots, so that the workers' tables can follow.
+/// each of its live slots, so that the workers' tables can follow; and
+/// which workers hold a moved key, so that only their tables are read.
 #[derive(Debug, Default)]
 pub(super) struct Moved {
     /// Each chunk's index into `to`, or `u32::MAX` for a chunk not moved.
     chunk: Vec<u32>,
     /// `CHUNK` new slots per moved chunk.
     to: Vec<u32>,
+    /// A bit per worker holding a moved key.
+    workers: Vec<u64>,
 }
 
 impl Moved {
+    /// Whether worker `w` holds a key that moved: a worker's table names
+    /// only keys it holds, so the table of one that holds none has nothing
+    /// to follow.
+    #[inline]
+    pub(super) fn touches(&self, w: usize) -> bool {
+        self.workers.get(w / 64).is_some_and(|b| b & 1 << (w % 64) != 0)
+    }
+
+    /// Marks worker `w` as holding a moved key.
+    fn mark(&mut self, w: u32) {
+        let (i, bit) = (w as usize / 64, 1u64 << (w % 64));
+        if i >= self.workers.len() {
+            self.workers.resize(i + 1, 0);
+        }
+        self.workers[i] |= bit;
+    }
+
     /// The slot that `slot` moved to, if its chunk moved.
     #[inline]
     pub(super) fn get(&self, slot: u32) -> Option<u32> {
@@ -202,20 +222,30 @@ impl HolderSets {
         if h & MANY != 0 { self.gens[(h & !MANY) as usize] } else { 0 }
     }
 
-    /// What holder value `src` became the last time `worker`'s tiers in
-    /// it changed by `op`, with the worker's tiers before and after, if
-    /// that is remembered and both sets are still the same ones. The
-    /// result's set (if one) is acquired for the caller.
-    #[inline]
-    fn remembered(&mut self, src: u32, worker: u32, op: TierOp) -> Option<(u32, u8, u8)> {
-        let code = op.code();
+    /// What holder value `src` became, with `worker`'s tiers before and
+    /// after, if the last transition taken was this one (`worker`'s tiers
+    /// in `src` changed by `op`): the keys of a prefix one after another
+    /// take it, so this check sits inline in every update of a shared key
+    /// and the rest stays out of line. The result's set (if one) is
+    /// acquired for the caller.
+    #[inline(always)]
+    fn repeated(&mut self, src: u32, worker: u32, op: TierOp) -> Option<(u32, u8, u8)> {
         let l = self.last;
-        if l.src == src && l.worker == worker && l.code == code && l.dst != 0 {
+        if l.src == src && l.worker == worker && l.code == op.code() && l.dst != 0 {
             if l.dst & MANY != 0 {
                 self.refs[(l.dst & !MANY) as usize] += 1;
             }
             return Some((l.dst, l.old, l.new));
         }
+        None
+    }
+
+    /// What holder value `src` became the last time `worker`'s tiers in
+    /// it changed by `op`, from the transition cache (the caller checked
+    /// [`HolderSets::repeated`] first), as that gives it.
+    #[inline]
+    fn remembered(&mut self, src: u32, worker: u32, op: TierOp) -> Option<(u32, u8, u8)> {
+        let code = op.code();
         let m = *self.moves.get(move_slot(src, worker, code))?;
         if m.src != src
             || m.worker != worker
@@ -449,6 +479,13 @@ impl HolderIndex {
             }
             return (old, tiers);
         }
+        if let Some((nh, old, tiers)) = self.sets.repeated(h, worker, op) {
+            self.runs.holders[s] = nh;
+            if h & MANY != 0 {
+                self.sets.release(h & !MANY);
+            }
+            return (old, tiers);
+        }
         self.update_shared(s, h, worker, op)
     }
 
@@ -564,15 +601,30 @@ impl HolderIndex {
     /// a run head too.
     #[cold]
     fn compact(&mut self) -> Moved {
-        let Self { map, runs, .. } = self;
+        let Self { map, runs, sets, .. } = self;
         let chunks = runs.sparse_chunks();
-        let mut moved = Moved { chunk: vec![u32::MAX; runs.slots() / CHUNK], to: vec![0; chunks.len() * CHUNK] };
+        let mut moved = Moved {
+            chunk: vec![u32::MAX; runs.slots() / CHUNK],
+            to: vec![0; chunks.len() * CHUNK],
+            workers: Vec::new(),
+        };
         let mut last: Option<(u32, u32)> = None;
+        // The holders of the moved keys: single ones marked as they come,
+        // sets once each after the loop.
+        let mut holders_one: Vec<u32> = Vec::new();
+        let mut holder_sets: Vec<u32> = Vec::new();
         for (i, &c) in chunks.iter().enumerate() {
             moved.chunk[c as usize] = i as u32;
             let to = &mut moved.to[i * CHUNK..(i + 1) * CHUNK];
-            runs.relocate(c, |old, key, new, was_mapped| {
+            runs.relocate(c, |old, key, h, new, was_mapped| {
                 to[old as usize % CHUNK] = new;
+                if h & MANY == 0 {
+                    if holders_one.last() != Some(&(h >> 2)) {
+                        holders_one.push(h >> 2);
+                    }
+                } else if holder_sets.last() != Some(&(h & !MANY)) {
+                    holder_sets.push(h & !MANY);
+                }
                 let chained = !was_mapped && old > 0 && new > 0 && last == Some((old - 1, new - 1));
                 last = Some((old, new));
                 if was_mapped {
@@ -587,6 +639,16 @@ impl HolderIndex {
                     true
                 }
             });
+        }
+        for w in holders_one {
+            moved.mark(w);
+        }
+        holder_sets.sort_unstable();
+        holder_sets.dedup();
+        for id in holder_sets {
+            for &x in sets.get(id) {
+                moved.mark(x >> 2);
+            }
         }
         for &c in &chunks {
             self.head_if_orphaned((c as usize + 1) * CHUNK);

@@ -417,8 +417,13 @@ impl Indexer {
     /// follow the slots that moved.
     fn settle(&mut self) {
         if let Some(moved) = self.index.settle() {
-            for w in &mut self.workers {
-                for s in w.keyed.values_mut() {
+            for (i, w) in self.workers.iter_mut().enumerate() {
+                if !moved.touches(i) {
+                    continue;
+                }
+                // A dead entry's value is past every slot: no chunk of it
+                // moved.
+                for s in w.keyed.values_mut_with_dead() {
                     if let Some(n) = moved.get(*s) {
                         *s = n;
                     }

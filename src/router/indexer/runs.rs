@@ -237,10 +237,10 @@ impl Runs {
     }
 
     /// Moves the live slots of chunk `c` into the compaction stream, in
-    /// order, calling `moved(old slot, key, new slot, mapped)` for each,
-    /// which says whether the key is in the map at its new slot; the chunk
-    /// is freed.
-    pub(super) fn relocate(&mut self, c: u32, mut moved: impl FnMut(u32, u64, u32, bool) -> bool) {
+    /// order, calling `moved(old slot, key, holder value, new slot,
+    /// mapped)` for each, which says whether the key is in the map at its
+    /// new slot; the chunk is freed.
+    pub(super) fn relocate(&mut self, c: u32, mut moved: impl FnMut(u32, u64, u32, u32, bool) -> bool) {
         let base = c as usize * CHUNK;
         for s in base..base + CHUNK {
             let h = self.holders[s];
@@ -254,7 +254,7 @@ impl Runs {
             self.live[c as usize] -= 1;
             self.live_total -= 1;
             let new = self.take(COMPACTION, key, h);
-            if moved(s as u32, key, new, was) {
+            if moved(s as u32, key, h, new, was) {
                 self.set_mapped(new as usize);
             }
         }

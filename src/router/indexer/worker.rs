@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use crate::table::U64Table;
+use crate::table::SlotTable;
 
 /// A hasher for keys that are already 64-bit hashes (engine hashes, router
 /// keys): one folded multiply, enough to spread hashes that engines made from
@@ -40,7 +40,7 @@ impl BuildHasher for BuildU64 {
 }
 
 /// A map keyed by engine hashes, for the small tables of waiting blocks
-/// (the large keyed table is a [`U64Table`]).
+/// (the large keyed table is a [`SlotTable`]).
 pub(super) type U64Map<V> = HashMap<u64, V, BuildU64>;
 
 /// A block waiting for its parent to be keyed: what it needs to be keyed
@@ -92,8 +92,9 @@ pub(super) struct WorkerBlocks {
     /// Keyed blocks by engine hash: the slot of their router key in the
     /// runs (`runs.rs`), which holds the key and its holders. Their tiers
     /// are there too, so a slot here is 16 bytes (four to a cache line,
-    /// none straddling two).
-    pub(super) keyed: U64Table<u32>,
+    /// none straddling two). A removal marks its entry dead in place
+    /// ([`SlotTable`]).
+    pub(super) keyed: SlotTable,
     /// Blocks waiting for their parent, by engine hash.
     pub(super) waiting: U64Map<Waiting>,
     /// Parent engine hash to the waiting blocks stored under it.
