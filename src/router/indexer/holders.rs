@@ -105,21 +105,21 @@ impl Moved {
         self.workers.get(w / 64).is_some_and(|b| b & 1 << (w % 64) != 0)
     }
 
-    /// Marks worker `w` as holding a moved key.
-    fn mark(&mut self, w: u32) {
-        let (i, bit) = (w as usize / 64, 1u64 << (w % 64));
-        if i >= self.workers.len() {
-            self.workers.resize(i + 1, 0);
-        }
-        self.workers[i] |= bit;
-    }
-
     /// The slot that `slot` moved to, if its chunk moved.
     #[inline]
     pub(super) fn get(&self, slot: u32) -> Option<u32> {
         let c = *self.chunk.get(slot as usize / CHUNK)?;
         (c != u32::MAX).then(|| self.to[c as usize * CHUNK + slot as usize % CHUNK])
     }
+}
+
+/// Sets worker `w`'s bit in `bits`.
+fn mark(bits: &mut Vec<u64>, w: u32) {
+    let (i, bit) = (w as usize / 64, 1u64 << (w % 64));
+    if i >= bits.len() {
+        bits.resize(i + 1, 0);
+    }
+    bits[i] |= bit;
 }
 
 /// Interned holder lists, sorted by worker, counted by the keys using them.
@@ -611,7 +611,7 @@ impl HolderIndex {
         let mut last: Option<(u32, u32)> = None;
         // The holders of the moved keys: single ones marked as they come,
         // sets once each after the loop.
-        let mut holders_one: Vec<u32> = Vec::new();
+        let mut workers: Vec<u64> = Vec::new();
         let mut holder_sets: Vec<u32> = Vec::new();
         for (i, &c) in chunks.iter().enumerate() {
             moved.chunk[c as usize] = i as u32;
@@ -619,9 +619,7 @@ impl HolderIndex {
             runs.relocate(c, |old, key, h, new, was_mapped| {
                 to[old as usize % CHUNK] = new;
                 if h & MANY == 0 {
-                    if holders_one.last() != Some(&(h >> 2)) {
-                        holders_one.push(h >> 2);
-                    }
+                    mark(&mut workers, h >> 2);
                 } else if holder_sets.last() != Some(&(h & !MANY)) {
                     holder_sets.push(h & !MANY);
                 }
@@ -640,16 +638,14 @@ impl HolderIndex {
                 }
             });
         }
-        for w in holders_one {
-            moved.mark(w);
-        }
         holder_sets.sort_unstable();
         holder_sets.dedup();
         for id in holder_sets {
             for &x in sets.get(id) {
-                moved.mark(x >> 2);
+                mark(&mut workers, x >> 2);
             }
         }
+        moved.workers = workers;
         for &c in &chunks {
             self.head_if_orphaned((c as usize + 1) * CHUNK);
         }
