@@ -114,10 +114,38 @@ pub struct CoreBenchResult {
 impl CoreBenchResult {
     /// The median of a case.
     pub fn median(&self, case: usize) -> Duration {
-        let mut v = self.samples[case].clone();
-        v.sort_unstable();
-        v.get(v.len() / 2).copied().unwrap_or_default()
+        median_of(&self.samples[case])
     }
+
+    /// The ratio of a case to the bare chain in every round: the median of
+    /// the case's batch in that round over the median of the chain's batch
+    /// in the same round (batches of one round run back to back, so both
+    /// saw the same machine conditions). Rounds where either batch is
+    /// missing are left out.
+    pub fn round_ratios(&self, case: usize) -> Vec<f64> {
+        let (bare, this) = (&self.samples[0], &self.samples[case]);
+        bare.chunks(BATCH)
+            .zip(this.chunks(BATCH))
+            .map(|(b, c)| median_of(c).as_secs_f64() / median_of(b).as_secs_f64())
+            .filter(|r| r.is_finite())
+            .collect()
+    }
+}
+
+/// The median of some durations (the upper one of an even count; zero when
+/// there are none).
+fn median_of(samples: &[Duration]) -> Duration {
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// The minimum, median and maximum of some figures (`None` when there are
+/// none).
+pub fn min_median_max(figures: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v = figures.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some((*v.first()?, v[v.len() / 2], *v.last()?))
 }
 
 /// Repetitions of one case run back to back before the next case's turn.
@@ -225,5 +253,33 @@ mod tests {
         assert_eq!(b.tokens_cached, PROMPT - BLOCK_SIZE);
         let r = run_core_bench(3);
         assert!(r.samples.iter().all(|s| s.len() == 3));
+    }
+
+    fn us(v: &[u64]) -> Vec<Duration> {
+        v.iter().map(|&x| Duration::from_micros(x)).collect()
+    }
+
+    /// Each round's ratio divides the case's batch by the chain's batch of
+    /// the same round, not by the chain's median over the whole run: a slow
+    /// round of both reads as the same ratio as a fast one.
+    #[test]
+    fn round_ratios_divide_within_each_round() {
+        let mut r = CoreBenchResult::default();
+        // Two rounds: the chain at 10 then 20 µs, the case at 12 then 26.
+        r.samples[0] = us(&[[10; BATCH], [20; BATCH]].concat());
+        r.samples[1] = us(&[[12; BATCH], [26; BATCH]].concat());
+        // A last round cut short (fewer repetitions than a batch).
+        r.samples[0].extend(us(&[40, 40, 41]));
+        r.samples[1].extend(us(&[40, 44, 50]));
+        let ratios = r.round_ratios(1);
+        assert_eq!(ratios.len(), 3);
+        for (got, want) in ratios.iter().zip([1.2, 1.3, 1.1]) {
+            assert!((got - want).abs() < 1e-9, "{ratios:?}");
+        }
+        assert_eq!(min_median_max(&ratios).map(|(a, _, c)| (a, c)), Some((ratios[2], ratios[1])));
+        assert!((min_median_max(&ratios).unwrap().1 - 1.2).abs() < 1e-9);
+        assert_eq!(min_median_max(&[]), None);
+        // A case with no samples has no rounds.
+        assert!(r.round_ratios(2).is_empty());
     }
 }
