@@ -571,14 +571,12 @@ fn rounds(
     }
     let best = (1..sides.len()).max_by_key(|i| best_count[*i]).unwrap_or(0);
     let medians = sides.iter().zip(figs.iter_mut()).map(|(s, f)| (*s, median(f))).collect();
-    let mut sorted = ratios.clone();
-    sorted.sort_by(|a, b| a.total_cmp(b));
     Row {
         what,
         unit,
         higher_better,
         medians,
-        ratio: (sorted[0], median(&mut ratios), sorted[sorted.len() - 1]),
+        ratio: super::min_median_max(&ratios).expect("at least one round"),
         best: sides[best],
     }
 }
