@@ -104,11 +104,15 @@ impl PromptWorkload {
 /// The cases `core-bench` interleaves.
 pub const CASES: [&str; 4] = ["bare_sha256_chain", "cold", "cold_evicting", "warm"];
 
-/// Per case, the duration of every repetition.
+/// Per case, the duration of every repetition; per round, the core-sharing
+/// probe's reading.
 #[derive(Clone, Debug, Default)]
 pub struct CoreBenchResult {
     /// `samples[c][i]`: repetition `i` of case `CASES[c]`.
     pub samples: [Vec<Duration>; 4],
+    /// `sharing[r]`: round `r`'s sharing index ([`sharing_index`]), the
+    /// higher of the readings before and after the round.
+    pub sharing: Vec<f64>,
 }
 
 impl CoreBenchResult {
@@ -130,6 +134,100 @@ impl CoreBenchResult {
             .filter(|r| r.is_finite())
             .collect()
     }
+
+    /// The lowest sharing index of the run (`None` without rounds).
+    pub fn lowest_sharing(&self) -> Option<f64> {
+        self.sharing.iter().copied().filter(|x| x.is_finite()).min_by(f64::total_cmp)
+    }
+
+    /// Whether each round read as unshared: its sharing index within
+    /// [`UNSHARED_MARGIN`] of the run's lowest and at most
+    /// [`UNSHARED_CEILING`] (so that a run spent wholly shared has no round
+    /// that reads as unshared).
+    pub fn unshared_rounds(&self) -> Vec<bool> {
+        let Some(lowest) = self.lowest_sharing() else { return Vec::new() };
+        self.sharing.iter().map(|&x| x <= lowest * UNSHARED_MARGIN && x <= UNSHARED_CEILING).collect()
+    }
+
+    /// [`CoreBenchResult::round_ratios`] of a case split by the probe: the
+    /// ratios of the rounds that read as unshared, then of the others.
+    pub fn round_ratios_by_sharing(&self, case: usize) -> (Vec<f64>, Vec<f64>) {
+        let (bare, this) = (&self.samples[0], &self.samples[case]);
+        let (mut unshared, mut shared) = (Vec::new(), Vec::new());
+        for ((b, c), alone) in bare.chunks(BATCH).zip(this.chunks(BATCH)).zip(self.unshared_rounds()) {
+            let r = median_of(c).as_secs_f64() / median_of(b).as_secs_f64();
+            if r.is_finite() {
+                if alone { unshared.push(r) } else { shared.push(r) }
+            }
+        }
+        (unshared, shared)
+    }
+}
+
+/// Steps of each probe loop.
+pub const PROBE_STEPS: usize = 4096;
+
+/// How far above the run's lowest sharing index a round still reads as
+/// unshared (6%: on the machines measured, an unshared core reads 0.20-0.21
+/// and a shared one 0.23 and up, one round to the next).
+pub const UNSHARED_MARGIN: f64 = 1.06;
+
+/// The highest sharing index that reads as unshared. A step waits 5 cycles
+/// for the one before (a 3-cycle multiply, a rotate, an xor) and a core
+/// starts one 64-bit multiply a cycle, so a core to itself reads 1/5: 0.20
+/// to 0.21 on the machines measured (AMD EPYC, Intel Xeon), against 0.23 and
+/// up while shared.
+pub const UNSHARED_CEILING: f64 = 0.22;
+
+/// One probe step: a multiply, a rotate and an xor, each waiting for the
+/// one before.
+#[inline(always)]
+fn probe_step(x: u64) -> u64 {
+    x.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) ^ 3
+}
+
+/// The latency-bound probe: [`PROBE_STEPS`] steps in one dependent chain.
+/// Its time is the steps' latency, which a second hardware thread on the
+/// same core barely changes.
+pub fn probe_latency() -> u64 {
+    let mut a = black_box(1u64);
+    for _ in 0..PROBE_STEPS {
+        a = probe_step(a);
+    }
+    black_box(a)
+}
+
+/// The throughput-bound probe: the same number of steps in 8 independent
+/// chains. Its time is bound by the core's multiply throughput, which a
+/// second hardware thread running on the same core takes a share of.
+pub fn probe_throughput() -> [u64; 8] {
+    let mut a = black_box([1u64, 2, 3, 4, 5, 6, 7, 8]);
+    for _ in 0..PROBE_STEPS / 8 {
+        for x in a.iter_mut() {
+            *x = probe_step(*x);
+        }
+    }
+    black_box(a)
+}
+
+/// The sharing index of one round: the median time of a batch of
+/// [`probe_throughput`] over that of [`probe_latency`]. About 0.2 on a core
+/// that runs this thread alone (one multiply a cycle against five cycles
+/// of latency a step); higher when another hardware thread shares the core's
+/// execution units, which slows the engine's own work far more than the
+/// latency-bound SHA-256 chain.
+pub fn sharing_index() -> f64 {
+    let mut lat = Vec::with_capacity(BATCH);
+    let mut tput = Vec::with_capacity(BATCH);
+    for _ in 0..BATCH {
+        let start = Instant::now();
+        probe_latency();
+        lat.push(start.elapsed());
+        let start = Instant::now();
+        probe_throughput();
+        tput.push(start.elapsed());
+    }
+    median_of(&tput).as_secs_f64() / median_of(&lat).as_secs_f64()
 }
 
 /// The median of some durations (the upper one of an even count; zero when
@@ -156,7 +254,10 @@ pub const BATCH: usize = 16;
 /// that every case sees the same machine conditions while its own data stays
 /// in cache within a batch, as it does in a serving loop. On a shared VM the
 /// ratio of medians is then meaningful even when absolute times move.
-/// Untimed between repetitions: clearing the cold engine.
+/// Untimed between repetitions: clearing the cold engine. Before and after
+/// each round, the core-sharing probe ([`sharing_index`]) reads whether
+/// another hardware thread shares the core; the round keeps the higher of
+/// the two readings.
 pub fn run_core_bench(reps: usize) -> CoreBenchResult {
     run_core_bench_with(reps, false)
 }
@@ -187,6 +288,7 @@ pub fn run_core_bench_with(reps: usize, record_calls: bool) -> CoreBenchResult {
     }
     for round in 0..reps.div_ceil(BATCH) {
         let batch = BATCH.min(reps - round * BATCH);
+        let before = sharing_index();
         for k in 0..CASES.len() {
             let case = (round + k) % CASES.len();
             for _ in 0..batch {
@@ -211,6 +313,8 @@ pub fn run_core_bench_with(reps: usize, record_calls: bool) -> CoreBenchResult {
                 }
             }
         }
+        // The round reads as shared if either end of it does.
+        out.sharing.push(before.max(sharing_index()));
     }
     out
 }
@@ -281,5 +385,47 @@ mod tests {
         assert_eq!(min_median_max(&[]), None);
         // A case with no samples has no rounds.
         assert!(r.round_ratios(2).is_empty());
+    }
+
+    /// The probe splits rounds by their own sharing index, relative to the
+    /// run's lowest: a round a little above the lowest is still unshared, one
+    /// well above it is shared, and each case's ratios follow their rounds.
+    #[test]
+    fn rounds_split_by_the_sharing_probe() {
+        let mut r = CoreBenchResult::default();
+        r.samples[0] = us(&[[10; BATCH], [10; BATCH], [10; BATCH]].concat());
+        r.samples[1] = us(&[[12; BATCH], [15; BATCH], [13; BATCH]].concat());
+        r.sharing = vec![0.20, 0.26, 0.21];
+        assert_eq!(r.lowest_sharing(), Some(0.20));
+        assert_eq!(r.unshared_rounds(), vec![true, false, true]);
+        // A run shared throughout: its least shared rounds are still shared.
+        r.sharing = vec![0.24, 0.30, 0.245];
+        assert_eq!(r.unshared_rounds(), vec![false, false, false]);
+        r.sharing = vec![0.20, 0.26, 0.21];
+        let (unshared, shared) = r.round_ratios_by_sharing(1);
+        assert_eq!(unshared.len(), 2);
+        assert!((unshared[0] - 1.2).abs() < 1e-9 && (unshared[1] - 1.3).abs() < 1e-9, "{unshared:?}");
+        assert_eq!(shared.len(), 1);
+        assert!((shared[0] - 1.5).abs() < 1e-9, "{shared:?}");
+        // Without probe readings nothing is classified.
+        r.sharing.clear();
+        assert_eq!(r.round_ratios_by_sharing(1), (Vec::new(), Vec::new()));
+    }
+
+    /// The throughput probe runs the latency probe's steps, split over
+    /// eight chains: each chain ends where a chain of an eighth of the
+    /// steps from the same seed ends.
+    #[test]
+    fn the_probes_run_the_same_steps() {
+        let chains = probe_throughput();
+        for (seed, got) in (1u64..=8).zip(chains) {
+            let want = (0..PROBE_STEPS / 8).fold(seed, |x, _| probe_step(x));
+            assert_eq!(got, want);
+        }
+        let want = (0..PROBE_STEPS).fold(1u64, |x, _| probe_step(x));
+        assert_eq!(probe_latency(), want);
+        let r = run_core_bench(BATCH * 2);
+        assert_eq!(r.sharing.len(), 2);
+        assert!(r.sharing.iter().all(|x| x.is_finite() && *x > 0.0), "{:?}", r.sharing);
     }
 }
