@@ -127,12 +127,14 @@ impl CoreBenchResult {
     /// saw the same machine conditions). Rounds where either batch is
     /// missing are left out.
     pub fn round_ratios(&self, case: usize) -> Vec<f64> {
+        self.ratio_of_each_round(case).filter(|r| r.is_finite()).collect()
+    }
+
+    /// The ratio of a case to the bare chain in each round, in round order,
+    /// not finite where the chain's batch took no time.
+    fn ratio_of_each_round(&self, case: usize) -> impl Iterator<Item = f64> + '_ {
         let (bare, this) = (&self.samples[0], &self.samples[case]);
-        bare.chunks(BATCH)
-            .zip(this.chunks(BATCH))
-            .map(|(b, c)| median_of(c).as_secs_f64() / median_of(b).as_secs_f64())
-            .filter(|r| r.is_finite())
-            .collect()
+        bare.chunks(BATCH).zip(this.chunks(BATCH)).map(|(b, c)| median_of(c).as_secs_f64() / median_of(b).as_secs_f64())
     }
 
     /// The lowest sharing index of the run (`None` without rounds).
@@ -152,10 +154,8 @@ impl CoreBenchResult {
     /// [`CoreBenchResult::round_ratios`] of a case split by the probe: the
     /// ratios of the rounds that read as unshared, then of the others.
     pub fn round_ratios_by_sharing(&self, case: usize) -> (Vec<f64>, Vec<f64>) {
-        let (bare, this) = (&self.samples[0], &self.samples[case]);
         let (mut unshared, mut shared) = (Vec::new(), Vec::new());
-        for ((b, c), alone) in bare.chunks(BATCH).zip(this.chunks(BATCH)).zip(self.unshared_rounds()) {
-            let r = median_of(c).as_secs_f64() / median_of(b).as_secs_f64();
+        for (r, alone) in self.ratio_of_each_round(case).zip(self.unshared_rounds()) {
             if r.is_finite() {
                 if alone { unshared.push(r) } else { shared.push(r) }
             }
