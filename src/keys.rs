@@ -144,60 +144,78 @@ pub struct ImageRun {
 /// UUID hint of an item never enters a key.
 #[inline]
 pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
-    block_key_with(parent, tokens, runs, |_| {})
+    let mut key = StagedKey::default();
+    key.begin(parent, tokens);
+    key.second(tokens);
+    key.finish(tokens, runs)
 }
 
-/// Where in a key's hash [`block_key_with`] runs its other work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Meanwhile {
-    /// Once the first 64-byte block is compressed.
-    First,
-    /// Once the second is.
-    Second,
-}
-
-/// [`block_key`], running `meanwhile` partway through the hash, twice: once
-/// its first 64-byte block is compressed ([`Meanwhile::First`]) and once its
-/// second is ([`Meanwhile::Second`]), when the parent and tokens fill them;
-/// a shorter block runs both calls all the same, in that order.
+/// [`block_key`] in three stages, so that a caller can place other work
+/// between them in program order: [`StagedKey::begin`] (the parent and the
+/// first tokens: one 64-byte block of the hash), [`StagedKey::second`] (the
+/// next 64 bytes of tokens) and [`StagedKey::finish`] (the rest and the
+/// image runs). One value hashes key after key, each stage given the same
+/// block's tokens.
 ///
 /// The SHA-256 of a chain is one long dependency: each round waits for the
-/// previous one, and the CPU has idle units meanwhile. Work placed here in
-/// program order (the engine's bookkeeping of the previous block, which
-/// needs no part of this key) runs on those units while the rounds go on,
+/// previous one, and the CPU has idle units meanwhile. Work placed between
+/// the stages (the engine's bookkeeping of the previous block, which needs
+/// no part of this key) runs on those units while the rounds go on,
 /// instead of after them. Work split in two, a part after each of the
 /// first two compressions, leaves less between them, so that the second
-/// enters the CPU's window of instructions in flight sooner. `block_key` is
-/// this function with nothing to run, so the two compute every key by the
-/// same code.
-#[inline(never)]
-pub(crate) fn block_key_with(
-    parent: &BlockKey,
-    tokens: &[u32],
-    runs: &[ImageRun],
-    mut meanwhile: impl FnMut(Meanwhile),
-) -> BlockKey {
-    let mut h = Sha256::new();
-    h.update(parent.0);
-    let tokens = tokens_le(tokens);
-    let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-    // The parent's 32 bytes and these 32 fill the first block.
-    let (first, rest) = bytes.split_at(bytes.len().min(32));
-    h.update(first);
-    meanwhile(Meanwhile::First);
-    // The next 64 fill the second.
-    let (second, rest) = rest.split_at(rest.len().min(64));
-    h.update(second);
-    meanwhile(Meanwhile::Second);
-    h.update(rest);
-    h.update((runs.len() as u32).to_le_bytes());
-    for run in runs {
-        h.update(run.digest.0);
-        h.update(run.item_offset.to_le_bytes());
-        h.update(run.block_offset.to_le_bytes());
-        h.update(run.len.to_le_bytes());
+/// enters the CPU's window of instructions in flight sooner. The stages
+/// inline into the caller's loop: the work between them is plain code
+/// there, not a call, and the hash's state stays in place. [`block_key`]
+/// runs the same stages with nothing between them, so both compute every
+/// key by the same code.
+#[derive(Clone, Default)]
+pub(crate) struct StagedKey {
+    hash: Sha256,
+}
+
+impl StagedKey {
+    /// Bytes of tokens in the first 64-byte block, after the parent's 32.
+    const FIRST: usize = 32;
+    /// Bytes of tokens in the second 64-byte block.
+    const SECOND: usize = 64;
+
+    /// The parent's 32 bytes and the first 32 bytes of `tokens`: one
+    /// compression, when the tokens fill the block. The hash must be fresh
+    /// (new, or its last key finished).
+    #[inline(always)]
+    pub(crate) fn begin(&mut self, parent: &BlockKey, tokens: &[u32]) {
+        self.hash.update(parent.0);
+        let tokens = tokens_le(tokens);
+        let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
+        self.hash.update(&bytes[..bytes.len().min(Self::FIRST)]);
     }
-    BlockKey(h.finalize().into())
+
+    /// The next 64 bytes of the same `tokens`: one compression, when they
+    /// fill the block.
+    #[inline(always)]
+    pub(crate) fn second(&mut self, tokens: &[u32]) {
+        let tokens = tokens_le(tokens);
+        let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
+        let n = bytes.len();
+        self.hash.update(&bytes[n.min(Self::FIRST)..n.min(Self::FIRST + Self::SECOND)]);
+    }
+
+    /// The rest of the same `tokens` and the block's image runs: the key.
+    /// The hash is fresh again afterwards.
+    #[inline(always)]
+    pub(crate) fn finish(&mut self, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
+        let tokens = tokens_le(tokens);
+        let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
+        self.hash.update(&bytes[bytes.len().min(Self::FIRST + Self::SECOND)..]);
+        self.hash.update((runs.len() as u32).to_le_bytes());
+        for run in runs {
+            self.hash.update(run.digest.0);
+            self.hash.update(run.item_offset.to_le_bytes());
+            self.hash.update(run.block_offset.to_le_bytes());
+            self.hash.update(run.len.to_le_bytes());
+        }
+        BlockKey(self.hash.finalize_reset().into())
+    }
 }
 
 /// Tokens in little-endian order. On little-endian targets this borrows.
@@ -256,6 +274,31 @@ pub fn runs_in_block(runs: &[FlatRun], block_start: u32, block_size: u32, out: &
     }
 }
 
+/// [`runs_in_block`] for blocks visited in increasing order: `cursor` is the
+/// first run that can still reach the block (0 before the first block), and
+/// it moves past the runs that end before the block instead of searching
+/// for them.
+#[inline]
+pub fn runs_in_block_from(
+    runs: &[FlatRun],
+    cursor: &mut usize,
+    block_start: u32,
+    block_size: u32,
+    out: &mut Vec<ImageRun>,
+) {
+    out.clear();
+    while runs.get(*cursor).is_some_and(|r| r.start + r.len <= block_start) {
+        *cursor += 1;
+    }
+    let block_end = block_start + block_size;
+    for r in runs.get(*cursor..).unwrap_or_default() {
+        if r.start >= block_end {
+            break;
+        }
+        out.push(r.cut(block_start, block_end));
+    }
+}
+
 /// The block's tokens as keyed and advertised: the placeholder id at image
 /// positions. Borrows when the block holds no image.
 pub fn keyed_tokens<'a>(
@@ -268,7 +311,7 @@ pub fn keyed_tokens<'a>(
         return tokens;
     }
     scratch.clear();
-    scratch.extend_from_slice(tokens);
+    crate::copy::extend_block(scratch, tokens);
     for r in runs {
         scratch[r.block_offset as usize..(r.block_offset + r.len) as usize].fill(placeholder);
     }
@@ -351,14 +394,15 @@ mod tests {
         assert_ne!(lora, salt);
     }
 
-    /// `block_key_with` is the documented digest, one SHA-256 over the whole
+    /// The staged key is the documented digest, one SHA-256 over the whole
     /// layout, whatever the block's length (shorter than the first 64-byte
-    /// block, ending on it, past it) and runs, and runs its work exactly
-    /// once at each of its two places, in order; `block_key` is the same key.
+    /// block, ending on it, past it) and runs, and one value hashes key after
+    /// key (each `finish` leaves it fresh); `block_key` is the same key.
     #[test]
-    fn block_key_with_is_the_one_shot_digest_and_runs_its_work_once() {
+    fn staged_key_is_the_one_shot_digest_key_after_key() {
         let parent = BlockKey([3; 32]);
         let run = ImageRun { digest: ImageDigest([9; 32]), item_offset: 5, block_offset: 1, len: 2 };
+        let mut staged = StagedKey::default();
         for n in 0..=40u32 {
             let tokens: Vec<u32> = (0..n).map(|t| 0x0102_0304 ^ t.wrapping_mul(2_654_435_761)).collect();
             for runs in [&[][..], &[run][..], &[run, ImageRun { block_offset: 3, ..run }][..]] {
@@ -372,10 +416,32 @@ mod tests {
                     }
                 }
                 let expected = BlockKey(Sha256::digest(&bytes).into());
-                let mut calls = Vec::new();
-                assert_eq!(block_key_with(&parent, &tokens, runs, |at| calls.push(at)), expected, "{n} tokens");
-                assert_eq!(calls, [Meanwhile::First, Meanwhile::Second]);
+                staged.begin(&parent, &tokens);
+                staged.second(&tokens);
+                assert_eq!(staged.finish(&tokens, runs), expected, "{n} tokens");
                 assert_eq!(block_key(&parent, &tokens, runs), expected);
+            }
+        }
+    }
+
+    /// Walking blocks in order with a cursor gives each block the runs that
+    /// the search gives it: runs that start before a block, end inside it,
+    /// span several blocks, and blocks with none.
+    #[test]
+    fn runs_from_a_cursor_match_the_search() {
+        let d = ImageDigest([4; 32]);
+        let flat = [
+            FlatRun { start: 3, len: 2, item_offset: 0, digest: d },
+            FlatRun { start: 6, len: 9, item_offset: 0, digest: ImageDigest([5; 32]) },
+            FlatRun { start: 15, len: 1, item_offset: 9, digest: d },
+            FlatRun { start: 30, len: 4, item_offset: 0, digest: d },
+        ];
+        for bs in [1, 2, 4, 8, 16] {
+            let (mut cursor, mut got, mut want) = (0, Vec::new(), Vec::new());
+            for start in (0..40).step_by(bs as usize) {
+                runs_in_block_from(&flat, &mut cursor, start, bs, &mut got);
+                runs_in_block(&flat, start, bs, &mut want);
+                assert_eq!(got, want, "block size {bs}, block at {start}");
             }
         }
     }

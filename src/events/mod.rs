@@ -146,7 +146,9 @@ impl BlockStored {
         let end = start + keys.len() as u32 * bs;
         let (first_block, first_token) = (self.keys.len(), self.token_ids.len());
         self.keys.extend_from_slice(keys);
-        self.token_ids.extend_from_slice(&tokens[start as usize..end as usize]);
+        // In pieces: one large copy can take glibc's slow string-move path
+        // (src/copy.rs).
+        crate::copy::extend_tokens(&mut self.token_ids, &tokens[start as usize..end as usize]);
         let mut cursor = flat.partition_point(|r| r.start + r.len <= start);
         let holding = flat[cursor..].iter().take_while(|r| r.start < end);
         for r in holding {

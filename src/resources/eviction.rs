@@ -109,14 +109,36 @@ impl KvCache {
         events: &mut EventQueue,
         counters: &mut Counters,
     ) {
-        for i in 0..n {
-            if self.free_pages(Tier::Device) == 0 {
-                let evicted = self.evict_device_block(events, counters);
-                assert!(evicted, "admission checked that enough blocks are evictable");
-            }
-            let block = self.take_free_block(Tier::Device, first_copied && i == 0);
-            out.push(block.expect("a page is free after eviction"));
+        out.reserve(n);
+        // The copy's target first, on a page that no queued copy reads.
+        let copied = usize::from(first_copied && n > 0);
+        for _ in 0..copied {
+            self.allocate_device_block(true, out, events, counters);
         }
+        // The pages free now serve the next blocks in one pass; each block
+        // after them evicts one.
+        let free = self.free_pages(Tier::Device).min(n - copied);
+        self.take_free_device_blocks(free, out);
+        for _ in copied + free..n {
+            self.allocate_device_block(false, out, events, counters);
+        }
+    }
+
+    /// Appends one fresh device block to `out`, evicting first when no page
+    /// is free ([`KvCache::allocate_device_blocks`] for one block).
+    fn allocate_device_block(
+        &mut self,
+        copy_target: bool,
+        out: &mut Vec<BlockId>,
+        events: &mut EventQueue,
+        counters: &mut Counters,
+    ) {
+        if self.free_pages(Tier::Device) == 0 {
+            let evicted = self.evict_device_block(events, counters);
+            assert!(evicted, "admission checked that enough blocks are evictable");
+        }
+        let block = self.take_free_block(Tier::Device, copy_target);
+        out.push(block.expect("a page is free after eviction"));
     }
 
     /// Moves a host block that its admission holds a reference on (so it is

@@ -16,7 +16,7 @@
 //! |---|---|
 //! | [`KvCache::acquire`] | reference count and LRU: the first reference takes a cached block out of its tier's LRU, so nothing evicts it |
 //! | [`KvCache::release`] | reference count, LRU, pool: the last reference lists a cached block at the back of its tier's LRU, or frees an uncached block's row and page |
-//! | [`KvCache::take_free_block`] | pool and table: a page leaves the free list as a fresh row with one reference |
+//! | [`KvCache::take_free_block`], [`KvCache::take_free_device_blocks`] | pool and table: a page (or, in one pass, several free device pages) leaves the free list as a fresh row with one reference |
 //! | [`KvCache::index_block`] | key, index entry, tokens, content, scope reference, sibling list: all or none (or in two halves, [`KvCache::enter_index`] then [`KvCache::complete_index`], with no other verb between them) |
 //! | [`KvCache::move_block`] | a tier move: new page, tokens and content moved, LRU membership switched, the copy queued (its pages marked), the old page freed (cooling), `Removed` and `Stored` queued |
 //! | [`KvCache::drop_block`] | index entry, LRU, content, scope reference, siblings, row and page go together; `Removed` queued |
@@ -393,6 +393,26 @@ impl KvCache {
             lru: LruLinks::default(),
             has_content: false,
         }))
+    }
+
+    /// [`KvCache::take_free_block`] on the device tier `n` times, for fresh
+    /// blocks (no copy writes them), appending them to `out`: one pass over
+    /// the free pages and the table. The tier has `n` free pages.
+    pub fn take_free_device_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
+        let free = self.pool.free(Tier::Device);
+        let rows = &mut self.blocks.rows;
+        for _ in 0..n {
+            let page = free.pop_for_compute().expect("the caller counted the free pages");
+            out.push(rows.insert(KvBlock {
+                page,
+                medium: Tier::Device,
+                key: None,
+                ref_count: 1,
+                indexed: false,
+                lru: LruLinks::default(),
+                has_content: false,
+            }));
+        }
     }
 
     /// Gives a computed block its key and, unless it already had one or the

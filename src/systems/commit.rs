@@ -13,7 +13,7 @@ use crate::error::RequestError;
 use crate::events::{BlockStored, EventQueue, KvGroup};
 use crate::ids::RequestId;
 use crate::ids::{BlockId, ScopeId};
-use crate::keys::{BlockKey, FlatRun, ImageRun, Meanwhile, block_key_with, keyed_tokens, runs_in_block};
+use crate::keys::{BlockKey, FlatRun, ImageRun, StagedKey, keyed_tokens, runs_in_block, runs_in_block_from};
 use crate::resources::{CommittedBlock, Entered, KvCache, KvGroups, Scratch, window_first_block};
 use crate::tables::{Request, RequestScope, Requests};
 use crate::tier::Tier;
@@ -92,6 +92,24 @@ impl BlockParts<'_> {
             config.image_placeholder_token_id,
             self.tokens,
         );
+    }
+
+    /// [`BlockParts::fill`] for blocks filled in increasing order: the
+    /// request's runs from `cursor` on ([`runs_in_block_from`]), and the keyed
+    /// tokens only for a block that holds an image.
+    #[inline(always)]
+    fn fill_next(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], cursor: &mut usize, config: &EngineConfig) {
+        let bs = config.block_size_tokens;
+        let start = i * bs;
+        runs_in_block_from(flat, cursor, start, bs, self.runs);
+        if !self.runs.is_empty() {
+            keyed_tokens(
+                &tokens[start as usize..(start + bs) as usize],
+                self.runs,
+                config.image_placeholder_token_id,
+                self.tokens,
+            );
+        }
     }
 
     /// The keyed tokens of block `i` once [`BlockParts::fill`] ran for it.
@@ -216,17 +234,21 @@ pub fn commit_computed(
     let mut indexer = BlockIndexer { cache, events, group: &mut group, scope_id: request.scope, config };
     // Software-pipelined: each block is indexed while the next one's key is
     // hashed, on execution units that the hash's chain of dependent rounds
-    // leaves idle. `block_key_with` runs the block's key and index entry
-    // after the hash's first compression and its tokens and content after
-    // the second, so that little stands between two compressions. Its
-    // event is built when the run of indexed blocks ends, in bulk. Keys,
-    // index entries and events come in block order all the same; only the
-    // instructions interleave. The two blocks' parts sit in two pairs of
-    // buffers that swap roles.
+    // leaves idle. Between the key's stages (`StagedKey`) go the previous
+    // block's key and index entry, after the hash's first compression, and
+    // its tokens and content, after the second, so that little stands
+    // between two compressions. Its event is built when the run of indexed
+    // blocks ends, in bulk. Keys, index entries and events come in block
+    // order all the same; only the instructions interleave. The two blocks'
+    // parts sit in two pairs of buffers that swap roles.
     let Request { tokens, keys, blocks, runs: flat, root, .. } = &mut *request;
     let mut hashing = BlockParts { tokens: scratch, runs };
     let mut waiting = BlockParts { tokens: advertised_tokens, runs: advertised_runs };
     let mut keyed: Option<Keyed> = None;
+    let mut staged = StagedKey::default();
+    // The first of the request's image runs that can reach the block being
+    // hashed: blocks are hashed in order.
+    let mut run_cursor = 0;
     for i in committed..full {
         if (i as usize) < keys.len() {
             // Keyed at admission: no hash to overlap.
@@ -237,17 +259,16 @@ pub fn commit_computed(
             continue;
         }
         let parent = if i == 0 { *root } else { keys[i as usize - 1] };
-        hashing.fill(i, tokens, flat, config);
-        let mut entered = None;
-        let key = block_key_with(&parent, hashing.keyed(i, tokens, bs), hashing.runs, |at| {
-            if let Some(k) = keyed {
-                let r = RequestView { tokens, flat, keys, blocks };
-                match at {
-                    Meanwhile::First => entered = indexer.enter(k, &mut waiting, &r),
-                    Meanwhile::Second => indexer.complete(k, entered.take(), &waiting, &r),
-                }
-            }
-        });
+        hashing.fill_next(i, tokens, flat, &mut run_cursor, config);
+        let block_tokens = hashing.keyed(i, tokens, bs);
+        staged.begin(&parent, block_tokens);
+        let r = RequestView { tokens, flat, keys, blocks };
+        let entered = keyed.map(|k| indexer.enter(k, &mut waiting, &r));
+        staged.second(block_tokens);
+        if let (Some(k), Some(entered)) = (keyed, entered) {
+            indexer.complete(k, entered, &waiting, &r);
+        }
+        let key = staged.finish(block_tokens, hashing.runs);
         keys.push(key);
         keyed = Some(Keyed { block: i, parts_filled: true });
         std::mem::swap(&mut hashing, &mut waiting);
