@@ -9,6 +9,7 @@
 //! latest figures are in docs/benchmarks.md ("Engine core").
 
 pub mod alloc;
+pub mod floor;
 pub mod hybrid;
 pub mod native;
 
@@ -101,15 +102,17 @@ impl PromptWorkload {
     }
 }
 
-/// The cases `core-bench` interleaves.
-pub const CASES: [&str; 4] = ["bare_sha256_chain", "cold", "cold_evicting", "warm"];
+/// The cases `core-bench` interleaves: the bare chain, the engine's three
+/// and the floor of the cold case ([`floor`]: the least bookkeeping a cold
+/// prompt needs, not an engine).
+pub const CASES: [&str; 5] = ["bare_sha256_chain", "cold", "cold_evicting", "warm", "floor"];
 
 /// Per case, the duration of every repetition; per round, the core-sharing
 /// probe's reading.
 #[derive(Clone, Debug, Default)]
 pub struct CoreBenchResult {
     /// `samples[c][i]`: repetition `i` of case `CASES[c]`.
-    pub samples: [Vec<Duration>; 4],
+    pub samples: [Vec<Duration>; 5],
     /// `sharing[r]`: round `r`'s sharing index ([`sharing_index`]), the
     /// higher of the readings before and after the round.
     pub sharing: Vec<f64>,
@@ -270,6 +273,7 @@ pub fn run_core_bench_with(reps: usize, record_calls: bool) -> CoreBenchResult {
     let mut cold = PromptWorkload::engine(2, 0);
     let mut evicting = PromptWorkload::engine(2, 1);
     let mut warm = PromptWorkload::engine(2, 0);
+    let mut floor = floor::FloorModel::new(&w);
     if record_calls {
         for e in [&mut cold, &mut evicting, &mut warm] {
             e.record_calls(Box::new(std::io::sink())).expect("a fresh engine records");
@@ -303,13 +307,18 @@ pub fn run_core_bench_with(reps: usize, record_calls: bool) -> CoreBenchResult {
                         fresh[0] = n;
                         w.serve(&mut evicting, &fresh)
                     }
-                    _ => w.serve(&mut warm, &w.tokens),
+                    3 => w.serve(&mut warm, &w.tokens),
+                    _ => {
+                        black_box(floor.serve(&w.tokens));
+                    }
                 }
                 out.samples[case].push(start.elapsed());
                 if case == 1 {
                     cold.clear();
                     cold.step();
                     cold.drain_events();
+                } else if case == 4 {
+                    floor.clear();
                 }
             }
         }

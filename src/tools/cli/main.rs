@@ -39,8 +39,10 @@ enum Command {
     /// 4096-token prompt (128 blocks of 32 tokens, one 1024-token image
     /// given by its digest), cold, cold under eviction and warm, interleaved
     /// with the bare SHA-256 chain that the block keys compute over the same
-    /// bytes, and reported as ratios to it, per round too, split by a probe
-    /// of whether another hardware thread shared the core.
+    /// bytes and with the floor of the cold case (the least bookkeeping a
+    /// cold prompt needs, written plainly), and reported as ratios to the
+    /// chain, per round too, split by a probe of whether another hardware
+    /// thread shared the core.
     CoreBench {
         /// Repetitions of each case.
         #[arg(long, default_value_t = 2000)]
