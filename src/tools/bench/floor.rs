@@ -172,7 +172,7 @@ impl FloorModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvcore::{KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
+    use kvcore::KvEvent;
 
     /// The floor does the engine's work for the cold prompt: the same keys,
     /// token ids and image blocks in its event as the engine's
@@ -183,15 +183,7 @@ mod tests {
     fn the_floor_does_the_engines_work() {
         let w = PromptWorkload::default();
         let mut e = PromptWorkload::engine(1, 0);
-        let spec = RequestSpec {
-            tokens: &w.tokens,
-            items: vec![MmItemSpec {
-                content: MmContent::Digest(&w.digest),
-                runs: vec![TokenRun { start: IMAGE_START, len: IMAGE_LEN }],
-            }],
-            ..Default::default()
-        };
-        let a = e.add_request(&spec).expect("fits");
+        let a = e.add_request(&w.spec(&w.tokens)).expect("fits");
         e.commit(a.id, PROMPT as u64).expect("live");
         e.finish(a.id).expect("live");
         e.step();

@@ -65,18 +65,23 @@ impl PromptWorkload {
         .expect("a valid config")
     }
 
-    /// Admits `tokens` (this workload's shape), commits all of it, finishes
-    /// it, closes the step and drains the events: the measured unit.
-    pub fn serve(&self, engine: &mut Engine, tokens: &[u32]) {
-        let spec = RequestSpec {
+    /// The request of `tokens` (this workload's shape): its image given by
+    /// the workload's digest.
+    pub fn spec<'a>(&'a self, tokens: &'a [u32]) -> RequestSpec<'a> {
+        RequestSpec {
             tokens,
             items: vec![MmItemSpec {
                 content: MmContent::Digest(&self.digest),
                 runs: vec![TokenRun { start: IMAGE_START, len: IMAGE_LEN }],
             }],
             ..Default::default()
-        };
-        let a = engine.add_request(&spec).expect("capacity is ample");
+        }
+    }
+
+    /// Admits `tokens` (this workload's shape), commits all of it, finishes
+    /// it, closes the step and drains the events: the measured unit.
+    pub fn serve(&self, engine: &mut Engine, tokens: &[u32]) {
+        let a = engine.add_request(&self.spec(tokens)).expect("capacity is ample");
         engine.commit(a.id, PROMPT as u64).expect("live");
         engine.finish(a.id).expect("live");
         engine.step();
@@ -339,14 +344,7 @@ mod tests {
     fn workload_matches_its_description() {
         let w = PromptWorkload::default();
         let mut e = PromptWorkload::engine(2, 0);
-        let spec = RequestSpec {
-            tokens: &w.tokens,
-            items: vec![MmItemSpec {
-                content: MmContent::Digest(&w.digest),
-                runs: vec![TokenRun { start: IMAGE_START, len: IMAGE_LEN }],
-            }],
-            ..Default::default()
-        };
+        let spec = w.spec(&w.tokens);
         let a = e.add_request(&spec).expect("fits");
         assert_eq!(a.tokens_cached, 0);
         e.commit(a.id, PROMPT as u64).expect("live");
