@@ -112,7 +112,7 @@ impl KvCache {
         out.reserve(n);
         // The copy's target first, on a page that no queued copy reads.
         let copied = usize::from(first_copied && n > 0);
-        for _ in 0..copied {
+        if copied == 1 {
             self.allocate_device_block(true, out, events, counters);
         }
         // The pages free now serve the next blocks in one pass; each block

@@ -384,15 +384,7 @@ impl KvCache {
     pub fn take_free_block(&mut self, medium: Tier, copy_target: bool) -> Option<BlockId> {
         let free = self.pool.free(medium);
         let page = if copy_target { free.pop() } else { free.pop_for_compute() }?;
-        Some(self.blocks.rows.insert(KvBlock {
-            page,
-            medium,
-            key: None,
-            ref_count: 1,
-            indexed: false,
-            lru: LruLinks::default(),
-            has_content: false,
-        }))
+        Some(self.blocks.rows.insert(fresh_row(medium, page)))
     }
 
     /// [`KvCache::take_free_block`] on the device tier `n` times, for fresh
@@ -403,15 +395,7 @@ impl KvCache {
         let rows = &mut self.blocks.rows;
         for _ in 0..n {
             let page = free.pop_for_compute().expect("the caller counted the free pages");
-            out.push(rows.insert(KvBlock {
-                page,
-                medium: Tier::Device,
-                key: None,
-                ref_count: 1,
-                indexed: false,
-                lru: LruLinks::default(),
-                has_content: false,
-            }));
+            out.push(rows.insert(fresh_row(Tier::Device, page)));
         }
     }
 
@@ -864,4 +848,10 @@ impl KvCache {
         assert!(self.copies.len() <= self.copies_max, "invariant 8: {} copies queued", self.copies.len());
         assert_eq!(self.copies_reserved, 0, "invariant 8: no copy room set aside between calls");
     }
+}
+
+/// The row of a block just taken on `page` of `medium`: unkeyed, one
+/// reference, in no list.
+fn fresh_row(medium: Tier, page: u32) -> KvBlock {
+    KvBlock { page, medium, key: None, ref_count: 1, indexed: false, lru: LruLinks::default(), has_content: false }
 }

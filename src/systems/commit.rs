@@ -83,33 +83,25 @@ struct BlockParts<'a> {
 impl BlockParts<'_> {
     /// Computes block `i`'s runs and, when it holds an image, its keyed tokens.
     fn fill(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], config: &EngineConfig) {
-        let bs = config.block_size_tokens;
-        let start = i * bs;
-        runs_in_block(flat, start, bs, self.runs);
-        keyed_tokens(
-            &tokens[start as usize..(start + bs) as usize],
-            self.runs,
-            config.image_placeholder_token_id,
-            self.tokens,
-        );
+        runs_in_block(flat, i * config.block_size_tokens, config.block_size_tokens, self.runs);
+        self.key_tokens(i, tokens, config);
     }
 
     /// [`BlockParts::fill`] for blocks filled in increasing order: the
-    /// request's runs from `cursor` on ([`runs_in_block_from`]), and the keyed
-    /// tokens only for a block that holds an image.
+    /// request's runs from `cursor` on ([`runs_in_block_from`]).
     #[inline(always)]
     fn fill_next(&mut self, i: u32, tokens: &[u32], flat: &[FlatRun], cursor: &mut usize, config: &EngineConfig) {
-        let bs = config.block_size_tokens;
-        let start = i * bs;
-        runs_in_block_from(flat, cursor, start, bs, self.runs);
-        if !self.runs.is_empty() {
-            keyed_tokens(
-                &tokens[start as usize..(start + bs) as usize],
-                self.runs,
-                config.image_placeholder_token_id,
-                self.tokens,
-            );
-        }
+        runs_in_block_from(flat, cursor, i * config.block_size_tokens, config.block_size_tokens, self.runs);
+        self.key_tokens(i, tokens, config);
+    }
+
+    /// Block `i`'s keyed tokens into the buffer, once its runs are in place
+    /// (nothing to do for a block without an image: [`BlockParts::keyed`]
+    /// borrows the request's ids then).
+    #[inline(always)]
+    fn key_tokens(&mut self, i: u32, tokens: &[u32], config: &EngineConfig) {
+        let (bs, start) = (config.block_size_tokens as usize, (i * config.block_size_tokens) as usize);
+        keyed_tokens(&tokens[start..start + bs], self.runs, config.image_placeholder_token_id, self.tokens);
     }
 
     /// The keyed tokens of block `i` once [`BlockParts::fill`] ran for it.
