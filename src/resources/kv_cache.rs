@@ -460,8 +460,14 @@ impl KvCache {
     #[inline(always)]
     pub fn complete_index(&mut self, entered: Entered, block: &CommittedBlock<'_>, link_siblings: bool) {
         let Entered { id, medium, page } = entered;
-        self.blocks.set_tokens(medium, page, block.tokens);
-        self.blocks.set_content((medium, page), block.parent.copied(), block.depth, block.scope, block.images);
+        self.blocks.set_indexed(
+            (medium, page),
+            block.tokens,
+            block.parent.copied(),
+            block.depth,
+            block.scope,
+            block.images,
+        );
         self.scopes.retain(block.scope, 1);
         // A parent that is not the indexed copy of its key has no list
         // (`link_child` leaves the block unlinked then).

@@ -100,6 +100,9 @@ impl BlockParts<'_> {
     /// borrows the request's ids then).
     #[inline(always)]
     fn key_tokens(&mut self, i: u32, tokens: &[u32], config: &EngineConfig) {
+        if self.runs.is_empty() {
+            return;
+        }
         let (bs, start) = (config.block_size_tokens as usize, (i * config.block_size_tokens) as usize);
         keyed_tokens(&tokens[start..start + bs], self.runs, config.image_placeholder_token_id, self.tokens);
     }

@@ -183,19 +183,23 @@ impl KvBlocks {
         self.rows.iter().filter(|(_, b)| b.has_content).map(|(id, b)| (id, &self.content[self.slot(b.medium, b.page)]))
     }
 
-    /// Writes the content of the block on page `page` of `medium`, in place
-    /// in its page slot, unlinked and with no children; the caller sets the
+    /// Writes what the block on page `page` of `medium` keeps once indexed,
+    /// in place in its page slot (found once for both): its token ids, and
+    /// its content, unlinked and with no children. The caller sets the
     /// row's `has_content` (it holds the row already).
-    #[inline]
-    pub fn set_content(
+    #[inline(always)]
+    pub fn set_indexed(
         &mut self,
         (medium, page): (Tier, u32),
+        tokens: &[u32],
         parent: Option<BlockKey>,
         depth: u32,
         scope: ScopeId,
         images: &[ImageRun],
     ) {
-        let c = &mut self.content[page_slot(self.pages_device, medium, page)];
+        let slot = page_slot(self.pages_device, medium, page);
+        crate::copy::copy_block(&mut self.tokens[slot * self.block_size..(slot + 1) * self.block_size], tokens);
+        let c = &mut self.content[slot];
         c.parent = parent;
         c.depth = depth;
         c.scope = scope;
@@ -233,12 +237,6 @@ impl KvBlocks {
     /// Token ids stored for a block (meaningful once keyed).
     pub fn tokens(&self, block: &KvBlock) -> &[u32] {
         &self.tokens[self.page_range(block.medium, block.page)]
-    }
-
-    /// Records a block's token ids.
-    pub fn set_tokens(&mut self, medium: Tier, page: u32, tokens: &[u32]) {
-        let range = self.page_range(medium, page);
-        crate::copy::copy_block(&mut self.tokens[range], tokens);
     }
 
     /// Moves a block's token ids and content between pages (tier moves).
