@@ -177,14 +177,16 @@ pub const PROBE_STEPS: usize = 4096;
 
 /// How far above the run's lowest sharing index a round still reads as
 /// unshared (6%: on the machines measured, an unshared core reads 0.20-0.21
-/// and a shared one 0.23 and up, one round to the next).
+/// and a shared one 0.23 and up, one round to the next; an AMD EPYC of
+/// family 26 reads 0.164-0.165 at its lowest, and the margin, relative to
+/// the run's lowest reading, applies there unchanged).
 pub const UNSHARED_MARGIN: f64 = 1.06;
 
 /// The highest sharing index that reads as unshared. A step waits 5 cycles
 /// for the one before (a 3-cycle multiply, a rotate, an xor) and a core
 /// starts one 64-bit multiply a cycle, so a core to itself reads 1/5: 0.20
 /// to 0.21 on the machines measured (AMD EPYC, Intel Xeon), against 0.23 and
-/// up while shared.
+/// up while shared; 0.164-0.165 on an AMD EPYC of family 26.
 pub const UNSHARED_CEILING: f64 = 0.22;
 
 /// One probe step: a multiply, a rotate and an xor, each waiting for the
