@@ -546,19 +546,32 @@ impl KvCache {
     /// it a call in the eviction loop, 3 300 more instructions a prompt.
     #[inline(always)]
     fn forget_taken(&mut self, id: BlockId, b: &KvBlock) -> BlockKey {
+        let (key, scope) = self.forget_taken_but_scope(id, b);
+        if let Some(scope) = scope {
+            self.scopes.release(scope);
+        }
+        key
+    }
+
+    /// [`KvCache::forget_taken`] but for the scope reference, returned as
+    /// [`KvCache::release_taken_row_but_scope`] returns it.
+    #[inline(always)]
+    fn forget_taken_but_scope(&mut self, id: BlockId, b: &KvBlock) -> (BlockKey, Option<ScopeId>) {
         let key = b.key.expect("cached blocks have keys");
         match self.index.find_entry(index_hash(&self.index_hasher, &key), |&other| other == id) {
             Ok(entry) => drop(entry.remove()),
             Err(_) => debug_assert!(false, "an indexed block has its index entry"),
         }
-        self.release_taken_row(id, b);
-        key
+        (key, self.release_taken_row_but_scope(id, b))
     }
 
     /// Drops the `n` least recently used blocks of a tier's LRU (fewer when
     /// it lists fewer), front first, each as [`KvCache::drop_block`] drops
     /// one, and returns how many it dropped. The list is cut once after the
-    /// last of them instead of being relinked at every block.
+    /// last of them instead of being relinked at every block, and the scope
+    /// references are given back once for each run of blocks of one scope
+    /// (a chain's blocks share theirs) instead of at every block; the
+    /// scopes outlive the loop's sibling unlinking either way.
     pub fn drop_lru_front(&mut self, medium: Tier, n: usize, events: &mut EventQueue) -> usize {
         let mut next = self.pool.lru_ref(medium).front();
         if n == 0 || next.is_none() {
@@ -567,16 +580,31 @@ impl KvCache {
         // Keys go straight into the removal event (at least one follows).
         let mut keys = events.removals_in(medium, self.group);
         let mut dropped = 0;
+        // The scope references given back, a run of one scope at a time:
+        // the blocks of a chain share one, given back once for the run.
+        let mut scope_run: Option<(ScopeId, u32)> = None;
         while dropped < n {
             let Some(id) = next else { break };
             let b = self.blocks.rows.remove(id).expect("listed blocks are live");
             debug_assert!(b.indexed && b.ref_count == 0 && b.lru.linked, "the LRU lists cached, unreferenced blocks");
             next = b.lru.next;
-            let key = self.forget_taken(id, &b);
+            let (key, scope) = self.forget_taken_but_scope(id, &b);
             if let Some(keys) = keys.as_deref_mut() {
                 keys.push(key);
             }
+            match (scope, &mut scope_run) {
+                (Some(s), Some((run, count))) if s == *run => *count += 1,
+                (Some(s), _) => {
+                    if let Some((run, count)) = scope_run.replace((s, 1)) {
+                        self.scopes.release_n(run, count);
+                    }
+                }
+                (None, _) => {}
+            }
             dropped += 1;
+        }
+        if let Some((run, count)) = scope_run {
+            self.scopes.release_n(run, count);
         }
         events.count_entries(dropped);
         self.pool.lru(medium).cut_front(&mut self.blocks.rows, next, dropped);
@@ -672,14 +700,28 @@ impl KvCache {
     /// lookup), held: its content (sibling link and scope reference) and
     /// its page.
     fn release_taken_row(&mut self, id: BlockId, b: &KvBlock) {
-        if b.has_content {
+        if let Some(scope) = self.release_taken_row_but_scope(id, b) {
+            self.scopes.release(scope);
+        }
+    }
+
+    /// [`KvCache::release_taken_row`] but for the scope reference that the
+    /// row's content held: the scope is returned (`None` when the row held
+    /// no content) for the caller to give back, so that a burst of drops
+    /// gives back a chain's references at once.
+    #[inline(always)]
+    fn release_taken_row_but_scope(&mut self, id: BlockId, b: &KvBlock) -> Option<ScopeId> {
+        let scope = if b.has_content {
             let (link, scope) = self.blocks.take_content_of_taken(b);
             if let Some(link) = link {
                 self.unlink_sibling(id, link, scope);
             }
-            self.scopes.release(scope);
-        }
+            Some(scope)
+        } else {
+            None
+        };
         self.pool.free(b.medium).release(b.page);
+        scope
     }
 
     /// Drops a block's re-advertising content and its scope reference,

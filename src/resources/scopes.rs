@@ -58,8 +58,15 @@ impl Scopes {
 
     /// Drops a reference; the scope is forgotten when none remains.
     pub fn release(&mut self, id: ScopeId) {
+        self.release_n(id, 1);
+    }
+
+    /// Drops `n` references at once (the scope holds at least `n`); the
+    /// scope is forgotten when none remains.
+    pub fn release_n(&mut self, id: ScopeId, n: u32) {
         let row = &mut self.rows[id];
-        row.refs -= 1;
+        debug_assert!(row.refs >= n, "a scope gives back only references it holds");
+        row.refs -= n;
         if row.refs == 0 {
             let row = self.rows.remove(id).expect("live scope");
             self.by_value.remove(&row.scope);
