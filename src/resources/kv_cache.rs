@@ -542,8 +542,7 @@ impl KvCache {
     /// Releases what the row of a cached block, already taken out of the
     /// table, held: its index entry, then its content and page
     /// (`release_taken_row`). Returns its key, for the removal event. Its
-    /// LRU place is the caller's to unlink. Always inline: a plain hint left
-    /// it a call in the eviction loop, 3 300 more instructions a prompt.
+    /// LRU place is the caller's to unlink.
     #[inline(always)]
     fn forget_taken(&mut self, id: BlockId, b: &KvBlock) -> BlockKey {
         let (key, scope) = self.forget_taken_but_scope(id, b);
@@ -554,7 +553,9 @@ impl KvCache {
     }
 
     /// [`KvCache::forget_taken`] but for the scope reference, returned as
-    /// [`KvCache::release_taken_row_but_scope`] returns it.
+    /// [`KvCache::release_taken_row_but_scope`] returns it. Always inline: a
+    /// plain hint left it a call in the eviction loop, 3 300 more
+    /// instructions a prompt.
     #[inline(always)]
     fn forget_taken_but_scope(&mut self, id: BlockId, b: &KvBlock) -> (BlockKey, Option<ScopeId>) {
         let key = b.key.expect("cached blocks have keys");
