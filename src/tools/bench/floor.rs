@@ -183,12 +183,8 @@ mod tests {
     fn the_floor_does_the_engines_work() {
         let w = PromptWorkload::default();
         let mut e = PromptWorkload::engine(1, 0);
-        let a = e.add_request(&w.spec(&w.tokens)).expect("fits");
-        e.commit(a.id, PROMPT as u64).expect("live");
-        e.finish(a.id).expect("live");
-        e.step();
-        let stored: Vec<_> = e
-            .drain_events()
+        let stored: Vec<_> = w
+            .serve_events(&mut e, &w.tokens)
             .into_iter()
             .filter_map(|ev| match ev {
                 KvEvent::BlockStored(s) => Some(s),

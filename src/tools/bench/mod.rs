@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kvcore::{BlockKey, ImageDigest, ImageRun, KeyScope, block_key, root_key};
-use kvcore::{Engine, EngineConfig, MmContent, MmItemSpec, RequestSpec, TokenRun};
+use kvcore::{Engine, EngineConfig, KvEvent, MmContent, MmItemSpec, RequestSpec, TokenRun};
 
 /// Tokens per block.
 pub const BLOCK_SIZE: u32 = 32;
@@ -81,11 +81,16 @@ impl PromptWorkload {
     /// Admits `tokens` (this workload's shape), commits all of it, finishes
     /// it, closes the step and drains the events: the measured unit.
     pub fn serve(&self, engine: &mut Engine, tokens: &[u32]) {
+        black_box(self.serve_events(engine, tokens));
+    }
+
+    /// [`PromptWorkload::serve`], handing the drained events back.
+    pub fn serve_events(&self, engine: &mut Engine, tokens: &[u32]) -> Vec<KvEvent> {
         let a = engine.add_request(&self.spec(tokens)).expect("capacity is ample");
         engine.commit(a.id, PROMPT as u64).expect("live");
         engine.finish(a.id).expect("live");
         engine.step();
-        black_box(engine.drain_events());
+        engine.drain_events()
     }
 
     /// The bare hash over the same bytes: the 128-link SHA-256 chain alone.
