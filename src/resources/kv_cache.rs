@@ -59,7 +59,7 @@ use crate::events::{BlockStored, EventQueue};
 use crate::group::{GroupKind, KvGroup};
 use crate::ids::{BlockId, ScopeId};
 use crate::keys::{BlockKey, ImageRun};
-use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, SiblingLink};
+use crate::tables::{BlockContent, KvBlock, KvBlocks, LruLinks, RequestScope, SiblingLink, Siblings};
 use crate::tier::Tier;
 
 /// A key's hash in the index: the seeded hasher over the key's first 8
@@ -236,15 +236,21 @@ impl KvCache {
         self.blocks.tokens(block)
     }
 
-    /// The re-advertising content of a block, `None` when it holds none
-    /// (not indexed) or the id is stale.
-    pub fn content(&self, id: BlockId) -> Option<&BlockContent> {
-        self.blocks.content(id)
-    }
-
     /// The content of a block that must hold some (an indexed block).
     pub fn content_of(&self, id: BlockId) -> &BlockContent {
         self.blocks.content(id).expect("indexed blocks hold content")
+    }
+
+    /// A block's sibling lists, `None` when it holds no content (not
+    /// indexed) or the id is stale.
+    pub fn siblings(&self, id: BlockId) -> Option<&Siblings> {
+        self.blocks.siblings(id)
+    }
+
+    /// The sibling lists of a block that must hold content (an indexed
+    /// block); never linked in a cache without partial reuse.
+    pub fn siblings_of(&self, id: BlockId) -> &Siblings {
+        self.blocks.siblings(id).expect("indexed blocks hold content")
     }
 
     /// Every block that holds content, with it.
@@ -318,7 +324,7 @@ impl KvCache {
 
     /// Indexed device blocks in the children list starting at `head`, at most `max`.
     pub fn children(&self, head: Option<BlockId>, max: usize) -> impl Iterator<Item = BlockId> + '_ {
-        std::iter::successors(head, move |id| self.content_of(*id).link.and_then(|l| l.next)).take(max)
+        std::iter::successors(head, move |id| self.siblings_of(*id).link.and_then(|l| l.next)).take(max)
     }
 
     /// The `BlockStored` event that advertises one indexed block again (after
@@ -467,6 +473,7 @@ impl KvCache {
             block.depth,
             block.scope,
             block.images,
+            link_siblings,
         );
         self.scopes.retain(block.scope, 1);
         // A parent that is not the indexed copy of its key has no list
@@ -671,8 +678,8 @@ impl KvCache {
 /// The steps the verbs share, each of which leaves some invariant broken
 /// until the verb that calls it is done.
 impl KvCache {
-    fn content_of_mut(&mut self, id: BlockId) -> &mut BlockContent {
-        self.blocks.content_mut(id).expect("indexed blocks hold content")
+    fn siblings_of_mut(&mut self, id: BlockId) -> &mut Siblings {
+        self.blocks.siblings_mut(id).expect("indexed blocks hold content")
     }
 
     /// Queues a copy for the step, noting the pages it touches, so that
@@ -738,7 +745,7 @@ impl KvCache {
     /// root list), or `None` when that parent is gone or not indexed.
     fn children_head(&mut self, parent: Option<BlockId>, scope: ScopeId) -> Option<&mut Option<BlockId>> {
         match parent {
-            Some(p) => self.blocks.content_mut(p).map(|c| &mut c.first_child),
+            Some(p) => self.blocks.siblings_mut(p).map(|s| &mut s.first_child),
             None => Some(self.scopes.root_children_mut(scope)),
         }
     }
@@ -751,17 +758,16 @@ impl KvCache {
         let Some(head) = self.children_head(parent, scope) else { return };
         let next = head.replace(id);
         if let Some(n) = next {
-            let link = self.content_of_mut(n).link.as_mut().expect("listed blocks are linked");
+            let link = self.siblings_of_mut(n).link.as_mut().expect("listed blocks are linked");
             link.prev = Some(id);
         }
-        self.content_of_mut(id).link = Some(SiblingLink { parent, prev: None, next });
+        self.siblings_of_mut(id).link = Some(SiblingLink { parent, prev: None, next });
     }
 
     /// Removes a block from its parent's children list, if it is in one.
     fn unlink_child(&mut self, id: BlockId) {
-        let Some(c) = self.blocks.content_mut(id) else { return };
-        let Some(link) = c.link.take() else { return };
-        let scope = c.scope;
+        let Some(link) = self.blocks.siblings_mut(id).and_then(|s| s.link.take()) else { return };
+        let scope = self.content_of(id).scope;
         self.unlink_sibling(id, link, scope);
     }
 
@@ -769,10 +775,10 @@ impl KvCache {
     /// (`link`, already taken from its content; `scope`, its scope).
     fn unlink_sibling(&mut self, id: BlockId, link: SiblingLink, scope: ScopeId) {
         if let Some(n) = link.next {
-            self.content_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
+            self.siblings_of_mut(n).link.as_mut().expect("listed blocks are linked").prev = link.prev;
         }
         match link.prev {
-            Some(p) => self.content_of_mut(p).link.as_mut().expect("listed blocks are linked").next = link.next,
+            Some(p) => self.siblings_of_mut(p).link.as_mut().expect("listed blocks are linked").next = link.next,
             None => {
                 if let Some(head) = self.children_head(link.parent, scope)
                     && *head == Some(id)
@@ -836,34 +842,35 @@ impl KvCache {
             );
         }
         for (id, c) in self.blocks.contents() {
-            let Some(link) = c.link else { continue };
+            let s = self.siblings_of(id);
+            if let Some(first) = s.first_child {
+                let l = self.siblings_of(first).link.expect("invariant 5: a head is linked");
+                assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
+            }
+            let Some(link) = s.link else { continue };
             if let Some(n) = link.next {
-                assert_eq!(self.content_of(n).link.and_then(|l| l.prev), Some(id), "invariant 5: next.prev of {id:?}");
+                assert_eq!(self.siblings_of(n).link.and_then(|l| l.prev), Some(id), "invariant 5: next.prev of {id:?}");
                 assert_eq!(
-                    self.content_of(n).link.map(|l| l.parent),
+                    self.siblings_of(n).link.map(|l| l.parent),
                     Some(link.parent),
                     "invariant 5: siblings share a parent"
                 );
             }
             match link.prev {
                 Some(p) => assert_eq!(
-                    self.content_of(p).link.and_then(|l| l.next),
+                    self.siblings_of(p).link.and_then(|l| l.next),
                     Some(id),
                     "invariant 5: prev.next of {id:?}"
                 ),
                 None => {
                     let head = match link.parent {
-                        Some(p) => self.blocks.content(p).map(|pc| pc.first_child),
+                        Some(p) => self.blocks.siblings(p).map(|ps| ps.first_child),
                         None => Some(*self.scopes.root_children(c.scope)),
                     };
                     if let Some(head) = head {
                         assert_eq!(head, Some(id), "invariant 5: a list's first member is its head");
                     }
                 }
-            }
-            if let Some(first) = c.first_child {
-                let l = self.content_of(first).link.expect("invariant 5: a head is linked");
-                assert_eq!((l.parent, l.prev), (Some(id), None), "invariant 5: head names its parent");
             }
         }
         let mut entries = 0usize;

@@ -479,7 +479,7 @@ fn find_partial(
         return None;
     }
     let head = match matched.last() {
-        Some(&parent) => cache.content(parent)?.first_child,
+        Some(&parent) => cache.siblings(parent)?.first_child,
         None => {
             let scope = cache.scopes().find(&RequestScope {
                 lora_id: spec.lora_id,

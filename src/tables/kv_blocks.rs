@@ -57,11 +57,21 @@ pub struct BlockContent {
     pub depth: u32,
     /// LoRA and salt of the chain.
     pub scope: ScopeId,
-    /// Image runs inside the block, in block order.
+    /// Image runs inside the block, in block order. A page slot whose block
+    /// holds no content has none (dropping content clears them), so that
+    /// indexing a text block writes nothing here.
     pub images: BlockImageRuns,
-    /// Sibling links for partial reuse: the indexed blocks that extend the
-    /// same parent form a list, headed by the parent's `first_child` (or the
-    /// scope's root list for first blocks). `None` when not linked.
+}
+
+/// A block's places in the sibling lists of partial reuse: the indexed
+/// blocks that extend the same parent form a list, headed by the parent's
+/// `first_child` (or the scope's root list for first blocks). Kept apart
+/// from [`BlockContent`], in a column of its own, because a cache without
+/// partial reuse never writes it: indexing a block there leaves it as it
+/// was made (unlinked, no children).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Siblings {
+    /// The block's link in its parent's list; `None` when not linked.
     pub link: Option<SiblingLink>,
     /// Head of this block's list of indexed children.
     pub first_child: Option<BlockId>,
@@ -134,6 +144,9 @@ pub struct KvBlocks {
     pub rows: SlotMap<BlockId, KvBlock>,
     /// Re-advertising content by page slot.
     content: Vec<BlockContent>,
+    /// Sibling lists by page slot (written only by a cache with partial
+    /// reuse).
+    siblings: Vec<Siblings>,
     /// Token ids of blocks by page slot.
     tokens: Vec<u32>,
     block_size: usize,
@@ -151,8 +164,18 @@ impl KvBlocks {
         let mut content = Vec::new();
         content.try_reserve_exact(pages).ok()?;
         content.resize(pages, BlockContent::default());
+        let mut siblings = Vec::new();
+        siblings.try_reserve_exact(pages).ok()?;
+        siblings.resize(pages, Siblings::default());
         let tokens = bytemuck::allocation::try_zeroed_vec(pages.checked_mul(block_size as usize)?).ok()?;
-        Some(Self { rows, content, tokens, block_size: block_size as usize, pages_device: pages_device as usize })
+        Some(Self {
+            rows,
+            content,
+            siblings,
+            tokens,
+            block_size: block_size as usize,
+            pages_device: pages_device as usize,
+        })
     }
 
     fn slot(&self, medium: Tier, page: u32) -> usize {
@@ -171,11 +194,18 @@ impl KvBlocks {
         b.has_content.then(|| &self.content[self.slot(b.medium, b.page)])
     }
 
-    /// Mutable access to a block's content; `None` as for [`KvBlocks::content`].
-    pub fn content_mut(&mut self, id: BlockId) -> Option<&mut BlockContent> {
+    /// A block's sibling lists; `None` as for [`KvBlocks::content`].
+    pub fn siblings(&self, id: BlockId) -> Option<&Siblings> {
+        let b = self.rows.get(id)?;
+        b.has_content.then(|| &self.siblings[self.slot(b.medium, b.page)])
+    }
+
+    /// Mutable access to a block's sibling lists; `None` as for
+    /// [`KvBlocks::content`].
+    pub fn siblings_mut(&mut self, id: BlockId) -> Option<&mut Siblings> {
         let b = self.rows.get(id)?;
         let slot = self.slot(b.medium, b.page);
-        b.has_content.then(|| &mut self.content[slot])
+        b.has_content.then(|| &mut self.siblings[slot])
     }
 
     /// Every block that holds content, with it.
@@ -185,9 +215,13 @@ impl KvBlocks {
 
     /// Writes what the block on page `page` of `medium` keeps once indexed,
     /// in place in its page slot (found once for both): its token ids, and
-    /// its content, unlinked and with no children. The caller sets the
-    /// row's `has_content` (it holds the row already).
+    /// its content; with `siblings` (a cache with partial reuse), its sibling
+    /// lists, unlinked and with no children (a cache without never writes
+    /// them). The caller sets the row's `has_content` (it holds the row
+    /// already). The slot holds no content before: its image runs are none
+    /// already, so a text block's are not written.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments, reason = "one block's columns, written in one go from its page slot")]
     pub fn set_indexed(
         &mut self,
         (medium, page): (Tier, u32),
@@ -196,6 +230,7 @@ impl KvBlocks {
         depth: u32,
         scope: ScopeId,
         images: &[ImageRun],
+        siblings: bool,
     ) {
         let slot = page_slot(self.pages_device, medium, page);
         crate::copy::copy_block(&mut self.tokens[slot * self.block_size..(slot + 1) * self.block_size], tokens);
@@ -203,9 +238,13 @@ impl KvBlocks {
         c.parent = parent;
         c.depth = depth;
         c.scope = scope;
-        c.images = BlockImageRuns::from_slice(images);
-        c.link = None;
-        c.first_child = None;
+        debug_assert!(c.images == BlockImageRuns::None, "a slot without content holds no image runs");
+        if !images.is_empty() {
+            c.images = BlockImageRuns::from_slice(images);
+        }
+        if siblings {
+            self.siblings[slot] = Siblings::default();
+        }
     }
 
     /// Drops a block's content (the caller unlinked it first) and returns
@@ -217,9 +256,10 @@ impl KvBlocks {
             return None;
         }
         b.has_content = false;
-        let c = &mut self.content[page_slot(self.pages_device, b.medium, b.page)];
+        let slot = page_slot(self.pages_device, b.medium, b.page);
+        debug_assert!(self.siblings[slot].link.is_none(), "content is unlinked before it is dropped");
+        let c = &mut self.content[slot];
         c.images = BlockImageRuns::None;
-        debug_assert!(c.link.is_none(), "content is unlinked before it is dropped");
         Some(c.scope)
     }
 
@@ -231,7 +271,7 @@ impl KvBlocks {
         let slot = self.slot(block.medium, block.page);
         let c = &mut self.content[slot];
         c.images = BlockImageRuns::None;
-        (c.link.take(), c.scope)
+        (self.siblings[slot].link.take(), c.scope)
     }
 
     /// Token ids stored for a block (meaningful once keyed).
@@ -246,5 +286,6 @@ impl KvBlocks {
         self.tokens.copy_within(src, dst);
         let (a, b) = (self.slot(from.0, from.1), self.slot(to.0, to.1));
         self.content.swap(a, b);
+        self.siblings.swap(a, b);
     }
 }

@@ -6,6 +6,6 @@ mod kv_blocks;
 mod mm_items;
 mod requests;
 
-pub use kv_blocks::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink};
+pub use kv_blocks::{BlockContent, KvBlock, KvBlocks, LruLinks, SiblingLink, Siblings};
 pub use mm_items::{MmItem, MmItems, TokenRun};
 pub use requests::{Request, RequestScope, Requests, WindowTable};
