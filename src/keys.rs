@@ -168,9 +168,47 @@ pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockK
 /// there, not a call, and the hash's state stays in place. [`block_key`]
 /// runs the same stages with nothing between them, so both compute every
 /// key by the same code.
-#[derive(Clone, Default)]
+///
+/// The stages drive SHA-256's compression function
+/// (`sha2::block_api::compress256`) themselves, because the key's layout
+/// is known: the first 64-byte block is the parent and the first 32 bytes
+/// of tokens, assembled in place; whole blocks of tokens after it are
+/// compressed straight from the caller's slice, without a copy; only the
+/// tail (the last tokens, the run count, the runs, the padding and the
+/// length) goes through a buffer. That is the same digest as a streaming
+/// `Sha256` over the layout (a test compares them for every shape), without
+/// the streaming hasher's general buffering (docs/benchmarks.md has what it
+/// saves). A block of fewer than 8 tokens, which cannot fill the first
+/// 64-byte block, goes whole through the tail buffer.
+#[derive(Clone)]
 pub(crate) struct StagedKey {
-    hash: Sha256,
+    /// The chaining state.
+    state: [u32; 8],
+    /// Bytes of tokens compressed so far by the stages (0, 32 or 96).
+    hashed: usize,
+    /// The tail: bytes not compressed yet, at most 127.
+    tail: [u8; 128],
+    /// Bytes in `tail`.
+    fill: usize,
+}
+
+impl Default for StagedKey {
+    fn default() -> Self {
+        Self { state: SHA256_IV, hashed: 0, tail: [0; 128], fill: 0 }
+    }
+}
+
+/// SHA-256's initial chaining state (FIPS 180-4, 5.3.3).
+const SHA256_IV: [u32; 8] =
+    [0x6a09_e667, 0xbb67_ae85, 0x3c6e_f372, 0xa54f_f53a, 0x510e_527f, 0x9b05_688c, 0x1f83_d9ab, 0x5be0_cd19];
+
+/// Compresses whole 64-byte blocks of `bytes` (its length a multiple of 64)
+/// into `state`.
+#[inline(always)]
+fn compress_blocks(state: &mut [u32; 8], bytes: &[u8]) {
+    let (blocks, rest) = bytes.as_chunks::<64>();
+    debug_assert!(rest.is_empty(), "whole blocks only");
+    sha2::block_api::compress256(state, blocks);
 }
 
 impl StagedKey {
@@ -180,41 +218,88 @@ impl StagedKey {
     const SECOND: usize = 64;
 
     /// The parent's 32 bytes and the first 32 bytes of `tokens`: one
-    /// compression, when the tokens fill the block. The hash must be fresh
+    /// compression, when the tokens fill the block. The value must be fresh
     /// (new, or its last key finished).
     #[inline(always)]
     pub(crate) fn begin(&mut self, parent: &BlockKey, tokens: &[u32]) {
-        self.hash.update(parent.0);
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        self.hash.update(&bytes[..bytes.len().min(Self::FIRST)]);
+        debug_assert!(self.hashed == 0 && self.fill == 0 && self.state == SHA256_IV, "a fresh value");
+        if bytes.len() >= Self::FIRST {
+            let mut block = [0u8; 64];
+            block[..32].copy_from_slice(&parent.0);
+            block[32..].copy_from_slice(&bytes[..Self::FIRST]);
+            sha2::block_api::compress256(&mut self.state, std::slice::from_ref(&block));
+            self.hashed = Self::FIRST;
+        } else {
+            self.push(&parent.0);
+        }
     }
 
-    /// The next 64 bytes of the same `tokens`: one compression, when they
-    /// fill the block.
+    /// The next 64 bytes of the same `tokens`: one compression, when there
+    /// are that many, straight from the slice.
     #[inline(always)]
     pub(crate) fn second(&mut self, tokens: &[u32]) {
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        let n = bytes.len();
-        self.hash.update(&bytes[n.min(Self::FIRST)..n.min(Self::FIRST + Self::SECOND)]);
+        if self.hashed == Self::FIRST && bytes.len() >= Self::FIRST + Self::SECOND {
+            compress_blocks(&mut self.state, &bytes[Self::FIRST..Self::FIRST + Self::SECOND]);
+            self.hashed = Self::FIRST + Self::SECOND;
+        }
     }
 
     /// The rest of the same `tokens` and the block's image runs: the key.
-    /// The hash is fresh again afterwards.
+    /// The value is fresh again afterwards.
     #[inline(always)]
     pub(crate) fn finish(&mut self, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        self.hash.update(&bytes[bytes.len().min(Self::FIRST + Self::SECOND)..]);
-        self.hash.update((runs.len() as u32).to_le_bytes());
-        for run in runs {
-            self.hash.update(run.digest.0);
-            self.hash.update(run.item_offset.to_le_bytes());
-            self.hash.update(run.block_offset.to_le_bytes());
-            self.hash.update(run.len.to_le_bytes());
+        let rest = &bytes[self.hashed..];
+        let whole = if self.hashed > 0 { rest.len() / 64 * 64 } else { 0 };
+        if whole > 0 {
+            compress_blocks(&mut self.state, &rest[..whole]);
         }
-        BlockKey(self.hash.finalize_reset().into())
+        for piece in rest[whole..].chunks(64) {
+            self.push(piece);
+        }
+        self.push(&(runs.len() as u32).to_le_bytes());
+        for run in runs {
+            let mut r = [0u8; 44];
+            r[..32].copy_from_slice(&run.digest.0);
+            r[32..36].copy_from_slice(&run.item_offset.to_le_bytes());
+            r[36..40].copy_from_slice(&run.block_offset.to_le_bytes());
+            r[40..].copy_from_slice(&run.len.to_le_bytes());
+            self.push(&r);
+        }
+        // The padding: 0x80, zeros, and the message's length in bits.
+        let len = (32 + bytes.len() + 4 + 44 * runs.len()) as u64 * 8;
+        let end = if self.fill < 56 { 64 } else { 128 };
+        self.tail[self.fill] = 0x80;
+        self.tail[self.fill + 1..end - 8].fill(0);
+        self.tail[end - 8..end].copy_from_slice(&len.to_be_bytes());
+        compress_blocks(&mut self.state, &self.tail[..end]);
+        let mut key = [0u8; 32];
+        for (out, word) in key.chunks_exact_mut(4).zip(self.state) {
+            out.copy_from_slice(&word.to_be_bytes());
+        }
+        (self.state, self.hashed, self.fill) = (SHA256_IV, 0, 0);
+        BlockKey(key)
+    }
+
+    /// Appends at most 64 bytes to the tail, compressing its first block
+    /// once it holds one: the tail holds at most 63 bytes between pushes.
+    #[inline(always)]
+    fn push(&mut self, bytes: &[u8]) {
+        debug_assert!(bytes.len() <= 64 && self.fill < 64);
+        self.tail[self.fill..self.fill + bytes.len()].copy_from_slice(bytes);
+        self.fill += bytes.len();
+        if self.fill >= 64 {
+            let (block, _) = self.tail.split_at(64);
+            let block: &[u8; 64] = block.try_into().expect("64 bytes");
+            sha2::block_api::compress256(&mut self.state, std::slice::from_ref(block));
+            self.tail.copy_within(64..self.fill, 0);
+            self.fill -= 64;
+        }
     }
 }
 
@@ -396,16 +481,20 @@ mod tests {
 
     /// The staged key is the documented digest, one SHA-256 over the whole
     /// layout, whatever the block's length (shorter than the first 64-byte
-    /// block, ending on it, past it) and runs, and one value hashes key after
-    /// key (each `finish` leaves it fresh); `block_key` is the same key.
+    /// block, ending on it, past it, several blocks past it) and runs (none
+    /// to enough for the tail to fill a block before the padding), and one
+    /// value hashes key after key (each `finish` leaves it fresh);
+    /// `block_key` is the same key.
     #[test]
     fn staged_key_is_the_one_shot_digest_key_after_key() {
         let parent = BlockKey([3; 32]);
         let run = ImageRun { digest: ImageDigest([9; 32]), item_offset: 5, block_offset: 1, len: 2 };
+        let many: Vec<ImageRun> = (0..5).map(|i| ImageRun { block_offset: i, item_offset: 7 * i, ..run }).collect();
         let mut staged = StagedKey::default();
-        for n in 0..=40u32 {
+        for n in 0..=100u32 {
             let tokens: Vec<u32> = (0..n).map(|t| 0x0102_0304 ^ t.wrapping_mul(2_654_435_761)).collect();
-            for runs in [&[][..], &[run][..], &[run, ImageRun { block_offset: 3, ..run }][..]] {
+            let shapes = [&[][..], &[run][..], &[run, ImageRun { block_offset: 3, ..run }][..], &many[..3], &many[..]];
+            for runs in shapes {
                 let mut bytes = parent.0.to_vec();
                 tokens.iter().for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
                 bytes.extend_from_slice(&(runs.len() as u32).to_le_bytes());
