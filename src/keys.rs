@@ -184,8 +184,6 @@ pub fn block_key(parent: &BlockKey, tokens: &[u32], runs: &[ImageRun]) -> BlockK
 pub(crate) struct StagedKey {
     /// The chaining state.
     state: [u32; 8],
-    /// Bytes of tokens compressed so far by the stages (0, 32 or 96).
-    hashed: usize,
     /// The tail: bytes not compressed yet, at most 127.
     tail: [u8; 128],
     /// Bytes in `tail`.
@@ -194,7 +192,7 @@ pub(crate) struct StagedKey {
 
 impl Default for StagedKey {
     fn default() -> Self {
-        Self { state: SHA256_IV, hashed: 0, tail: [0; 128], fill: 0 }
+        Self { state: SHA256_IV, tail: [0; 128], fill: 0 }
     }
 }
 
@@ -217,6 +215,21 @@ impl StagedKey {
     /// Bytes of tokens in the second 64-byte block.
     const SECOND: usize = 64;
 
+    /// Bytes of a block's `n` bytes of tokens that [`StagedKey::begin`]
+    /// and [`StagedKey::second`] compress: what fills the first block and,
+    /// after it, the second (every stage is given the same tokens, so this
+    /// follows from their length).
+    #[inline(always)]
+    fn staged_bytes(n: usize) -> usize {
+        if n >= Self::FIRST + Self::SECOND {
+            Self::FIRST + Self::SECOND
+        } else if n >= Self::FIRST {
+            Self::FIRST
+        } else {
+            0
+        }
+    }
+
     /// The parent's 32 bytes and the first 32 bytes of `tokens`: one
     /// compression, when the tokens fill the block. The value must be fresh
     /// (new, or its last key finished).
@@ -224,13 +237,12 @@ impl StagedKey {
     pub(crate) fn begin(&mut self, parent: &BlockKey, tokens: &[u32]) {
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        debug_assert!(self.hashed == 0 && self.fill == 0 && self.state == SHA256_IV, "a fresh value");
+        debug_assert!(self.fill == 0 && self.state == SHA256_IV, "a fresh value");
         if bytes.len() >= Self::FIRST {
             let mut block = [0u8; 64];
             block[..32].copy_from_slice(&parent.0);
             block[32..].copy_from_slice(&bytes[..Self::FIRST]);
-            sha2::block_api::compress256(&mut self.state, std::slice::from_ref(&block));
-            self.hashed = Self::FIRST;
+            compress_blocks(&mut self.state, &block);
         } else {
             self.push(&parent.0);
         }
@@ -242,9 +254,8 @@ impl StagedKey {
     pub(crate) fn second(&mut self, tokens: &[u32]) {
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        if self.hashed == Self::FIRST && bytes.len() >= Self::FIRST + Self::SECOND {
+        if bytes.len() >= Self::FIRST + Self::SECOND {
             compress_blocks(&mut self.state, &bytes[Self::FIRST..Self::FIRST + Self::SECOND]);
-            self.hashed = Self::FIRST + Self::SECOND;
         }
     }
 
@@ -254,8 +265,11 @@ impl StagedKey {
     pub(crate) fn finish(&mut self, tokens: &[u32], runs: &[ImageRun]) -> BlockKey {
         let tokens = tokens_le(tokens);
         let bytes = bytemuck::cast_slice::<u32, u8>(tokens.as_ref());
-        let rest = &bytes[self.hashed..];
-        let whole = if self.hashed > 0 { rest.len() / 64 * 64 } else { 0 };
+        let staged = Self::staged_bytes(bytes.len());
+        let rest = &bytes[staged..];
+        // Whole blocks straight from the slice, unless the parent still
+        // waits in the tail (a block too short to fill the first one).
+        let whole = if staged > 0 { rest.len() / 64 * 64 } else { 0 };
         if whole > 0 {
             compress_blocks(&mut self.state, &rest[..whole]);
         }
@@ -282,7 +296,7 @@ impl StagedKey {
         for (out, word) in key.chunks_exact_mut(4).zip(self.state) {
             out.copy_from_slice(&word.to_be_bytes());
         }
-        (self.state, self.hashed, self.fill) = (SHA256_IV, 0, 0);
+        (self.state, self.fill) = (SHA256_IV, 0);
         BlockKey(key)
     }
 
@@ -294,9 +308,7 @@ impl StagedKey {
         self.tail[self.fill..self.fill + bytes.len()].copy_from_slice(bytes);
         self.fill += bytes.len();
         if self.fill >= 64 {
-            let (block, _) = self.tail.split_at(64);
-            let block: &[u8; 64] = block.try_into().expect("64 bytes");
-            sha2::block_api::compress256(&mut self.state, std::slice::from_ref(block));
+            compress_blocks(&mut self.state, &self.tail[..64]);
             self.tail.copy_within(64..self.fill, 0);
             self.fill -= 64;
         }
