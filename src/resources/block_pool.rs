@@ -80,6 +80,7 @@ impl BlockLru {
     }
 
     /// Appends `id` as the most recently used.
+    #[inline]
     pub(super) fn push_back(&mut self, rows: &mut SlotMap<BlockId, KvBlock>, id: BlockId) {
         debug_assert!(!rows[id].lru.linked, "a block is listed at most once");
         rows[id].lru = LruLinks { prev: self.tail, next: None, linked: true };
@@ -277,6 +278,28 @@ impl FreePages {
         self.cooling.pop().or_else(|| self.ready.pop())
     }
 
+    /// [`FreePages::pop_for_compute`] `n` times, handing each page to `take`
+    /// in the order those calls would have returned them, in one pass:
+    /// cooling pages first, then ready ones (a stack's in bulk). The tier
+    /// has `n` free pages.
+    pub(super) fn pop_many_for_compute(&mut self, n: usize, mut take: impl FnMut(u32)) {
+        let cooled = self.cooling.len().min(n);
+        let from = self.cooling.len() - cooled;
+        self.cooling.drain(from..).rev().for_each(&mut take);
+        let rest = n - cooled;
+        match &mut self.ready {
+            Ready::Stack(v) => {
+                let from = v.len().checked_sub(rest).expect("the caller counted the free pages");
+                v.drain(from..).rev().for_each(take);
+            }
+            ring => {
+                for _ in 0..rest {
+                    take(ring.pop().expect("the caller counted the free pages"));
+                }
+            }
+        }
+    }
+
     /// Notes that a copy queued this step reads or writes `page`.
     pub(super) fn touch(&mut self, page: u32) {
         let (w, b) = (page as usize / 64, page % 64);
@@ -287,11 +310,13 @@ impl FreePages {
     }
 
     /// Whether a copy queued this step reads or writes `page`.
+    #[inline]
     pub(super) fn is_touched(&self, page: u32) -> bool {
         self.touched[page as usize / 64] & (1 << (page % 64)) != 0
     }
 
     /// Frees a page: cooling when a copy queued this step touches it.
+    #[inline]
     pub(super) fn release(&mut self, page: u32) {
         if self.is_touched(page) {
             self.cooling.push(page);
@@ -436,6 +461,40 @@ mod tests {
     /// A page freed while a queued copy touches it cools: copies get the
     /// other free pages first, fresh blocks get it first, and it is an
     /// ordinary free page once the step closes.
+    /// Taking many pages for compute in one pass hands out the same pages
+    /// in the same order as taking them one at a time: cooling pages first,
+    /// then ready ones (a stack's most recently freed first, a ring's in
+    /// address order from its cursor).
+    #[test]
+    fn many_pages_for_compute_come_as_one_at_a_time() {
+        let fill = |f: &mut FreePages| {
+            for _ in 0..6 {
+                f.pop();
+            }
+            for p in [4, 1, 5] {
+                f.touch(p);
+                f.release(p);
+            }
+            f.release(0);
+        };
+        for make in [FreePages::stack as fn(u32) -> FreePages, FreePages::ring] {
+            for n in [0, 2, 3, 5, 7] {
+                let (mut one, mut many) = (make(10), make(10));
+                fill(&mut one);
+                fill(&mut many);
+                let expected: Vec<u32> = (0..n).map(|_| one.pop_for_compute().unwrap()).collect();
+                let mut taken = Vec::new();
+                many.pop_many_for_compute(n, |p| taken.push(p));
+                assert_eq!(taken, expected, "{n} pages");
+                assert_eq!(many.len(), one.len());
+                assert_eq!(
+                    std::iter::from_fn(|| many.pop()).collect::<Vec<_>>(),
+                    std::iter::from_fn(|| one.pop()).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
     #[test]
     fn touched_pages_cool_until_the_step_closes() {
         for mut free in [FreePages::stack(8), FreePages::ring(8)] {

@@ -366,9 +366,19 @@ impl KvCache {
         }
     }
 
+    /// [`KvCache::release`] for each of `ids`, last to first (so that a
+    /// chain's deepest block is listed first, the first to be evicted), in
+    /// one loop.
+    pub fn release_rev(&mut self, ids: &[BlockId]) {
+        for &id in ids.iter().rev() {
+            self.release(id);
+        }
+    }
+
     /// Gives back one reference. The last one lists a cached block as the
     /// most recently used of its tier's LRU (it stays matchable until
     /// evicted), or frees an uncached block's row and page.
+    #[inline]
     pub fn release(&mut self, id: BlockId) {
         let row = &mut self.blocks.rows[id];
         row.ref_count -= 1;
@@ -397,12 +407,11 @@ impl KvCache {
     /// blocks (no copy writes them), appending them to `out`: one pass over
     /// the free pages and the table. The tier has `n` free pages.
     pub fn take_free_device_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
-        let free = self.pool.free(Tier::Device);
         let rows = &mut self.blocks.rows;
-        for _ in 0..n {
-            let page = free.pop_for_compute().expect("the caller counted the free pages");
-            out.push(rows.insert(fresh_row(Tier::Device, page)));
-        }
+        out.reserve(n);
+        self.pool
+            .free(Tier::Device)
+            .pop_many_for_compute(n, |page| out.push(rows.insert(fresh_row(Tier::Device, page))));
     }
 
     /// Gives a computed block its key and, unless it already had one or the

@@ -30,9 +30,7 @@ pub fn release_request(
     for &item in &request.items {
         items.rows.remove(item);
     }
-    for &b in request.blocks.iter().rev() {
-        cache.release(b);
-    }
+    cache.release_rev(&request.blocks);
     scratch.give_row(request);
     Ok(())
 }
