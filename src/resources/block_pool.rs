@@ -458,9 +458,6 @@ mod tests {
         assert_eq!(FreePages::ring(64).len(), 64);
     }
 
-    /// A page freed while a queued copy touches it cools: copies get the
-    /// other free pages first, fresh blocks get it first, and it is an
-    /// ordinary free page once the step closes.
     /// Taking many pages for compute in one pass hands out the same pages
     /// in the same order as taking them one at a time: cooling pages first,
     /// then ready ones (a stack's most recently freed first, a ring's in
@@ -495,6 +492,9 @@ mod tests {
         }
     }
 
+    /// A page freed while a queued copy touches it cools: copies get the
+    /// other free pages first, fresh blocks get it first, and it is an
+    /// ordinary free page once the step closes.
     #[test]
     fn touched_pages_cool_until_the_step_closes() {
         for mut free in [FreePages::stack(8), FreePages::ring(8)] {

@@ -15,7 +15,7 @@
 //! | verb | what it keeps in step |
 //! |---|---|
 //! | [`KvCache::acquire`] | reference count and LRU: the first reference takes a cached block out of its tier's LRU, so nothing evicts it |
-//! | [`KvCache::release`] | reference count, LRU, pool: the last reference lists a cached block at the back of its tier's LRU, or frees an uncached block's row and page |
+//! | [`KvCache::release`], [`KvCache::release_rev`] | reference count, LRU, pool: the last reference lists a cached block at the back of its tier's LRU, or frees an uncached block's row and page |
 //! | [`KvCache::take_free_block`], [`KvCache::take_free_device_blocks`] | pool and table: a page (or, in one pass, several free device pages) leaves the free list as a fresh row with one reference |
 //! | [`KvCache::index_block`] | key, index entry, tokens, content, scope reference, sibling list: all or none (or in two halves, [`KvCache::enter_index`] then [`KvCache::complete_index`], with no other verb between them) |
 //! | [`KvCache::move_block`] | a tier move: new page, tokens and content moved, LRU membership switched, the copy queued (its pages marked), the old page freed (cooling), `Removed` and `Stored` queued |
@@ -405,10 +405,10 @@ impl KvCache {
 
     /// [`KvCache::take_free_block`] on the device tier `n` times, for fresh
     /// blocks (no copy writes them), appending them to `out`: one pass over
-    /// the free pages and the table. The tier has `n` free pages.
+    /// the free pages and the table. The tier has `n` free pages; the
+    /// caller has reserved room for `n` more in `out`.
     pub fn take_free_device_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
         let rows = &mut self.blocks.rows;
-        out.reserve(n);
         self.pool
             .free(Tier::Device)
             .pop_many_for_compute(n, |page| out.push(rows.insert(fresh_row(Tier::Device, page))));
